@@ -1,0 +1,320 @@
+/* cli.c - `vithost run | check | plugins`, --help, --version. */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "loader.h"
+#include "runtime.h"
+#include "train.h"
+
+#ifndef VITHOST_VERSION
+#define VITHOST_VERSION "0.0.0"
+#endif
+
+static const char usage_text[] =
+    "usage: vithost run RECIPE [--set SECTION.KEY=VALUE]... [--out DIR] [--trace]\n"
+    "       vithost check RECIPE [--set SECTION.KEY=VALUE]...\n"
+    "       vithost plugins [--describe NAME]\n"
+    "       vithost --help | --version\n";
+
+static const char help_text[] =
+    "vithost trains Vision Transformers from a YAML recipe that names one plugin per role\n"
+    "(model, precision, sharding, optim, data).\n"
+    "\n"
+    "commands:\n"
+    "  run RECIPE      train as the recipe says; progress lines go to stdout\n"
+    "  check RECIPE    check the recipe, load every plugin it names, and print the\n"
+    "                  resolved recipe with the origin of each value; trains nothing\n"
+    "  plugins         list the plugins on the search path (role, version, file)\n"
+    "\n"
+    "options:\n"
+    "  --set SECTION.KEY=VALUE   override one recipe value (checked like the file's);\n"
+    "                            repeatable, e.g. --set model.depth=6\n"
+    "  --out DIR                 run folder: DIR/recipe.yaml gets the resolved recipe\n"
+    "  --trace                   print every plugin call of the run, in order\n"
+    "  --describe NAME           (plugins) print one plugin's config schema\n"
+    "  -h, --help                this text\n"
+    "  --version                 vithost and plugin ABI versions\n"
+    "\n"
+    "plugin search path, first match wins: $VITHOST_PLUGIN_PATH (colon-separated),\n"
+    "<vithost dir>/plugins, <vithost dir>/../lib/vithost/plugins, the install prefix.\n"
+    "A recipe's `plugin:` value with a '/' or ending in .so is a file path.\n"
+    "\n"
+    "exit codes:\n"
+    "  0  success\n"
+    "  1  the run failed (a plugin, the device or the data reported an error)\n"
+    "  2  usage error on the command line\n"
+    "  3  the recipe or a --set is invalid\n"
+    "  4  a plugin could not be found, loaded or accepted\n";
+
+typedef struct cli_args {
+    const char *command;
+    const char *recipe;
+    const char **sets;
+    int num_sets;
+    const char *out_dir;
+    const char *describe;
+    int trace;
+} cli_args;
+
+static int usage_error(FILE *err, const char *fmt, const char *arg) {
+    fputs("vithost: ", err);
+    fprintf(err, fmt, arg);
+    fputs("\n", err);
+    fputs(usage_text, err);
+    return VH_EXIT_USAGE;
+}
+
+/* Options may come before or after the recipe; each option's value is the
+ * next argument, or follows '='. */
+static int parse_args(int argc, char **argv, cli_args *a, FILE *err) {
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *value = NULL;
+        const char *name = arg;
+        char flag[32];
+        const char *eq = strchr(arg, '=');
+        if (strncmp(arg, "--", 2) == 0 && eq && (size_t)(eq - arg) < sizeof flag) {
+            memcpy(flag, arg, (size_t)(eq - arg));
+            flag[eq - arg] = '\0';
+            name = flag;
+            value = eq + 1;
+        }
+        int takes_value = strcmp(name, "--set") == 0 || strcmp(name, "--out") == 0 ||
+                          strcmp(name, "--describe") == 0;
+        if (takes_value && !value) {
+            if (i + 1 >= argc) return usage_error(err, "%s needs a value", name);
+            value = argv[++i];
+        }
+        int allowed_run = strcmp(a->command, "run") == 0;
+        int allowed_recipe = allowed_run || strcmp(a->command, "check") == 0;
+        if (strcmp(name, "--set") == 0 && allowed_recipe) {
+            a->sets[a->num_sets++] = value;
+        } else if (strcmp(name, "--out") == 0 && allowed_run) {
+            a->out_dir = value;
+        } else if (strcmp(name, "--trace") == 0 && allowed_run && !value) {
+            a->trace = 1;
+        } else if (strcmp(name, "--describe") == 0 && strcmp(a->command, "plugins") == 0) {
+            a->describe = value;
+        } else if (arg[0] == '-') {
+            return usage_error(err, "unknown option '%s' for this command", arg);
+        } else if (allowed_recipe && !a->recipe) {
+            a->recipe = arg;
+        } else {
+            return usage_error(err, "unexpected argument '%s'", arg);
+        }
+    }
+    if (strcmp(a->command, "plugins") != 0 && !a->recipe)
+        return usage_error(err, "'%s' needs a RECIPE file", a->command);
+    return VH_EXIT_OK;
+}
+
+static int open_exit_code(const vh_run *run, vh_status st) {
+    if (run->load_failed) return VH_EXIT_PLUGIN;
+    return st == VH_STATUS_ERR_NOMEM ? VH_EXIT_RUN_FAILED : VH_EXIT_RECIPE;
+}
+
+static int cmd_check(const cli_args *a, FILE *out, FILE *err) {
+    vh_run run;
+    vh_diag d = {{0}};
+    vh_run_options opts = {.recipe_path = a->recipe, .sets = a->sets, .num_sets = a->num_sets,
+                           .out = out};
+    vh_status st = run_open(&run, &opts, &d);
+    if (st != VH_STATUS_OK) {
+        fprintf(err, "%s\n", d.text);
+        int code = open_exit_code(&run, st);
+        run_close(&run);
+        return code;
+    }
+    run_print_resolved(&run, out);
+    fprintf(out, "# %s: ok\n", a->recipe);
+    run_close(&run);
+    return VH_EXIT_OK;
+}
+
+/* Makes DIR (and its parents); refuses a folder that already holds a run,
+ * so nothing a user trained is overwritten. */
+static int prepare_out_dir(const char *dir, const vh_run *run, FILE *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) break;
+        *p = '/';
+    }
+    if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+        fprintf(err, "vithost: --out %s: cannot create the folder: %s\n", dir, strerror(errno));
+        return VH_EXIT_USAGE;
+    }
+    char recipe_path[4200];
+    snprintf(recipe_path, sizeof recipe_path, "%s/recipe.yaml", dir);
+    struct stat sb;
+    if (stat(recipe_path, &sb) == 0) {
+        fprintf(err, "vithost: --out %s already holds a run (%s); choose another folder or "
+                     "move that one away\n", dir, recipe_path);
+        return VH_EXIT_USAGE;
+    }
+    FILE *f = fopen(recipe_path, "w");
+    if (!f) {
+        fprintf(err, "vithost: cannot write %s: %s\n", recipe_path, strerror(errno));
+        return VH_EXIT_USAGE;
+    }
+    run_print_resolved(run, f);
+    if (fclose(f) != 0) {
+        fprintf(err, "vithost: cannot write %s: %s\n", recipe_path, strerror(errno));
+        return VH_EXIT_USAGE;
+    }
+    return VH_EXIT_OK;
+}
+
+static int cmd_run(const cli_args *a, FILE *out, FILE *err) {
+    vh_run run;
+    vh_diag d = {{0}};
+    vh_run_options opts = {.recipe_path = a->recipe, .sets = a->sets, .num_sets = a->num_sets,
+                           .out_dir = a->out_dir, .trace = a->trace, .out = out};
+    vh_status st = run_open(&run, &opts, &d);
+    if (st != VH_STATUS_OK) {
+        fprintf(err, "%s\n", d.text);
+        int code = open_exit_code(&run, st);
+        run_close(&run);
+        return code;
+    }
+    if (a->out_dir) {
+        int code = prepare_out_dir(a->out_dir, &run, err);
+        if (code != VH_EXIT_OK) {
+            run_close(&run);
+            return code;
+        }
+    }
+    st = train_run(&run, &d);
+    run_close(&run);
+    if (st != VH_STATUS_OK) {
+        fprintf(err, "vithost: %s\n", d.text);
+        return st == VH_STATUS_ERR_CONFIG ? VH_EXIT_RECIPE : VH_EXIT_RUN_FAILED;
+    }
+    return VH_EXIT_OK;
+}
+
+static void print_schema(const vh_plugin_descriptor *desc, FILE *out) {
+    fprintf(out, "%s (%s plugin, version %s, ABI %u.%u)\n  %s\n\nkeys of section '%s':\n",
+            desc->name, vh_role_name(desc->role), desc->version, desc->abi_major,
+            desc->abi_minor, desc->description, vh_role_name(desc->role));
+    int any = 0;
+    for (const vh_config_key *k = desc->schema; k->key; k++) {
+        any = 1;
+        fprintf(out, "  %-18s %-6s ", k->key, config_type_name(k->type));
+        if (k->default_value)
+            fprintf(out, "default %s", k->default_value);
+        else if (k->flags & VH_CONFIG_KEY_FLAG_OPTIONAL)
+            fputs("optional", out);
+        else
+            fputs("required", out);
+        if (k->type == VH_CONFIG_TYPE_ENUM && k->choices) fprintf(out, ", one of %s", k->choices);
+        if ((k->type == VH_CONFIG_TYPE_INT || k->type == VH_CONFIG_TYPE_FLOAT) && k->min < k->max)
+            fprintf(out, ", range [%g, %g]", k->min, k->max);
+        fprintf(out, "\n      %s\n", k->doc ? k->doc : "");
+    }
+    if (!any) fputs("  (none besides `plugin`)\n", out);
+}
+
+static int cmd_plugins(const cli_args *a, FILE *out, FILE *err) {
+    vh_plugin_path path;
+    vh_diag d = {{0}};
+    if (plugin_path_init(&path, NULL, &d) != VH_STATUS_OK) {
+        fprintf(err, "vithost: %s\n", d.text);
+        return VH_EXIT_PLUGIN;
+    }
+    int code = VH_EXIT_OK;
+    if (a->describe) {
+        vh_plugin p;
+        memset(&p, 0, sizeof p);
+        vh_status st = loader_resolve(&p, &path, a->describe, -1, &d);
+        if (st == VH_STATUS_OK) {
+            print_schema(p.desc, out);
+            fprintf(out, "\nfile: %s\n", p.path);
+            loader_close(&p);
+        } else {
+            fprintf(err, "vithost: %s\n", d.text);
+            code = VH_EXIT_PLUGIN;
+        }
+        plugin_path_free(&path);
+        return code;
+    }
+    vh_plugin_info *infos = NULL;
+    int count = 0;
+    char *problems = NULL;
+    vh_status st = plugin_scan(&path, &infos, &count, &problems, &d);
+    if (st != VH_STATUS_OK) {
+        fprintf(err, "vithost: %s\n", d.text);
+        code = VH_EXIT_PLUGIN;
+    } else {
+        fprintf(out, "search path:\n");
+        for (int i = 0; i < path.count; i++) fprintf(out, "  %s\n", path.dirs[i]);
+        fprintf(out, "\n%-10s %-16s %-8s %s\n", "ROLE", "NAME", "VERSION", "FILE");
+        for (int r = 0; r < VH_ROLE_COUNT; r++) {
+            for (int i = 0; i < count; i++) {
+                if (infos[i].role != (vh_role)r) continue;
+                fprintf(out, "%-10s %-16s %-8s %s%s%s\n", vh_role_name(infos[i].role),
+                        infos[i].name, infos[i].version, infos[i].path,
+                        infos[i].shadowed_by ? "  (shadowed by " : "",
+                        infos[i].shadowed_by ? infos[i].shadowed_by : "");
+                if (infos[i].shadowed_by) fputs(")", out);
+                fprintf(out, "%-10s %-16s %s\n", "", "", infos[i].description);
+            }
+        }
+        if (count == 0) fprintf(out, "(no plugins found)\n");
+        fprintf(out, "\n`vithost plugins --describe NAME` prints a plugin's config keys.\n");
+        if (problems && problems[0])
+            fprintf(err, "vithost: files on the search path that are not usable plugins:\n%s",
+                    problems);
+    }
+    free(problems);
+    plugin_infos_free(infos, count);
+    plugin_path_free(&path);
+    return code;
+}
+
+int cli_main(int argc, char **argv, FILE *out, FILE *err) {
+    if (argc < 2) {
+        fputs(usage_text, err);
+        return VH_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        fputs(usage_text, out);
+        fputc('\n', out);
+        fputs(help_text, out);
+        return VH_EXIT_OK;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        fprintf(out, "vithost %s (plugin ABI %d.%d)\n", VITHOST_VERSION, VH_ABI_MAJOR,
+                VH_ABI_MINOR);
+        return VH_EXIT_OK;
+    }
+    if (strcmp(cmd, "run") != 0 && strcmp(cmd, "check") != 0 && strcmp(cmd, "plugins") != 0)
+        return usage_error(err, "unknown command '%s'", cmd);
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(usage_text, out);
+            return VH_EXIT_OK;
+        }
+    }
+    cli_args a;
+    memset(&a, 0, sizeof a);
+    a.command = cmd;
+    a.sets = calloc((size_t)argc, sizeof *a.sets);
+    if (!a.sets) return VH_EXIT_RUN_FAILED;
+    int code = parse_args(argc, argv, &a, err);
+    if (code == VH_EXIT_OK) {
+        if (strcmp(cmd, "run") == 0) code = cmd_run(&a, out, err);
+        else if (strcmp(cmd, "check") == 0) code = cmd_check(&a, out, err);
+        else code = cmd_plugins(&a, out, err);
+    }
+    free(a.sets);
+    return code;
+}

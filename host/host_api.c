@@ -1,0 +1,203 @@
+/* host_api.c - the services the host hands each plugin instance. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime.h"
+
+static vh_host_impl *impl_of(vh_host *host) { return (vh_host_impl *)host; }
+
+static const char *plugin_name(const vh_host_impl *h) {
+    const vh_plugin *p = &h->run->plugins[h->role];
+    return p->desc ? p->desc->name : "?";
+}
+
+static void host_log(vh_host *host, vh_log_level level, const char *fmt, ...) {
+    static const char *const level_names[] = {"error", "warning", "info", "debug"};
+    vh_host_impl *h = impl_of(host);
+    if (level > VH_LOG_LEVEL_INFO) return; /* debug is for a debugger, not the log */
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "vithost: %s %s: %s: %s\n", vh_role_name(h->role), plugin_name(h),
+            level_names[level], msg);
+}
+
+static vh_status host_fail(vh_host *host, vh_status status, const char *fmt, ...) {
+    vh_host_impl *h = impl_of(host);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(h->error, sizeof h->error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static const vh_config_entry *find_entry(vh_host_impl *h, const char *key) {
+    return h->config ? config_find(h->config, key) : NULL;
+}
+
+static vh_status host_config_fail(vh_host *host, const char *key, const char *fmt, ...) {
+    vh_host_impl *h = impl_of(host);
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+
+    const char *section = vh_role_name(h->role);
+    const vh_config_entry *e = find_entry(h, key);
+    const vh_recipe_section *s = recipe_find_section(&h->run->recipe, section);
+    const vh_recipe_value *v = s ? recipe_find_value(s, key) : NULL;
+    if (e && v && e->origin.source != VH_CONFIG_SOURCE_DEFAULT) {
+        vh_diag d;
+        recipe_diag_value(&h->run->recipe, s, v, 0, &d, VH_STATUS_ERR_CONFIG, "%s.%s: %s",
+                          section, key, msg);
+        memcpy(h->error, d.text, sizeof h->error);
+    } else if (e) {
+        snprintf(h->error, sizeof h->error, "%s: %s.%s (default %s): %s", h->run->recipe.file,
+                 section, key, e->text ? e->text : "unset", msg);
+    } else {
+        snprintf(h->error, sizeof h->error, "%s.%s: %s", section, key, msg);
+    }
+    return VH_STATUS_ERR_CONFIG;
+}
+
+/* A getter's key must be in the plugin's schema with the right type: a
+ * mismatch is a plugin bug, reported as such. */
+static vh_status typed_entry(vh_host_impl *h, const char *key, vh_config_type want,
+                             const vh_config_entry **out) {
+    const vh_config_entry *e = find_entry(h, key);
+    if (!e)
+        return host_fail(&h->pub, VH_STATUS_ERR_INTERNAL,
+                         "plugin asked for config key '%s', which its schema does not declare",
+                         key);
+    int ok = e->key->type == want ||
+             (want == VH_CONFIG_TYPE_STRING && (e->key->type == VH_CONFIG_TYPE_ENUM ||
+                                                e->key->type == VH_CONFIG_TYPE_PATH));
+    if (!ok)
+        return host_fail(&h->pub, VH_STATUS_ERR_INTERNAL,
+                         "plugin read config key '%s' as %s, but its schema says %s", key,
+                         config_type_name(want), config_type_name(e->key->type));
+    if (!e->has_value)
+        return host_fail(&h->pub, VH_STATUS_ERR_INVALID_ARG,
+                         "config key '%s' is optional and not set (check config_has first)",
+                         key);
+    *out = e;
+    return VH_STATUS_OK;
+}
+
+static int host_config_has(vh_host *host, const char *key) {
+    const vh_config_entry *e = find_entry(impl_of(host), key);
+    return e && e->has_value;
+}
+
+static vh_status host_config_int(vh_host *host, const char *key, int64_t *out) {
+    const vh_config_entry *e;
+    vh_status s = typed_entry(impl_of(host), key, VH_CONFIG_TYPE_INT, &e);
+    if (s == VH_STATUS_OK) *out = e->as.i;
+    return s;
+}
+
+static vh_status host_config_float(vh_host *host, const char *key, double *out) {
+    const vh_config_entry *e;
+    vh_status s = typed_entry(impl_of(host), key, VH_CONFIG_TYPE_FLOAT, &e);
+    if (s == VH_STATUS_OK) *out = e->as.f;
+    return s;
+}
+
+static vh_status host_config_bool(vh_host *host, const char *key, int *out) {
+    const vh_config_entry *e;
+    vh_status s = typed_entry(impl_of(host), key, VH_CONFIG_TYPE_BOOL, &e);
+    if (s == VH_STATUS_OK) *out = e->as.b;
+    return s;
+}
+
+static vh_status host_config_string(vh_host *host, const char *key, const char **out) {
+    const vh_config_entry *e;
+    vh_status s = typed_entry(impl_of(host), key, VH_CONFIG_TYPE_STRING, &e);
+    if (s == VH_STATUS_OK) *out = e->text;
+    return s;
+}
+
+static vh_status host_config_origin(vh_host *host, const char *key, vh_config_origin *out) {
+    vh_host_impl *h = impl_of(host);
+    const vh_config_entry *e = find_entry(h, key);
+    if (!e)
+        return host_fail(host, VH_STATUS_ERR_INTERNAL,
+                         "plugin asked for the origin of undeclared key '%s'", key);
+    *out = e->origin;
+    return VH_STATUS_OK;
+}
+
+/* Host allocations carry a 64-byte header holding their size, so free can
+ * keep the memory counters exact without a table. */
+enum { ALLOC_HEADER = 64 };
+
+static void count_alloc(vh_run *run, size_t bytes) {
+    size_t now = atomic_fetch_add(&run->mem_current, bytes) + bytes;
+    size_t seen = atomic_load(&run->mem_peak);
+    while (now > seen && !atomic_compare_exchange_weak(&run->mem_peak, &seen, now)) {
+    }
+}
+
+static void *host_alloc(vh_host *host, size_t bytes) {
+    vh_host_impl *h = impl_of(host);
+    if (bytes > SIZE_MAX - 2 * ALLOC_HEADER) return NULL;
+    size_t total = (ALLOC_HEADER + bytes + 63u) & ~(size_t)63u;
+    unsigned char *p = aligned_alloc(64, total);
+    if (!p) return NULL;
+    memcpy(p, &bytes, sizeof bytes);
+    count_alloc(h->run, bytes);
+    return p + ALLOC_HEADER;
+}
+
+static void host_free(vh_host *host, void *ptr) {
+    if (!ptr) return;
+    unsigned char *p = (unsigned char *)ptr - ALLOC_HEADER;
+    size_t bytes;
+    memcpy(&bytes, p, sizeof bytes);
+    atomic_fetch_sub(&impl_of(host)->run->mem_current, bytes);
+    free(p);
+}
+
+static const vh_device_ops *host_device(vh_host *host) { return impl_of(host)->run->device; }
+
+static vh_comm *host_comm(vh_host *host) { return &impl_of(host)->run->comm; }
+
+static uint64_t host_seed(vh_host *host) {
+    return (uint64_t)run_config_int(impl_of(host)->run, "seed");
+}
+
+const vh_host_api vh_host_api_table = {
+    .struct_size = sizeof(vh_host_api),
+    .abi_major = VH_ABI_MAJOR,
+    .abi_minor = VH_ABI_MINOR,
+    .log = host_log,
+    .fail = host_fail,
+    .config_fail = host_config_fail,
+    .config_has = host_config_has,
+    .config_int = host_config_int,
+    .config_float = host_config_float,
+    .config_bool = host_config_bool,
+    .config_string = host_config_string,
+    .config_origin = host_config_origin,
+    .alloc = host_alloc,
+    .free = host_free,
+    .device = host_device,
+    .comm = host_comm,
+    .seed = host_seed,
+};
+
+void host_impl_init(vh_host_impl *h, vh_run *run, vh_role role,
+                    const vh_section_config *config) {
+    memset(h, 0, sizeof *h);
+    h->pub.api = &vh_host_api_table;
+    h->run = run;
+    h->role = role;
+    h->config = config;
+}

@@ -1,0 +1,223 @@
+/* runtime.c - opening a run: recipe, --set, schemas, plugins, device. */
+#define _POSIX_C_SOURCE 200809L
+#include "runtime.h"
+
+#include <dlfcn.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vithost/vh_runtime.h"
+
+const vh_config_key vh_run_schema[] = {
+    {"device", VH_CONFIG_TYPE_ENUM, "cpu", "where to compute", "cpu|cuda", 0, 0, 0},
+    {"seed", VH_CONFIG_TYPE_INT, "0", "seed of every random draw (init, shuffles, dropout)",
+     NULL, 0, 2147483647.0, 0},
+    {"epochs", VH_CONFIG_TYPE_INT, "1", "passes over the training split", NULL, 1, 1e6, 0},
+    {"steps", VH_CONFIG_TYPE_INT, "0", "stop after this many steps (0: epochs decide)", NULL,
+     0, 1e12, 0},
+    {"batch_size", VH_CONFIG_TYPE_INT, "128", "images per step on each rank", NULL, 1, 1e6, 0},
+    {"eval_every", VH_CONFIG_TYPE_INT, "1", "evaluate every N epochs (0: never)", NULL, 0, 1e6,
+     0},
+    {"log_every", VH_CONFIG_TYPE_INT, "10", "steps between progress lines", NULL, 1, 1e9, 0},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
+};
+
+int64_t run_config_int(const vh_run *run, const char *key) {
+    const vh_config_entry *e = config_find(&run->run_config, key);
+    return e ? e->as.i : 0;
+}
+
+const char *run_config_string(const vh_run *run, const char *key) {
+    const vh_config_entry *e = config_find(&run->run_config, key);
+    return e ? e->text : "";
+}
+
+/* Loads the plugin a role section names and resolves the section against
+ * the plugin's schema. */
+static vh_status open_role(vh_run *run, vh_role role, vh_diag *d) {
+    const char *section_name = recipe_role_section(role);
+    const vh_recipe_section *s = recipe_find_section(&run->recipe, section_name);
+    if (!s)
+        return diag_set(d, VH_STATUS_ERR_CONFIG,
+                        "%s: the recipe has no '%s' section; every recipe names one plugin "
+                        "per role (model, precision, sharding, optim, data), e.g.\n"
+                        "    %s: { plugin: NAME }\n(`vithost plugins` lists what is installed)",
+                        run->recipe.file, section_name, section_name);
+    const vh_recipe_value *v = recipe_find_value(s, "plugin");
+    if (!v)
+        return diag_set_at(d, VH_STATUS_ERR_CONFIG, run->recipe.file, run->recipe.source,
+                           run->recipe.source_len, s->line, s->column,
+                           "section '%s' names no plugin; add `plugin: NAME` "
+                           "(`vithost plugins` lists what is installed)",
+                           section_name);
+    vh_diag why;
+    vh_status st = loader_resolve(&run->plugins[role], &run->path, v->text, role, &why);
+    if (st != VH_STATUS_OK) {
+        run->load_failed = 1;
+        return recipe_diag_value(&run->recipe, s, v, 0, d, st, "%s.plugin: %s", section_name,
+                                 why.text);
+    }
+    const vh_plugin_descriptor *desc = run->plugins[role].desc;
+    st = config_resolve(&run->configs[role], &run->recipe, section_name, desc->schema, "plugin",
+                        d);
+    if (st != VH_STATUS_OK) return st;
+    host_impl_init(&run->hosts[role], run, role, &run->configs[role]);
+    return VH_STATUS_OK;
+}
+
+vh_status run_open(vh_run *run, const vh_run_options *opts, vh_diag *d) {
+    memset(run, 0, sizeof *run);
+    run->opts = *opts;
+    if (!run->opts.out) run->opts.out = stdout;
+    vh_comm_self_init(&run->comm);
+    run->device = vh_cpu_device_ops();
+
+    vh_status st = recipe_load_file(&run->recipe, opts->recipe_path, d);
+    if (st != VH_STATUS_OK) return st;
+    for (int i = 0; i < opts->num_sets; i++) {
+        st = recipe_apply_set(&run->recipe, opts->sets[i], d);
+        if (st != VH_STATUS_OK) return st;
+    }
+    st = config_resolve(&run->run_config, &run->recipe, "run", vh_run_schema, NULL, d);
+    if (st != VH_STATUS_OK) return st;
+    st = plugin_path_init(&run->path, NULL, d);
+    if (st != VH_STATUS_OK) return st;
+    for (int r = 0; r < VH_ROLE_COUNT; r++) {
+        st = open_role(run, (vh_role)r, d);
+        if (st != VH_STATUS_OK) return st;
+    }
+    return VH_STATUS_OK;
+}
+
+void run_close(vh_run *run) {
+    for (int r = 0; r < VH_ROLE_COUNT; r++) {
+        config_free(&run->configs[r]);
+        loader_close(&run->plugins[r]);
+    }
+    if (run->cuda_lib) dlclose(run->cuda_lib);
+    plugin_path_free(&run->path);
+    config_free(&run->run_config);
+    recipe_free(&run->recipe);
+    memset(run, 0, sizeof *run);
+}
+
+/* libvh_cuda.so sits in <exe dir>/lib in the build tree and in the libdir
+ * once installed; only a run that asks for cuda ever loads it. */
+static void *open_cuda_lib(char *why, size_t why_len) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char candidates[2][4200];
+    int count = 0;
+    if (n > 0) {
+        exe[n] = '\0';
+        snprintf(candidates[count++], sizeof candidates[0], "%s/lib/libvh_cuda.so",
+                 dirname(exe));
+    }
+#ifdef VH_INSTALL_LIB_DIR
+    snprintf(candidates[count++], sizeof candidates[0], "%s/libvh_cuda.so", VH_INSTALL_LIB_DIR);
+#endif
+    why[0] = '\0';
+    for (int i = 0; i < count; i++) {
+        if (access(candidates[i], F_OK) != 0) continue;
+        void *lib = dlopen(candidates[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib) return lib;
+        snprintf(why, why_len, "%s", dlerror());
+    }
+    if (!why[0])
+        snprintf(why, why_len, "libvh_cuda.so is not installed (this vithost was built "
+                               "without the CUDA toolkit)");
+    return NULL;
+}
+
+vh_status run_open_device(vh_run *run, vh_diag *d) {
+    const char *device = run_config_string(run, "device");
+    if (strcmp(device, "cpu") == 0) {
+        run->device = vh_cpu_device_ops();
+        return VH_STATUS_OK;
+    }
+    char why[1024];
+    run->cuda_lib = open_cuda_lib(why, sizeof why);
+    if (!run->cuda_lib)
+        return diag_set(d, VH_STATUS_ERR_DEVICE,
+                        "run.device is cuda, but the CUDA device library cannot be loaded: %s "
+                        "(use `--set run.device=cpu` to train on the CPU)",
+                        why);
+    vh_cuda_device_open_fn open_fn;
+    *(void **)&open_fn = dlsym(run->cuda_lib, VH_CUDA_OPEN_SYMBOL);
+    if (!open_fn)
+        return diag_set(d, VH_STATUS_ERR_DEVICE, "libvh_cuda.so lacks %s: rebuild vithost",
+                        VH_CUDA_OPEN_SYMBOL);
+    vh_status st = open_fn(0, &run->cuda_ops, why, sizeof why);
+    if (st != VH_STATUS_OK)
+        return diag_set(d, st, "run.device is cuda: %s (use `--set run.device=cpu`)", why);
+    run->device = &run->cuda_ops;
+    return VH_STATUS_OK;
+}
+
+/* Quotes a scalar when plain YAML would read it differently. */
+static void print_scalar(FILE *out, const char *text) {
+    int plain = text[0] != '\0' && text[0] != ' ' && text[strlen(text) - 1] != ' ' &&
+                !strpbrk(text, ":#{}[],&*!|>'\"%@`\\\t\n") && text[0] != '-' && text[0] != '?';
+    if (plain) {
+        fputs(text, out);
+        return;
+    }
+    fputc('"', out);
+    for (const char *c = text; *c; c++) {
+        if (*c == '"' || *c == '\\') fputc('\\', out);
+        if (*c == '\n') {
+            fputs("\\n", out);
+            continue;
+        }
+        if (*c == '\t') {
+            fputs("\\t", out);
+            continue;
+        }
+        fputc(*c, out);
+    }
+    fputc('"', out);
+}
+
+static void print_origin(FILE *out, const vh_config_origin *o) {
+    switch (o->source) {
+    case VH_CONFIG_SOURCE_RECIPE:
+        fprintf(out, "  # %s:%d:%d", o->file ? o->file : "?", o->line, o->column);
+        break;
+    case VH_CONFIG_SOURCE_SET: fputs("  # --set", out); break;
+    case VH_CONFIG_SOURCE_DEFAULT: fputs("  # default", out); break;
+    }
+}
+
+static void print_section(FILE *out, const vh_section_config *c) {
+    for (int i = 0; i < c->count; i++) {
+        const vh_config_entry *e = &c->entries[i];
+        if (!e->has_value) {
+            fprintf(out, "  # %s: (not set; optional)\n", e->key->key);
+            continue;
+        }
+        fprintf(out, "  %s: ", e->key->key);
+        print_scalar(out, e->text);
+        print_origin(out, &e->origin);
+        fputc('\n', out);
+    }
+}
+
+void run_print_resolved(const vh_run *run, FILE *out) {
+    fprintf(out, "# resolved recipe of %s\n", run->recipe.file);
+    fprintf(out, "run:\n");
+    print_section(out, &run->run_config);
+    for (int r = 0; r < VH_ROLE_COUNT; r++) {
+        const vh_plugin *p = &run->plugins[r];
+        const char *section = recipe_role_section((vh_role)r);
+        const vh_recipe_value *v =
+            recipe_find_value(recipe_find_section(&run->recipe, section), "plugin");
+        fprintf(out, "%s:\n  plugin: ", section);
+        print_scalar(out, v ? v->text : p->desc->name);
+        if (v) print_origin(out, &v->origin);
+        fprintf(out, " -> %s %s (%s, ABI %u.%u)\n", p->desc->name, p->desc->version, p->path,
+                p->desc->abi_major, p->desc->abi_minor);
+        print_section(out, &run->configs[r]);
+    }
+}

@@ -1,0 +1,78 @@
+/* runtime.h - one run: the recipe, its resolved sections, the five loaded
+ * plugins, the device and the communicator.
+ *
+ * run_open does everything `vithost check` promises (read the recipe, apply
+ * --set, check the run section against the host's schema, load each role's
+ * plugin, check its section against the plugin's schema) and nothing that
+ * trains. `vithost run` then hands the opened run to train.c.
+ */
+#ifndef VITHOST_HOST_RUNTIME_H
+#define VITHOST_HOST_RUNTIME_H
+
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "config.h"
+#include "diag.h"
+#include "loader.h"
+#include "recipe.h"
+#include "vithost/vithost.h"
+
+typedef struct vh_run vh_run;
+
+/* A plugin instance's vh_host: the public part first, then the host's own. */
+typedef struct vh_host_impl {
+    vh_host pub;
+    vh_run *run;
+    vh_role role;
+    const vh_section_config *config;
+    char error[VH_DIAG_CAPACITY]; /* message of the last fail() */
+} vh_host_impl;
+
+typedef struct vh_run_options {
+    const char *recipe_path;
+    const char *const *sets; /* "section.key=value" */
+    int num_sets;
+    const char *out_dir;     /* NULL: no run folder */
+    int trace;               /* print every plugin call */
+    FILE *out;               /* progress and trace lines */
+} vh_run_options;
+
+struct vh_run {
+    vh_run_options opts;
+    vh_recipe recipe;
+    vh_section_config run_config; /* the host's own `run` section */
+    vh_plugin_path path;
+    vh_plugin plugins[VH_ROLE_COUNT];
+    vh_section_config configs[VH_ROLE_COUNT];
+    vh_host_impl hosts[VH_ROLE_COUNT];
+    const vh_device_ops *device;
+    vh_device_ops cuda_ops;  /* filled when run.device is cuda */
+    void *cuda_lib;          /* dlopen handle of libvh_cuda.so */
+    vh_comm comm;
+    int load_failed;         /* run_open failed while loading a plugin */
+    _Atomic size_t mem_current, mem_peak; /* host memory through the host API */
+};
+
+/* The schema of the `run` section, owned by the host. */
+extern const vh_config_key vh_run_schema[];
+
+vh_status run_open(vh_run *run, const vh_run_options *opts, vh_diag *d);
+void run_close(vh_run *run);
+
+/* Opens run.device: the CPU table, or libvh_cuda.so for cuda. */
+vh_status run_open_device(vh_run *run, vh_diag *d);
+
+/* Prints the resolved recipe as YAML, each value commented with its origin. */
+void run_print_resolved(const vh_run *run, FILE *out);
+
+/* Typed reads of the run section (the schema guarantees the keys). */
+int64_t run_config_int(const vh_run *run, const char *key);
+const char *run_config_string(const vh_run *run, const char *key);
+
+/* The host API table given to every plugin instance. */
+extern const vh_host_api vh_host_api_table;
+void host_impl_init(vh_host_impl *h, vh_run *run, vh_role role,
+                    const vh_section_config *config);
+
+#endif

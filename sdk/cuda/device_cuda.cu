@@ -1,0 +1,127 @@
+/* device_cuda.cu - the CUDA device: device memory, copies and conversions.
+ *
+ * Built into its own shared object (libvh_cuda.so) that the host dlopens only
+ * when a recipe asks for `run.device: cuda`, so the CPU path never needs the
+ * CUDA runtime or a driver. Compute ops (cuBLASLt GEMMs, fused kernels) join
+ * this table as the SDK's device ops grow.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+extern "C" {
+#include "vithost/vh_runtime.h"
+}
+
+struct vh_device {
+    int ordinal;
+    cudaStream_t stream; /* compute stream; every op is ordered on it */
+};
+
+static vh_device g_devices[16];
+
+static vh_status cuda_status(cudaError_t err) {
+    if (err == cudaSuccess) return VH_STATUS_OK;
+    if (err == cudaErrorMemoryAllocation) return VH_STATUS_ERR_NOMEM;
+    return VH_STATUS_ERR_DEVICE;
+}
+
+static vh_status cuda_alloc(vh_device *dev, size_t bytes, void **out) {
+    cudaSetDevice(dev->ordinal);
+    return cuda_status(cudaMalloc(out, bytes ? bytes : 1));
+}
+
+static void cuda_free(vh_device *dev, void *ptr) {
+    cudaSetDevice(dev->ordinal);
+    cudaFree(ptr);
+}
+
+static vh_status cuda_copy(vh_device *dev, void *dst, const void *src, size_t bytes,
+                           vh_copy_kind kind) {
+    cudaMemcpyKind k = kind == VH_COPY_KIND_HOST_TO_DEVICE   ? cudaMemcpyHostToDevice
+                       : kind == VH_COPY_KIND_DEVICE_TO_HOST ? cudaMemcpyDeviceToHost
+                                                             : cudaMemcpyDeviceToDevice;
+    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, k, dev->stream);
+    /* Host buffers may be reused as soon as this returns: wait for D2H/H2D. */
+    if (err == cudaSuccess && k != cudaMemcpyDeviceToDevice)
+        err = cudaStreamSynchronize(dev->stream);
+    return cuda_status(err);
+}
+
+static vh_status cuda_memset_zero(vh_device *dev, void *ptr, size_t bytes) {
+    return cuda_status(cudaMemsetAsync(ptr, 0, bytes, dev->stream));
+}
+
+static vh_status cuda_synchronize(vh_device *dev) {
+    return cuda_status(cudaStreamSynchronize(dev->stream));
+}
+
+__device__ static float load_elem(const void *src, int dtype, size_t i) {
+    if (dtype == VH_DTYPE_F16) return __half2float(((const __half *)src)[i]);
+    if (dtype == VH_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)src)[i]);
+    return ((const float *)src)[i];
+}
+
+__device__ static void store_elem(void *dst, int dtype, size_t i, float x) {
+    if (dtype == VH_DTYPE_F16) ((__half *)dst)[i] = __float2half_rn(x);
+    else if (dtype == VH_DTYPE_BF16) ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x);
+    else ((float *)dst)[i] = x;
+}
+
+__global__ static void convert_kernel(void *dst, int dst_dtype, const void *src,
+                                      int src_dtype, size_t count) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride)
+        store_elem(dst, dst_dtype, i, load_elem(src, src_dtype, i));
+}
+
+static vh_status cuda_convert(vh_device *dev, void *dst, vh_dtype dst_dtype, const void *src,
+                              vh_dtype src_dtype, size_t count) {
+    if (dst_dtype > VH_DTYPE_BF16 || src_dtype > VH_DTYPE_BF16) return VH_STATUS_ERR_UNSUPPORTED;
+    if (count == 0) return VH_STATUS_OK;
+    size_t blocks = (count + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    convert_kernel<<<(unsigned)blocks, 256, 0, dev->stream>>>(dst, dst_dtype, src, src_dtype,
+                                                              count);
+    return cuda_status(cudaGetLastError());
+}
+
+extern "C" VH_SDK_API vh_status vh_cuda_device_open(int ordinal, vh_device_ops *out, char *err,
+                                                    size_t err_len) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        snprintf(err, err_len, "no CUDA device is usable here (%s)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return VH_STATUS_ERR_DEVICE;
+    }
+    if (ordinal < 0 || ordinal >= count || ordinal >= 16) {
+        snprintf(err, err_len, "CUDA device %d does not exist (this machine has %d)", ordinal,
+                 count);
+        return VH_STATUS_ERR_INVALID_ARG;
+    }
+    vh_device *dev = &g_devices[ordinal];
+    dev->ordinal = ordinal;
+    if ((e = cudaSetDevice(ordinal)) != cudaSuccess ||
+        (!dev->stream && (e = cudaStreamCreateWithFlags(&dev->stream, cudaStreamNonBlocking)) !=
+                             cudaSuccess)) {
+        snprintf(err, err_len, "CUDA device %d: %s", ordinal, cudaGetErrorString(e));
+        return VH_STATUS_ERR_DEVICE;
+    }
+    static char names[16][16];
+    snprintf(names[ordinal], sizeof names[ordinal], "cuda:%d", ordinal);
+    memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    out->kind = VH_DEVICE_KIND_CUDA;
+    out->name = names[ordinal];
+    out->device = dev;
+    out->alloc = cuda_alloc;
+    out->free = cuda_free;
+    out->copy = cuda_copy;
+    out->memset_zero = cuda_memset_zero;
+    out->synchronize = cuda_synchronize;
+    out->convert = cuda_convert;
+    return VH_STATUS_OK;
+}

@@ -1,0 +1,355 @@
+/* test_sharding.c - the sharding role's test plugin: full fp32 replicas.
+ *
+ * Every rank keeps the whole model: per unit one flat buffer of params, one of
+ * grads and one per optimizer state slot, all with the table's offsets. The
+ * params are the fp32 masters and the compute copy at once, so gather hands
+ * out the buffer, release and refresh do nothing, and reduce all-reduces a
+ * unit's grads (SUM, then divided by the world size) synchronously.
+ *
+ * gather/release pairs are counted per unit, so a model that releases what it
+ * never gathered is told so.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "vithost/vh_comm.h"
+#include "vithost/vh_config.h"
+#include "vithost/vh_host.h"
+#include "vithost/vh_params.h"
+#include "vithost/vh_plugin.h"
+#include "vithost/vh_sharding.h"
+
+typedef struct shard_unit {
+    int64_t numel;
+    float *params; /* fp32 master and compute copy */
+    float *grads;
+    float *state[VH_OPTIM_MAX_STATE_SLOTS];
+    int32_t gathered; /* gathers not yet released */
+} shard_unit;
+
+typedef struct test_sharding {
+    vh_host *host;
+    vh_comm *comm;
+    const vh_param_table *table;
+    int32_t state_slots;
+    shard_unit *units;
+    int32_t num_units;
+    vh_param_slice *slices;
+    int32_t num_slices;
+} test_sharding;
+
+static const vh_config_key schema[] = {
+    {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
+};
+
+static vh_status sharding_create(vh_host *host, void **self) {
+    if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
+    *self = NULL;
+    const vh_device_ops *dev = host->api->device(host);
+    if (!dev || dev->kind != VH_DEVICE_KIND_CPU)
+        return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
+                               "test_sharding keeps its buffers in host memory: CPU runs only "
+                               "(device is %s)",
+                               dev && dev->name ? dev->name : "unknown");
+    vh_comm *comm = host->api->comm(host);
+    if (!comm || !comm->ops)
+        return host->api->fail(host, VH_STATUS_ERR_INTERNAL, "the host gave no communicator");
+
+    test_sharding *s = host->api->alloc(host, sizeof *s);
+    if (!s) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory");
+    memset(s, 0, sizeof *s);
+    s->host = host;
+    s->comm = comm;
+    *self = s;
+    return VH_STATUS_OK;
+}
+
+static void sharding_destroy(void *self) {
+    test_sharding *s = self;
+    if (!s) return;
+    vh_host *host = s->host;
+    if (s->units) {
+        for (int32_t u = 0; u < s->num_units; u++) {
+            host->api->free(host, s->units[u].params);
+            host->api->free(host, s->units[u].grads);
+            for (int32_t k = 0; k < VH_OPTIM_MAX_STATE_SLOTS; k++)
+                host->api->free(host, s->units[u].state[k]);
+        }
+        host->api->free(host, s->units);
+    }
+    host->api->free(host, s->slices);
+    host->api->free(host, s);
+}
+
+/* Zeroed host memory for n floats. */
+static float *alloc_floats(vh_host *host, int64_t n) {
+    float *p = host->api->alloc(host, (size_t)n * sizeof(float));
+    if (p) memset(p, 0, (size_t)n * sizeof(float));
+    return p;
+}
+
+static vh_status check_table(vh_host *host, const vh_param_table *t) {
+    if (!t || t->num_units < 1 || !t->units)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "empty parameter table");
+    int64_t total = 0;
+    for (int32_t u = 0; u < t->num_units; u++) {
+        const vh_unit_desc *ud = &t->units[u];
+        if (ud->numel < 1 || ud->num_params < 1 || !ud->params)
+            return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "unit %d (%s) is empty",
+                                   (int)u, ud->name ? ud->name : "?");
+        if ((uint64_t)ud->numel > SIZE_MAX / sizeof(float))
+            return host->api->fail(host, VH_STATUS_ERR_NOMEM, "unit %d is too large", (int)u);
+        int64_t sum = 0;
+        for (int32_t i = 0; i < ud->num_params; i++) {
+            const vh_param_desc *pd = &ud->params[i];
+            if (pd->numel != vh_param_desc_numel(pd) || pd->offset != sum)
+                return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                                       "unit %d param %d (%s): offset %lld / numel %lld do not "
+                                       "follow the shape and declaration order",
+                                       (int)u, (int)i, pd->name ? pd->name : "?",
+                                       (long long)pd->offset, (long long)pd->numel);
+            sum += pd->numel;
+        }
+        if (sum != ud->numel)
+            return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                                   "unit %d: numel %lld, its params sum to %lld", (int)u,
+                                   (long long)ud->numel, (long long)sum);
+        total += sum;
+    }
+    if (total != t->numel)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                               "table numel %lld, its units sum to %lld", (long long)t->numel,
+                               (long long)total);
+    return VH_STATUS_OK;
+}
+
+static vh_status sharding_setup(void *self, const vh_sharding_setup *setup) {
+    test_sharding *s = self;
+    if (!s) return VH_STATUS_ERR_INVALID_ARG;
+    vh_host *host = s->host;
+    if (s->units)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "setup called twice");
+    if (!setup || setup->struct_size < sizeof *setup)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                               "sharding setup missing or too small");
+    const vh_precision_policy *pol = &setup->policy;
+    if (pol->param_dtype != VH_DTYPE_F32 || pol->grad_dtype != VH_DTYPE_F32 ||
+        pol->comm_dtype != VH_DTYPE_F32 || pol->master_dtype != VH_DTYPE_F32)
+        return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
+                               "test_sharding keeps fp32 only (params %s, grads %s, comm %s, "
+                               "master %s)",
+                               vh_dtype_name(pol->param_dtype), vh_dtype_name(pol->grad_dtype),
+                               vh_dtype_name(pol->comm_dtype), vh_dtype_name(pol->master_dtype));
+    if (setup->state_slots < 0 || setup->state_slots > VH_OPTIM_MAX_STATE_SLOTS)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%d optimizer state slots, max %d",
+                               (int)setup->state_slots, VH_OPTIM_MAX_STATE_SLOTS);
+    vh_status st = check_table(host, setup->table);
+    if (st != VH_STATUS_OK) return st;
+
+    const vh_param_table *t = setup->table;
+    int32_t nslices = 0;
+    for (int32_t u = 0; u < t->num_units; u++) nslices += t->units[u].num_params;
+
+    s->table = t;
+    s->state_slots = setup->state_slots;
+    s->units = host->api->alloc(host, (size_t)t->num_units * sizeof *s->units);
+    s->slices = host->api->alloc(host, (size_t)nslices * sizeof *s->slices);
+    if (!s->units || !s->slices) goto nomem;
+    memset(s->units, 0, (size_t)t->num_units * sizeof *s->units);
+    memset(s->slices, 0, (size_t)nslices * sizeof *s->slices);
+    s->num_units = t->num_units;
+
+    for (int32_t u = 0; u < t->num_units; u++) {
+        shard_unit *su = &s->units[u];
+        su->numel = t->units[u].numel;
+        su->params = alloc_floats(host, su->numel);
+        su->grads = alloc_floats(host, su->numel);
+        if (!su->params || !su->grads) goto nomem;
+        for (int32_t k = 0; k < s->state_slots; k++)
+            if (!(su->state[k] = alloc_floats(host, su->numel))) goto nomem;
+    }
+
+    /* One slice per parameter: everything is local. */
+    int32_t n = 0;
+    for (int32_t u = 0; u < t->num_units; u++) {
+        const vh_unit_desc *ud = &t->units[u];
+        shard_unit *su = &s->units[u];
+        for (int32_t i = 0; i < ud->num_params; i++, n++) {
+            const vh_param_desc *pd = &ud->params[i];
+            vh_param_slice *sl = &s->slices[n];
+            sl->unit = u;
+            sl->param = i;
+            sl->offset = 0;
+            sl->count = pd->numel;
+            sl->flags = pd->flags;
+            sl->master = su->params + pd->offset;
+            sl->grad = su->grads + pd->offset;
+            for (int32_t k = 0; k < s->state_slots; k++) sl->state[k] = su->state[k] + pd->offset;
+        }
+    }
+    s->num_slices = nslices;
+    return VH_STATUS_OK;
+
+nomem:
+    /* Leave the plugin as before setup; destroy frees the rest. */
+    if (s->units) {
+        for (int32_t u = 0; u < t->num_units; u++) {
+            host->api->free(host, s->units[u].params);
+            host->api->free(host, s->units[u].grads);
+            for (int32_t k = 0; k < VH_OPTIM_MAX_STATE_SLOTS; k++)
+                host->api->free(host, s->units[u].state[k]);
+        }
+    }
+    host->api->free(host, s->units);
+    host->api->free(host, s->slices);
+    s->units = NULL;
+    s->slices = NULL;
+    s->num_units = 0;
+    s->table = NULL;
+    return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory for %lld parameters",
+                           (long long)t->numel);
+}
+
+/* The unit, or NULL after recording the error. */
+static shard_unit *unit_at(test_sharding *s, int32_t unit, const char *what, vh_status *st) {
+    vh_host *host = s->host;
+    if (!s->units) {
+        *st = host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s before setup", what);
+        return NULL;
+    }
+    if (unit < 0 || unit >= s->num_units) {
+        *st = host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s: unit %d is not in [0, %d)", what,
+                              (int)unit, (int)s->num_units);
+        return NULL;
+    }
+    *st = VH_STATUS_OK;
+    return &s->units[unit];
+}
+
+static vh_status sharding_load_unit(void *self, int32_t unit, const float *values) {
+    test_sharding *s = self;
+    if (!s) return VH_STATUS_ERR_INVALID_ARG;
+    vh_status st;
+    shard_unit *su = unit_at(s, unit, "load_unit", &st);
+    if (!su) return st;
+    if (!values) return s->host->api->fail(s->host, VH_STATUS_ERR_INVALID_ARG, "load_unit: NULL values");
+    memcpy(su->params, values, (size_t)su->numel * sizeof(float));
+    return VH_STATUS_OK;
+}
+
+static vh_status sharding_store_unit(void *self, int32_t unit, float *values) {
+    test_sharding *s = self;
+    if (!s) return VH_STATUS_ERR_INVALID_ARG;
+    vh_status st;
+    shard_unit *su = unit_at(s, unit, "store_unit", &st);
+    if (!su) return st;
+    if (!values) return s->host->api->fail(s->host, VH_STATUS_ERR_INVALID_ARG, "store_unit: NULL values");
+    memcpy(values, su->params, (size_t)su->numel * sizeof(float));
+    return VH_STATUS_OK;
+}
+
+static vh_status sharding_zero_grads(void *self) {
+    test_sharding *s = self;
+    if (!s) return VH_STATUS_ERR_INVALID_ARG;
+    if (!s->units)
+        return s->host->api->fail(s->host, VH_STATUS_ERR_INVALID_ARG, "zero_grads before setup");
+    for (int32_t u = 0; u < s->num_units; u++)
+        memset(s->units[u].grads, 0, (size_t)s->units[u].numel * sizeof(float));
+    return VH_STATUS_OK;
+}
+
+static vh_status sharding_gather(void *self, int32_t unit, const void **params) {
+    test_sharding *s = self;
+    if (!s) return VH_STATUS_ERR_INVALID_ARG;
+    vh_status st;
+    shard_unit *su = unit_at(s, unit, "gather", &st);
+    if (!su) return st;
+    if (!params) return s->host->api->fail(s->host, VH_STATUS_ERR_INVALID_ARG, "gather: NULL out");
+    su->gathered++;
+    *params = su->params;
+    return VH_STATUS_OK;
+}
+
+static vh_status sharding_release(void *self, int32_t unit) {
+    test_sharding *s = self;
+    if (!s) return VH_STATUS_ERR_INVALID_ARG;
+    vh_status st;
+    shard_unit *su = unit_at(s, unit, "release", &st);
+    if (!su) return st;
+    if (su->gathered < 1)
+        return s->host->api->fail(s->host, VH_STATUS_ERR_INVALID_ARG,
+                                  "release of unit %d, which is not gathered", (int)unit);
+    su->gathered--;
+    return VH_STATUS_OK;
+}
+
+static vh_status sharding_grads(void *self, int32_t unit, void **grads) {
+    test_sharding *s = self;
+    if (!s) return VH_STATUS_ERR_INVALID_ARG;
+    vh_status st;
+    shard_unit *su = unit_at(s, unit, "grads", &st);
+    if (!su) return st;
+    if (!grads) return s->host->api->fail(s->host, VH_STATUS_ERR_INVALID_ARG, "grads: NULL out");
+    *grads = su->grads;
+    return VH_STATUS_OK;
+}
+
+static vh_status sharding_reduce(void *self, int32_t unit) {
+    test_sharding *s = self;
+    if (!s) return VH_STATUS_ERR_INVALID_ARG;
+    vh_status st;
+    shard_unit *su = unit_at(s, unit, "reduce", &st);
+    if (!su) return st;
+    st = s->comm->ops->all_reduce(s->comm, su->grads, (size_t)su->numel, VH_DTYPE_F32,
+                                  VH_REDUCE_OP_SUM);
+    if (st != VH_STATUS_OK)
+        return s->host->api->fail(s->host, st, "all-reduce of unit %d's grads failed", (int)unit);
+    if (s->comm->world_size > 1) {
+        float inv = 1.0f / (float)s->comm->world_size;
+        for (int64_t i = 0; i < su->numel; i++) su->grads[i] *= inv;
+    }
+    return VH_STATUS_OK;
+}
+
+static vh_status sharding_wait(void *self) {
+    test_sharding *s = self;
+    if (!s) return VH_STATUS_ERR_INVALID_ARG;
+    return VH_STATUS_OK; /* reduce is synchronous */
+}
+
+static vh_status sharding_slices(void *self, vh_param_slices *out) {
+    test_sharding *s = self;
+    if (!s || !out) return VH_STATUS_ERR_INVALID_ARG;
+    if (!s->units)
+        return s->host->api->fail(s->host, VH_STATUS_ERR_INVALID_ARG, "slices before setup");
+    out->items = s->slices;
+    out->count = s->num_slices;
+    out->item_size = sizeof(vh_param_slice);
+    return VH_STATUS_OK;
+}
+
+static vh_status sharding_refresh(void *self) {
+    test_sharding *s = self;
+    if (!s) return VH_STATUS_ERR_INVALID_ARG;
+    return VH_STATUS_OK; /* the master is the compute copy */
+}
+
+static const vh_sharding_vtable vtable = {
+    .struct_size = sizeof(vh_sharding_vtable),
+    .create = sharding_create,
+    .destroy = sharding_destroy,
+    .setup = sharding_setup,
+    .load_unit = sharding_load_unit,
+    .store_unit = sharding_store_unit,
+    .zero_grads = sharding_zero_grads,
+    .gather = sharding_gather,
+    .release = sharding_release,
+    .grads = sharding_grads,
+    .reduce = sharding_reduce,
+    .wait = sharding_wait,
+    .slices = sharding_slices,
+    .refresh = sharding_refresh,
+};
+
+VH_PLUGIN_DEFINE(VH_ROLE_SHARDING, "test_sharding", "0.1.0",
+                 "test plugin: full fp32 replicas, grads all-reduced per unit", schema, vtable);

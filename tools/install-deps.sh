@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages vithost builds and tests with, and only those
+# that are missing. Runs apt-get as root, through sudo otherwise.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config   # toolchain
+  libyaml-dev                        # recipes
+  libcmocka-dev                      # tests
+  libopenblas-openmp-dev             # CPU GEMMs; the OpenMP build shares one thread pool with ours
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+as_root=()
+[ "$(id -u)" -ne 0 ] && as_root=(sudo)
+echo "install-deps: installing ${missing[*]}"
+"${as_root[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

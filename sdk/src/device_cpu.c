@@ -1,8 +1,10 @@
-/* device_cpu.c - the CPU device: host memory and plain loops. The reference
- * every other device is checked against. */
+/* device_cpu.c - the CPU device: host memory, and the compute ops of
+ * src/cpu/ (OpenBLAS GEMMs, OpenMP loops). The reference every other device
+ * is checked against. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/cpu_ops.h"
 #include "vithost/vh_runtime.h"
 
 static vh_status cpu_alloc(vh_device *dev, size_t bytes, void **out) {
@@ -85,6 +87,25 @@ static const vh_device_ops cpu_ops = {
     .memset_zero = cpu_memset_zero,
     .synchronize = cpu_synchronize,
     .convert = cpu_convert,
+    .gemm = vh_cpu_gemm,
+    .layernorm_forward = vh_cpu_layernorm_forward,
+    .layernorm_backward = vh_cpu_layernorm_backward,
+    .gelu_forward = vh_cpu_gelu_forward,
+    .gelu_backward = vh_cpu_gelu_backward,
+    .add = vh_cpu_add,
+    .bias_backward = vh_cpu_bias_backward,
+    .softmax = vh_cpu_softmax,
+    .attention_forward = vh_cpu_attention_forward,
+    .attention_backward = vh_cpu_attention_backward,
+    .softmax_cross_entropy = vh_cpu_softmax_cross_entropy,
+    .mean_pool_forward = vh_cpu_mean_pool_forward,
+    .mean_pool_backward = vh_cpu_mean_pool_backward,
+    .patchify = vh_cpu_patchify,
+    .embed_forward = vh_cpu_embed_forward,
+    .embed_backward = vh_cpu_embed_backward,
+    .scale_rows = vh_cpu_scale_rows,
+    .dropout_forward = vh_cpu_dropout_forward,
+    .mul = vh_cpu_mul,
 };
 
 const vh_device_ops *vh_cpu_device_ops(void) { return &cpu_ops; }

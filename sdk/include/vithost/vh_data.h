@@ -62,7 +62,9 @@ typedef struct vh_data_vtable {
     vh_status (*start_epoch)(void *self, vh_split split, int64_t epoch);
     /* *has_batch = 0 when the pass is over. */
     vh_status (*next)(void *self, vh_batch *out, int *has_batch);
-    /* Resumable position (epoch, order, cursor) as an opaque blob. */
+    /* Resumable position (epoch, order, cursor) of the training pass in
+     * progress, as an opaque blob. After state_load, `next` continues that
+     * pass where it stood; the host does not call start_epoch for it. */
     vh_status (*state_size)(void *self, size_t *bytes);
     vh_status (*state_save)(void *self, void *buf, size_t bytes);
     vh_status (*state_load)(void *self, const void *buf, size_t bytes);

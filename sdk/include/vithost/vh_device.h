@@ -166,7 +166,8 @@ typedef struct vh_device_ops {
                                int64_t num_patches, int64_t dim, int64_t batch_stride,
                                int64_t token_stride, int64_t patch_batch_stride,
                                int64_t patch_token_stride);
-    /* dpatches, dcls (when not NULL) and dpos accumulate. */
+    /* dpatches, dcls and dpos accumulate; dcls NULL means "no class token"
+     * (as cls NULL in forward). */
     vh_status (*embed_backward)(vh_device *dev, float *dpatches, float *dcls, float *dpos,
                                 const float *dx, int64_t batch, int64_t num_patches,
                                 int64_t dim, int64_t batch_stride, int64_t token_stride,
@@ -179,8 +180,10 @@ typedef struct vh_device_ops {
     vh_status (*scale_rows)(vh_device *dev, float *out, const float *in,
                             const float *scale, int64_t rows, int64_t dim, int64_t div,
                             int64_t mod, int32_t accumulate);
-    /* Inverted dropout: mask[i] = keep ? 1/(1-p) : 0 from (seed, i), and
-     * out = x * mask. The same seed gives the same mask on every device. */
+    /* Inverted dropout, p in [0, 1]: mask[i] = keep ? 1/(1-p) : 0 and
+     * out = x * mask. Every device draws the same mask from (seed, i):
+     *   key = mix64(seed), u_i = (mix64(key + (i + 1) * 0x9E3779B97F4A7C15) >> 40) * 2^-24,
+     *   keep iff u_i >= p, with mix64 the splitmix64 finaliser. */
     vh_status (*dropout_forward)(vh_device *dev, float *out, float *mask, const float *x,
                                  int64_t n, float p, uint64_t seed);
     /* out (+)= a * b element-wise; dropout's backward with b = mask. */

@@ -56,6 +56,11 @@ typedef struct vh_model_vtable {
     /* Training FLOPs of one image: 3 x forward = 6 x every matmul's MACs,
      * attention's included (the pycls convention). */
     double (*train_flops_per_image)(void *self);
+    /* State beyond the parameters that a resumed run needs to continue
+     * exactly (e.g. the counter behind dropout masks); may be 0 bytes. */
+    vh_status (*state_size)(void *self, size_t *bytes);
+    vh_status (*state_save)(void *self, void *buf, size_t bytes);
+    vh_status (*state_load)(void *self, const void *buf, size_t bytes);
 } vh_model_vtable;
 
 #ifdef __cplusplus

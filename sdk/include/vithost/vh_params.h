@@ -88,7 +88,9 @@ static inline vh_param_slice *vh_param_slices_at(const vh_param_slices *s, int32
 
 /* Fills a parameter's fp32 values by its init rule, from a seed that the
  * caller derives per parameter (e.g. hash of run seed and parameter index).
- * TRUNC_NORMAL: N(0, std^2) redrawn outside +-2 std (timm's trunc_normal_);
+ * TRUNC_NORMAL: N(0, std^2) redrawn outside +-2 std (TensorFlow's truncated
+ * normal, timm's trunc_normal_tf_; timm's trunc_normal_(std=.02) cuts at +-2
+ * absolute, i.e. barely at all);
  * XAVIER_UNIFORM: U(-a, a), a = sqrt(6 / (fan_in + fan_out)) with
  * fan_in = shape[1] * receptive field, fan_out = shape[0] * receptive field.
  * Same seed, same values, on every machine. */

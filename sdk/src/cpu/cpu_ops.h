@@ -1,0 +1,164 @@
+/* cpu_ops.h - the CPU compute ops behind vh_cpu_device_ops() (internal).
+ *
+ * Semantics are those of vh_device.h ("compute ops"); this header only adds
+ * what the CPU files share: the op entry points, the counter-based random
+ * numbers used by dropout and vh_param_init, and the OpenMP thresholds.
+ *
+ * Threads: one OpenMP pool for everything. OpenBLAS is the OpenMP build, so a
+ * cblas call made outside a parallel region uses that pool, and one made
+ * inside a parallel region runs single-threaded (no oversubscription).
+ */
+#ifndef VITHOST_CPU_OPS_H
+#define VITHOST_CPU_OPS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "vithost/vh_device.h"
+
+#define VH_CPU_HIDDEN __attribute__((visibility("hidden")))
+
+/* Element-wise loops go parallel above this many elements; below it the
+ * fork/join costs more than the loop. */
+#define VH_CPU_PAR_ELEMS ((int64_t)1 << 15)
+
+/* ---- random numbers: a pure function of (key, counter) -------------------
+ * mix64 is splitmix64's finaliser. The u-th value of stream `key` is
+ * mix64(key + (u + 1) * VH_RNG_GAMMA); a stream's key is mix64(seed).
+ * Nothing depends on thread count or call order, and the CUDA device can
+ * compute the very same numbers. */
+#define VH_RNG_GAMMA UINT64_C(0x9E3779B97F4A7C15)
+
+static inline uint64_t vh_rng_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t vh_rng_bits(uint64_t key, uint64_t counter) {
+    return vh_rng_mix64(key + (counter + 1) * VH_RNG_GAMMA);
+}
+
+/* Uniform in [0, 1) with 24 random bits: exact in float. */
+static inline float vh_rng_uniform_f32(uint64_t bits) {
+    return (float)(bits >> 40) * 0x1p-24f;
+}
+
+/* ---- vectorisable math -----------------------------------------------------
+ * glibc's expf and erff are scalar calls (5-12 ns each here); softmax and GELU
+ * would cost as much as the GEMMs around them. These are branch-free, so an
+ * `omp simd` loop vectorises them. */
+
+/* e^x: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor
+ * polynomial, 2^n built in the exponent bits. Within 2 ulp of e^x (test_ops
+ * checks it); NaN stays NaN, +inf and overflow give +inf, results below
+ * e^-86.5 (2.6e-38, near FLT_MIN) flush to 0. */
+static inline float vh_expf(float x) {
+    const float lo = -86.5f, hi = 88.7f;
+    const float xc = x < lo ? lo : (x > hi ? hi : x);
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to integer */
+    const float n = (xc * 1.44269504088896341f + shifter) - shifter;
+    const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    /* 2^(n-1) * 2: n <= 128 at the top of the range, n - 1 >= -126 at the bottom. */
+    const uint32_t bits = (uint32_t)((int32_t)n - 1 + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    float y = p * scale * 2.0f;
+    y = x < lo ? 0.0f : y;
+    y = x > hi ? INFINITY : y;
+    return x != x ? x : y;
+}
+
+/* Softmax of one row in place; NaN in, NaN out. */
+static inline void vh_softmax_row(float *row, int64_t n) {
+    float mx = row[0];
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; j++) {
+        row[j] = vh_expf(row[j] - mx);
+        sum += row[j];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) row[j] *= inv;
+}
+
+/* ---- ops (vh_device.h) ---------------------------------------------------- */
+
+VH_CPU_HIDDEN vh_status vh_cpu_gemm(vh_device *dev, const vh_gemm_args *args);
+
+VH_CPU_HIDDEN vh_status vh_cpu_layernorm_forward(vh_device *dev, float *out, float *mean,
+                                                 float *rstd, const float *x,
+                                                 const float *weight, const float *bias,
+                                                 int64_t rows, int64_t dim, float eps);
+VH_CPU_HIDDEN vh_status vh_cpu_layernorm_backward(vh_device *dev, float *dx, float *dweight,
+                                                  float *dbias, const float *dout,
+                                                  const float *x, const float *weight,
+                                                  const float *mean, const float *rstd,
+                                                  int64_t rows, int64_t dim);
+
+VH_CPU_HIDDEN vh_status vh_cpu_gelu_forward(vh_device *dev, float *out, const float *x,
+                                            int64_t n);
+VH_CPU_HIDDEN vh_status vh_cpu_gelu_backward(vh_device *dev, float *dx, const float *x,
+                                             const float *dout, int64_t n);
+VH_CPU_HIDDEN vh_status vh_cpu_add(vh_device *dev, float *out, const float *a, const float *b,
+                                   int64_t n);
+VH_CPU_HIDDEN vh_status vh_cpu_bias_backward(vh_device *dev, float *dbias, const float *dout,
+                                             int64_t rows, int64_t cols);
+VH_CPU_HIDDEN vh_status vh_cpu_softmax(vh_device *dev, float *x, int64_t rows, int64_t cols);
+VH_CPU_HIDDEN vh_status vh_cpu_scale_rows(vh_device *dev, float *out, const float *in,
+                                          const float *scale, int64_t rows, int64_t dim,
+                                          int64_t div, int64_t mod, int32_t accumulate);
+VH_CPU_HIDDEN vh_status vh_cpu_dropout_forward(vh_device *dev, float *out, float *mask,
+                                               const float *x, int64_t n, float p,
+                                               uint64_t seed);
+VH_CPU_HIDDEN vh_status vh_cpu_mul(vh_device *dev, float *out, const float *a, const float *b,
+                                   int64_t n, int32_t accumulate);
+
+VH_CPU_HIDDEN vh_status vh_cpu_attention_forward(vh_device *dev, const vh_attention_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_attention_backward(vh_device *dev,
+                                                  const vh_attention_args *args);
+
+VH_CPU_HIDDEN vh_status vh_cpu_softmax_cross_entropy(vh_device *dev, float *loss,
+                                                     float *dlogits, const float *logits,
+                                                     const int32_t *labels, int64_t batch,
+                                                     int64_t classes, float smoothing,
+                                                     float dloss_scale);
+
+VH_CPU_HIDDEN vh_status vh_cpu_mean_pool_forward(vh_device *dev, float *out, const float *x,
+                                                 int64_t batch, int64_t first, int64_t count,
+                                                 int64_t dim, int64_t batch_stride,
+                                                 int64_t token_stride);
+VH_CPU_HIDDEN vh_status vh_cpu_mean_pool_backward(vh_device *dev, float *dx,
+                                                  const float *dout, int64_t batch,
+                                                  int64_t first, int64_t count, int64_t dim,
+                                                  int64_t batch_stride, int64_t token_stride);
+VH_CPU_HIDDEN vh_status vh_cpu_patchify(vh_device *dev, float *out, const float *images,
+                                        int64_t batch, int64_t channels, int64_t height,
+                                        int64_t width, int64_t patch, int64_t batch_stride,
+                                        int64_t token_stride);
+VH_CPU_HIDDEN vh_status vh_cpu_embed_forward(vh_device *dev, float *x, const float *patches,
+                                             const float *cls, const float *pos,
+                                             int64_t batch, int64_t num_patches, int64_t dim,
+                                             int64_t batch_stride, int64_t token_stride,
+                                             int64_t patch_batch_stride,
+                                             int64_t patch_token_stride);
+VH_CPU_HIDDEN vh_status vh_cpu_embed_backward(vh_device *dev, float *dpatches, float *dcls,
+                                              float *dpos, const float *dx, int64_t batch,
+                                              int64_t num_patches, int64_t dim,
+                                              int64_t batch_stride, int64_t token_stride,
+                                              int64_t patch_batch_stride,
+                                              int64_t patch_token_stride);
+
+#endif

@@ -423,6 +423,23 @@ static double model_train_flops_per_image(void *self) {
     return 6.0 * (double)m->classes * (double)m->k;
 }
 
+/* A linear model draws no random numbers: nothing to save beyond params. */
+static vh_status model_state_size(void *self, size_t *bytes) {
+    (void)self;
+    *bytes = 0;
+    return VH_STATUS_OK;
+}
+
+static vh_status model_state_save(void *self, void *buf, size_t bytes) {
+    (void)self, (void)buf;
+    return bytes == 0 ? VH_STATUS_OK : VH_STATUS_ERR_INVALID_ARG;
+}
+
+static vh_status model_state_load(void *self, const void *buf, size_t bytes) {
+    (void)self, (void)buf;
+    return bytes == 0 ? VH_STATUS_OK : VH_STATUS_ERR_FORMAT;
+}
+
 static const vh_model_vtable vtable = {
     .struct_size = sizeof(vh_model_vtable),
     .create = model_create,
@@ -432,6 +449,9 @@ static const vh_model_vtable vtable = {
     .forward = model_forward,
     .backward = model_backward,
     .train_flops_per_image = model_train_flops_per_image,
+    .state_size = model_state_size,
+    .state_save = model_state_save,
+    .state_load = model_state_load,
 };
 
 VH_PLUGIN_DEFINE(VH_ROLE_MODEL, "test_model", "0.1.0",

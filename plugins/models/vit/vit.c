@@ -1,0 +1,308 @@
+/* vit.c - the ViT model plugin: schema, variants, parameter table, init.
+ *
+ * The standard pre-norm Vision Transformer of timm's VisionTransformer, with
+ * its parameter names, shapes and memory layouts, so weights move between
+ * vithost and PyTorch without conversion. Forward and backward are in
+ * vit_forward.c and vit_backward.c.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "vit.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const vh_config_key schema[] = {
+    {"variant", VH_CONFIG_TYPE_ENUM, NULL,
+     "published size (ti16 s16 b16 l16 h14 h16); explicit keys below override it",
+     "ti16|s16|b16|l16|h14|h16", 0, 0, VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {"dim", VH_CONFIG_TYPE_INT, NULL, "width D (required without variant)", NULL, 1, 65536,
+     VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {"depth", VH_CONFIG_TYPE_INT, NULL, "blocks L (required without variant)", NULL, 1, 1024,
+     VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {"heads", VH_CONFIG_TYPE_INT, NULL, "attention heads H; must divide dim", NULL, 1, 1024,
+     VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {"mlp_dim", VH_CONFIG_TYPE_INT, NULL, "MLP width M (default 4 x dim)", NULL, 1, 1 << 20,
+     VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {"patch_size", VH_CONFIG_TYPE_INT, NULL, "patch side P; must divide the image sides", NULL,
+     1, 1024, VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {"image_size", VH_CONFIG_TYPE_INT, NULL,
+     "image side; default and check: the data plugin's", NULL, 1, 65536,
+     VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {"channels", VH_CONFIG_TYPE_INT, NULL, "image channels; default: the data plugin's", NULL,
+     1, 64, VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {"num_classes", VH_CONFIG_TYPE_INT, NULL, "classes C; default: the data plugin's", NULL, 1,
+     1 << 24, VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {"classifier", VH_CONFIG_TYPE_ENUM, "token",
+     "token: class token -> norm -> head; pooled: mean of patch tokens -> fc_norm -> head",
+     "token|pooled", 0, 0, 0},
+    {"layout", VH_CONFIG_TYPE_ENUM, "batch_first",
+     "activations (B,N,D) or (N,B,D); same numbers, different memory order",
+     "batch_first|batch_second", 0, 0, 0},
+    {"dropout", VH_CONFIG_TYPE_FLOAT, "0.0",
+     "dropout after the embedding, attention projection, GELU and fc2", NULL, 0, 0.99, 0},
+    {"drop_path", VH_CONFIG_TYPE_FLOAT, "0.0",
+     "stochastic depth: rate of the last block, rising linearly from 0", NULL, 0, 0.99, 0},
+    {"label_smoothing", VH_CONFIG_TYPE_FLOAT, "0.0", "of the cross-entropy loss", NULL, 0, 0.99,
+     0},
+    {"init", VH_CONFIG_TYPE_INT, NULL, "seed of the initial weights; default: run.seed", NULL,
+     0, 2147483647.0, VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
+};
+
+typedef struct vit_variant {
+    const char *name;
+    int64_t dim, depth, heads, mlp_dim, patch;
+} vit_variant;
+
+/* Widths, depths and heads of the ViT paper (and timm). */
+static const vit_variant variants[] = {
+    {"ti16", 192, 12, 3, 768, 16},    {"s16", 384, 12, 6, 1536, 16},
+    {"b16", 768, 12, 12, 3072, 16},   {"l16", 1024, 24, 16, 4096, 16},
+    {"h14", 1280, 32, 16, 5120, 14},  {"h16", 1280, 32, 16, 5120, 16},
+};
+
+static vh_status read_optional_int(vh_host *host, const char *key, int64_t *value) {
+    if (!host->api->config_has(host, key)) return VH_STATUS_OK;
+    return host->api->config_int(host, key, value);
+}
+
+/* Shape from variant, explicit keys and the data; every rule checked here
+ * so that a bad recipe fails at create with the key's file:line. */
+static vh_status read_config(vit *m, const vh_model_setup *setup) {
+    vh_host *host = m->host;
+    const vh_host_api *api = host->api;
+    int64_t dim = 0, depth = 0, heads = 0, mlp = 0, patch = 0;
+    if (api->config_has(host, "variant")) {
+        const char *name;
+        vh_status st = api->config_string(host, "variant", &name);
+        if (st != VH_STATUS_OK) return st;
+        for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+            if (strcmp(variants[i].name, name) != 0) continue;
+            dim = variants[i].dim, depth = variants[i].depth, heads = variants[i].heads;
+            mlp = variants[i].mlp_dim, patch = variants[i].patch;
+        }
+    }
+    vh_status st = VH_STATUS_OK;
+    if (st == VH_STATUS_OK) st = read_optional_int(host, "dim", &dim);
+    if (st == VH_STATUS_OK) st = read_optional_int(host, "depth", &depth);
+    if (st == VH_STATUS_OK) st = read_optional_int(host, "heads", &heads);
+    if (st == VH_STATUS_OK) st = read_optional_int(host, "patch_size", &patch);
+    if (st == VH_STATUS_OK) st = read_optional_int(host, "mlp_dim", &mlp);
+    if (st != VH_STATUS_OK) return st;
+    const char *missing = !dim ? "dim" : !depth ? "depth" : !heads ? "heads" : !patch ? "patch_size" : NULL;
+    if (missing)
+        return api->fail(host, VH_STATUS_ERR_CONFIG,
+                         "model: no `%s`: set `variant` (ti16, s16, b16, l16, h14, h16) or "
+                         "all of dim, depth, heads and patch_size",
+                         missing);
+    if (!mlp) mlp = 4 * dim;
+    if (dim % heads != 0)
+        return api->config_fail(host, "heads", "%lld heads do not divide dim %lld",
+                                (long long)heads, (long long)dim);
+
+    int64_t image_h = setup->height, image_w = setup->width, channels = setup->channels;
+    int64_t classes = setup->num_classes, v;
+    if (api->config_has(host, "image_size")) {
+        api->config_int(host, "image_size", &v);
+        if (v != image_h || v != image_w)
+            return api->config_fail(host, "image_size",
+                                    "%lld, but the data plugin yields %lld x %lld images",
+                                    (long long)v, (long long)image_h, (long long)image_w);
+    }
+    if (api->config_has(host, "channels")) {
+        api->config_int(host, "channels", &v);
+        if (v != channels)
+            return api->config_fail(host, "channels",
+                                    "%lld, but the data plugin yields %lld channels",
+                                    (long long)v, (long long)channels);
+    }
+    if (api->config_has(host, "num_classes")) {
+        api->config_int(host, "num_classes", &v);
+        if (v < classes)
+            return api->config_fail(host, "num_classes",
+                                    "%lld, but the data plugin has %lld classes",
+                                    (long long)v, (long long)classes);
+        classes = v;
+    }
+    if (image_h % patch != 0 || image_w % patch != 0)
+        return api->fail(host, VH_STATUS_ERR_CONFIG,
+                         "model.patch_size %lld does not divide the %lld x %lld images",
+                         (long long)patch, (long long)image_h, (long long)image_w);
+
+    const char *text;
+    api->config_string(host, "classifier", &text);
+    m->classifier = strcmp(text, "pooled") == 0 ? VIT_CLASSIFIER_POOLED : VIT_CLASSIFIER_TOKEN;
+    api->config_string(host, "layout", &text);
+    m->layout = strcmp(text, "batch_second") == 0 ? VIT_LAYOUT_BATCH_SECOND : VIT_LAYOUT_BATCH_FIRST;
+    double f;
+    api->config_float(host, "dropout", &f);
+    m->dropout = (float)f;
+    api->config_float(host, "drop_path", &f);
+    m->drop_path = (float)f;
+    api->config_float(host, "label_smoothing", &f);
+    m->label_smoothing = (float)f;
+    m->init_seed = api->seed(host);
+    if (api->config_has(host, "init")) {
+        api->config_int(host, "init", &v);
+        m->init_seed = (uint64_t)v;
+    }
+    m->dropout_seed = api->seed(host) ^ 0x9e3779b97f4a7c15ull;
+
+    m->image_h = image_h, m->image_w = image_w, m->channels = channels, m->patch = patch;
+    m->grid_h = image_h / patch, m->grid_w = image_w / patch;
+    m->num_patches = m->grid_h * m->grid_w;
+    m->tokens = m->num_patches + (m->classifier == VIT_CLASSIFIER_TOKEN ? 1 : 0);
+    m->dim = dim, m->depth = depth, m->heads = heads, m->head_dim = dim / heads;
+    m->mlp_dim = mlp, m->classes = classes, m->patch_dim = channels * patch * patch;
+    m->eps = 1e-6f; /* timm's ViT LayerNorm */
+    return VH_STATUS_OK;
+}
+
+/* The ops this model needs; a device without one is refused up front. */
+static vh_status check_device(vit *m) {
+    const vh_device_ops *d = m->dev;
+    const void *ops[] = {d->gemm, d->layernorm_forward, d->layernorm_backward,
+                         d->gelu_forward, d->gelu_backward, d->add, d->bias_backward,
+                         d->attention_forward, d->attention_backward,
+                         d->softmax_cross_entropy, d->mean_pool_forward,
+                         d->mean_pool_backward, d->patchify, d->embed_forward,
+                         d->embed_backward, d->scale_rows, d->dropout_forward, d->mul};
+    if (d->struct_size < sizeof(vh_device_ops))
+        return m->host->api->fail(m->host, VH_STATUS_ERR_UNSUPPORTED,
+                                  "device %s predates the compute ops this model needs", d->name);
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (!ops[i])
+            return m->host->api->fail(m->host, VH_STATUS_ERR_UNSUPPORTED,
+                                      "device %s lacks compute op #%zu that vit needs; use "
+                                      "run.device: cpu",
+                                      d->name, i);
+    return VH_STATUS_OK;
+}
+
+static void vit_destroy(void *self);
+
+static vh_status vit_create(vh_host *host, const vh_model_setup *setup, void **self) {
+    if (setup->policy.compute_dtype != VH_DTYPE_F32 || setup->policy.param_dtype != VH_DTYPE_F32 ||
+        setup->policy.grad_dtype != VH_DTYPE_F32)
+        return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
+                               "vit computes in f32 only so far (the precision policy asks for "
+                               "params %s, activations %s, grads %s)",
+                               vh_dtype_name(setup->policy.param_dtype),
+                               vh_dtype_name(setup->policy.compute_dtype),
+                               vh_dtype_name(setup->policy.grad_dtype));
+    vit *m = calloc(1, sizeof *m);
+    if (!m) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory");
+    m->host = host;
+    m->dev = host->api->device(host);
+    m->max_batch = setup->max_batch;
+    vh_status st = read_config(m, setup);
+    if (st == VH_STATUS_OK) st = check_device(m);
+    if (st == VH_STATUS_OK) st = vit_build_table(m);
+    if (st == VH_STATUS_OK) st = vit_alloc_activations(m);
+    if (st != VH_STATUS_OK) {
+        vit_destroy(m);
+        return st;
+    }
+    host->api->log(host, VH_LOG_LEVEL_INFO,
+                   "D %lld, L %lld, H %lld, M %lld, P %lld, N %lld, C %lld, %s classifier, %s; "
+                   "%lld parameters",
+                   (long long)m->dim, (long long)m->depth, (long long)m->heads,
+                   (long long)m->mlp_dim, (long long)m->patch, (long long)m->tokens,
+                   (long long)m->classes,
+                   m->classifier == VIT_CLASSIFIER_TOKEN ? "token" : "pooled",
+                   m->layout == VIT_LAYOUT_BATCH_FIRST ? "batch_first" : "batch_second",
+                   (long long)m->table.numel);
+    *self = m;
+    return VH_STATUS_OK;
+}
+
+static void vit_destroy(void *self) {
+    vit *m = self;
+    if (!m) return;
+    vit_free_activations(m);
+    vit_free_table(m);
+    free(m);
+}
+
+static const vh_param_table *vit_param_table(void *self) { return &((vit *)self)->table; }
+
+/* splitmix64: a seed per parameter from (seed, unit, index). */
+static uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static vh_status vit_init_unit(void *self, int32_t unit, float *values, uint64_t seed) {
+    vit *m = self;
+    if (unit < 0 || unit >= m->table.num_units)
+        return m->host->api->fail(m->host, VH_STATUS_ERR_INVALID_ARG, "no unit %d", (int)unit);
+    (void)seed; /* the run seed; `model.init` may replace it, so use ours */
+    const vh_unit_desc *u = &m->units[unit];
+    for (int32_t p = 0; p < u->num_params; p++) {
+        const vh_param_desc *d = &u->params[p];
+        vh_param_init(d, values + d->offset, mix64(m->init_seed ^ mix64((uint64_t)unit << 16 | (uint64_t)p)));
+    }
+    return VH_STATUS_OK;
+}
+
+/* The state is the count of training forwards, which seeds the dropout and
+ * drop-path masks of the next step: a resumed run draws the same masks. */
+typedef struct vit_state {
+    uint32_t magic, version;
+    uint64_t train_forwards;
+} vit_state;
+
+enum { VIT_STATE_MAGIC = 0x54495656u /* "VVIT" */, VIT_STATE_VERSION = 1 };
+
+static vh_status vit_state_size(void *self, size_t *bytes) {
+    (void)self;
+    *bytes = sizeof(vit_state);
+    return VH_STATUS_OK;
+}
+
+static vh_status vit_state_save(void *self, void *buf, size_t bytes) {
+    vit *m = self;
+    if (bytes != sizeof(vit_state))
+        return m->host->api->fail(m->host, VH_STATUS_ERR_INVALID_ARG, "state buffer of %zu bytes",
+                                  bytes);
+    vit_state s = {VIT_STATE_MAGIC, VIT_STATE_VERSION, m->train_forwards};
+    memcpy(buf, &s, sizeof s);
+    return VH_STATUS_OK;
+}
+
+static vh_status vit_state_load(void *self, const void *buf, size_t bytes) {
+    vit *m = self;
+    vit_state s;
+    if (bytes != sizeof s)
+        return m->host->api->fail(m->host, VH_STATUS_ERR_FORMAT,
+                                  "model state of %zu bytes is not a vit state", bytes);
+    memcpy(&s, buf, sizeof s);
+    if (s.magic != VIT_STATE_MAGIC || s.version != VIT_STATE_VERSION)
+        return m->host->api->fail(m->host, VH_STATUS_ERR_FORMAT,
+                                  "model state is not a vit state of version %d",
+                                  VIT_STATE_VERSION);
+    m->train_forwards = s.train_forwards;
+    return VH_STATUS_OK;
+}
+
+static const vh_model_vtable vtable = {
+    .struct_size = sizeof(vh_model_vtable),
+    .create = vit_create,
+    .destroy = vit_destroy,
+    .param_table = vit_param_table,
+    .init_unit = vit_init_unit,
+    .forward = vit_forward,
+    .backward = vit_backward,
+    .train_flops_per_image = vit_train_flops_per_image,
+    .state_size = vit_state_size,
+    .state_save = vit_state_save,
+    .state_load = vit_state_load,
+};
+
+VH_PLUGIN_DEFINE(VH_ROLE_MODEL, "vit", "0.1.0",
+                 "Vision Transformer (timm-compatible names and layouts), token or pooled "
+                 "classifier, batch-first or batch-second",
+                 schema, vtable);

@@ -1,0 +1,348 @@
+/* mta.c - the mta optimizer plugin: schema, configuration, scalar state.
+ *
+ * Multi-tensor-apply AdamW, SGD (momentum, Nesterov) and LAMB over the
+ * slices the sharding plugin hands in, with an LR schedule (schedule.c) and
+ * global-norm gradient clipping. The update itself is in step.c, its
+ * element-wise kernels in algos.c.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "mta.h"
+#include "vithost/vh_config.h"
+#include "vithost/vh_optim.h"
+#include "vithost/vh_plugin.h"
+
+static const vh_config_key schema[] = {
+    {"algo", VH_CONFIG_TYPE_ENUM, "adamw",
+     "update rule: adamw (torch.optim.AdamW), sgd (torch.optim.SGD), lamb (apex FusedLAMB)",
+     "adamw|sgd|lamb", 0, 0, 0},
+    {"lr", VH_CONFIG_TYPE_FLOAT, "1e-3", "peak learning rate, reached at the end of warm-up",
+     NULL, 0, 100, 0},
+    {"weight_decay", VH_CONFIG_TYPE_FLOAT, "0.05",
+     "weight decay of parameters flagged for decay: decoupled (p -= lr*wd*p) for adamw, "
+     "added to the gradient (L2) for sgd, added to the update for lamb",
+     NULL, 0, 1, 0},
+    {"beta1", VH_CONFIG_TYPE_FLOAT, "0.9", "adamw, lamb: first-moment decay, in [0, 1)", NULL,
+     0, 1, 0},
+    {"beta2", VH_CONFIG_TYPE_FLOAT, "0.999", "adamw, lamb: second-moment decay, in [0, 1)",
+     NULL, 0, 1, 0},
+    {"eps", VH_CONFIG_TYPE_FLOAT, "1e-8",
+     "adamw, lamb: added to sqrt of the bias-corrected second moment, > 0", NULL, 0, 1, 0},
+    {"momentum", VH_CONFIG_TYPE_FLOAT, "0.9",
+     "sgd: momentum in [0, 1), dampening 0; 0 keeps no state", NULL, 0, 1, 0},
+    {"nesterov", VH_CONFIG_TYPE_BOOL, "false", "sgd: Nesterov momentum (needs momentum > 0)",
+     NULL, 0, 0, 0},
+    {"always_adapt", VH_CONFIG_TYPE_BOOL, "false",
+     "lamb: trust ratio on tensors without weight decay too (NVLAMB); off as apex and timm",
+     NULL, 0, 0, 0},
+    {"clip_grad_norm", VH_CONFIG_TYPE_FLOAT, "0",
+     "clip the global gradient 2-norm (all ranks) to this value; 0 = off", NULL, 0, 1e9, 0},
+    {"schedule", VH_CONFIG_TYPE_ENUM, "cosine",
+     "learning rate after warm-up: cosine to min_lr at the last step, step (x step_gamma "
+     "every step_size steps), constant",
+     "cosine|step|constant", 0, 0, 0},
+    {"warmup_steps", VH_CONFIG_TYPE_INT, "0",
+     "linear warm-up steps from warmup_init_lr (step 0) to lr (step warmup_steps)", NULL, 0,
+     1e15, 0},
+    {"warmup_init_lr", VH_CONFIG_TYPE_FLOAT, "0", "learning rate of step 0 when warming up",
+     NULL, 0, 100, 0},
+    {"min_lr", VH_CONFIG_TYPE_FLOAT, "0", "cosine: final learning rate, <= lr", NULL, 0, 100,
+     0},
+    {"step_size", VH_CONFIG_TYPE_INT, "1000", "step: steps (after warm-up) between decays",
+     NULL, 1, 1e15, 0},
+    {"step_gamma", VH_CONFIG_TYPE_FLOAT, "0.1", "step: decay factor, in (0, 1]", NULL, 0, 1, 0},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
+};
+
+const char *mta_algo_name(mta_algo algo) {
+    switch (algo) {
+    case MTA_ALGO_ADAMW: return "adamw";
+    case MTA_ALGO_SGD: return "sgd";
+    case MTA_ALGO_LAMB: return "lamb";
+    }
+    return "?";
+}
+
+static int parse_algo(const char *name, mta_algo *out) {
+    static const mta_algo all[] = {MTA_ALGO_ADAMW, MTA_ALGO_SGD, MTA_ALGO_LAMB};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (name && strcmp(name, mta_algo_name(all[i])) == 0) return *out = all[i], 1;
+    return 0;
+}
+
+/* ---- configuration ------------------------------------------------------ */
+
+/* Getters fail only on a schema bug; the host has checked types and ranges. */
+static vh_status get_float(vh_host *host, const char *key, double *out) {
+    vh_status st = host->api->config_float(host, key, out);
+    return st == VH_STATUS_OK ? st : host->api->fail(host, st, "cannot read float key '%s'", key);
+}
+static vh_status get_int(vh_host *host, const char *key, int64_t *out) {
+    vh_status st = host->api->config_int(host, key, out);
+    return st == VH_STATUS_OK ? st : host->api->fail(host, st, "cannot read int key '%s'", key);
+}
+static vh_status get_bool(vh_host *host, const char *key, int *out) {
+    vh_status st = host->api->config_bool(host, key, out);
+    return st == VH_STATUS_OK ? st : host->api->fail(host, st, "cannot read bool key '%s'", key);
+}
+static vh_status get_string(vh_host *host, const char *key, const char **out) {
+    vh_status st = host->api->config_string(host, key, out);
+    return st == VH_STATUS_OK ? st : host->api->fail(host, st, "cannot read key '%s'", key);
+}
+
+static vh_status read_config(vh_host *host, mta_config *c, mta_schedule *s) {
+    const char *algo, *schedule;
+    vh_status st;
+    if ((st = get_string(host, "algo", &algo)) != VH_STATUS_OK ||
+        (st = get_float(host, "lr", &s->lr)) != VH_STATUS_OK ||
+        (st = get_float(host, "weight_decay", &c->weight_decay)) != VH_STATUS_OK ||
+        (st = get_float(host, "beta1", &c->beta1)) != VH_STATUS_OK ||
+        (st = get_float(host, "beta2", &c->beta2)) != VH_STATUS_OK ||
+        (st = get_float(host, "eps", &c->eps)) != VH_STATUS_OK ||
+        (st = get_float(host, "momentum", &c->momentum)) != VH_STATUS_OK ||
+        (st = get_bool(host, "nesterov", &c->nesterov)) != VH_STATUS_OK ||
+        (st = get_bool(host, "always_adapt", &c->always_adapt)) != VH_STATUS_OK ||
+        (st = get_float(host, "clip_grad_norm", &c->clip_grad_norm)) != VH_STATUS_OK ||
+        (st = get_string(host, "schedule", &schedule)) != VH_STATUS_OK ||
+        (st = get_int(host, "warmup_steps", &s->warmup_steps)) != VH_STATUS_OK ||
+        (st = get_float(host, "warmup_init_lr", &s->warmup_init_lr)) != VH_STATUS_OK ||
+        (st = get_float(host, "min_lr", &s->min_lr)) != VH_STATUS_OK ||
+        (st = get_int(host, "step_size", &s->step_size)) != VH_STATUS_OK ||
+        (st = get_float(host, "step_gamma", &s->step_gamma)) != VH_STATUS_OK)
+        return st;
+    if (!parse_algo(algo, &c->algo))
+        return host->api->config_fail(host, "algo", "unknown algorithm '%s'", algo);
+    int kind = mta_schedule_kind_parse(schedule);
+    if (kind < 0)
+        return host->api->config_fail(host, "schedule", "unknown schedule '%s'", schedule);
+    s->kind = (mta_schedule_kind)kind;
+    return VH_STATUS_OK;
+}
+
+/* What the schema's inclusive ranges cannot say. */
+static vh_status check_config(vh_host *host, const mta_config *c, const mta_schedule *s) {
+    if (!(c->beta1 < 1.0))
+        return host->api->config_fail(host, "beta1", "%g is outside [0, 1)", c->beta1);
+    if (!(c->beta2 < 1.0))
+        return host->api->config_fail(host, "beta2", "%g is outside [0, 1)", c->beta2);
+    if (!(c->eps > 0.0))
+        return host->api->config_fail(host, "eps", "must be > 0 (it keeps 0 / sqrt(0) away)");
+    if (!(c->momentum < 1.0))
+        return host->api->config_fail(host, "momentum", "%g is outside [0, 1)", c->momentum);
+    if (c->algo == MTA_ALGO_SGD && c->nesterov && c->momentum == 0.0)
+        return host->api->config_fail(host, "nesterov",
+                                      "Nesterov momentum needs momentum > 0 (momentum is 0)");
+    if (!(s->step_gamma > 0.0))
+        return host->api->config_fail(host, "step_gamma", "%g is outside (0, 1]", s->step_gamma);
+    if (s->kind == MTA_SCHEDULE_KIND_COSINE && s->min_lr > s->lr)
+        return host->api->config_fail(host, "min_lr", "%g is above lr %g", s->min_lr, s->lr);
+    return VH_STATUS_OK;
+}
+
+static int set_in_recipe(vh_host *host, const char *key) {
+    vh_config_origin o;
+    return host->api->config_origin(host, key, &o) == VH_STATUS_OK &&
+           o.source != VH_CONFIG_SOURCE_DEFAULT;
+}
+
+/* Keys the chosen algo or schedule does not read are allowed (swapping one
+ * line must not break a recipe) but said. */
+static void warn_unused(vh_host *host, const mta_config *c, const mta_schedule *s) {
+    static const struct {
+        const char *key;
+        unsigned algos; /* bit per mta_algo that reads it */
+    } by_algo[] = {
+        {"beta1", 1u << MTA_ALGO_ADAMW | 1u << MTA_ALGO_LAMB},
+        {"beta2", 1u << MTA_ALGO_ADAMW | 1u << MTA_ALGO_LAMB},
+        {"eps", 1u << MTA_ALGO_ADAMW | 1u << MTA_ALGO_LAMB},
+        {"momentum", 1u << MTA_ALGO_SGD},
+        {"nesterov", 1u << MTA_ALGO_SGD},
+        {"always_adapt", 1u << MTA_ALGO_LAMB},
+    };
+    for (size_t i = 0; i < sizeof by_algo / sizeof by_algo[0]; i++)
+        if (!(by_algo[i].algos & (1u << c->algo)) && set_in_recipe(host, by_algo[i].key))
+            host->api->log(host, VH_LOG_LEVEL_WARN, "%s is ignored by algo %s", by_algo[i].key,
+                           mta_algo_name(c->algo));
+    if (s->kind != MTA_SCHEDULE_KIND_COSINE && set_in_recipe(host, "min_lr"))
+        host->api->log(host, VH_LOG_LEVEL_WARN, "min_lr is read by schedule cosine only");
+    if (s->kind != MTA_SCHEDULE_KIND_STEP)
+        for (int i = 0; i < 2; i++) {
+            const char *key = i ? "step_gamma" : "step_size";
+            if (set_in_recipe(host, key))
+                host->api->log(host, VH_LOG_LEVEL_WARN, "%s is read by schedule step only",
+                               key);
+        }
+    if (s->warmup_steps == 0 && set_in_recipe(host, "warmup_init_lr"))
+        host->api->log(host, VH_LOG_LEVEL_WARN, "warmup_init_lr is ignored without warmup_steps");
+    if (c->algo == MTA_ALGO_LAMB && c->weight_decay == 0.0 && !c->always_adapt)
+        host->api->log(host, VH_LOG_LEVEL_WARN,
+                       "lamb with weight_decay 0 adapts no tensor (it is Adam); set "
+                       "always_adapt for trust ratios without decay");
+}
+
+static int32_t slots_of(const mta_config *c) {
+    switch (c->algo) {
+    case MTA_ALGO_ADAMW:
+    case MTA_ALGO_LAMB: return 2;
+    case MTA_ALGO_SGD: return c->momentum > 0.0 ? 1 : 0;
+    }
+    return 0;
+}
+
+/* ---- vtable --------------------------------------------------------------- */
+
+static vh_status mta_create(vh_host *host, const vh_optim_setup *setup, void **self) {
+    if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
+    *self = NULL;
+    if (!setup || setup->struct_size < sizeof *setup)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "optim setup missing or too small");
+    if (setup->total_steps < 0)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "total_steps %lld is negative",
+                               (long long)setup->total_steps);
+    const vh_device_ops *dev = host->api->device(host);
+    if (dev && dev->kind != VH_DEVICE_KIND_CPU)
+        return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
+                               "mta updates fp32 masters with CPU kernels; device %s has no "
+                               "multi-tensor ops yet (use run.device: cpu)",
+                               dev->name ? dev->name : "?");
+
+    mta_config cfg;
+    mta_schedule sched;
+    memset(&cfg, 0, sizeof cfg);
+    memset(&sched, 0, sizeof sched);
+    vh_status st = read_config(host, &cfg, &sched);
+    if (st == VH_STATUS_OK) st = check_config(host, &cfg, &sched);
+    if (st != VH_STATUS_OK) return st;
+    sched.total_steps = setup->total_steps;
+    warn_unused(host, &cfg, &sched);
+    if (sched.kind == MTA_SCHEDULE_KIND_COSINE && sched.total_steps <= sched.warmup_steps)
+        host->api->log(host, VH_LOG_LEVEL_WARN,
+                       "the run has %lld steps and warms up for %lld: the cosine never starts",
+                       (long long)sched.total_steps, (long long)sched.warmup_steps);
+
+    mta *o = host->api->alloc(host, sizeof *o);
+    if (!o) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "no memory for the optimizer");
+    memset(o, 0, sizeof *o);
+    o->host = host;
+    o->cfg = cfg;
+    o->schedule = sched;
+    o->state_slots = slots_of(&cfg);
+    o->last_step = -1;
+    o->grad_norm = NAN;
+    mta_worklist_init(&o->work, host);
+    *self = o;
+    return VH_STATUS_OK;
+}
+
+static void mta_destroy(void *self) {
+    mta *o = self;
+    if (!o) return;
+    mta_worklist_free(&o->work);
+    o->host->api->free(o->host, o);
+}
+
+static int32_t mta_state_slots(void *self) {
+    const mta *o = self;
+    return o ? o->state_slots : 0;
+}
+
+static vh_status mta_step_entry(void *self, const vh_param_slices *slices, int64_t step,
+                                double *lr_out) {
+    if (!self) return VH_STATUS_ERR_INVALID_ARG;
+    return mta_step(self, slices, step, lr_out);
+}
+
+/* ---- scalar state --------------------------------------------------------
+ * Fixed layout, host byte order. The moments live in the slices. */
+
+#define MTA_STATE_MAGIC 0x3141544du /* "MTA1" */
+#define MTA_STATE_VERSION 1u
+
+typedef struct mta_saved {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t algo;
+    int32_t state_slots;
+    uint32_t reserved;
+    int64_t updates;   /* bias correction resumes from here */
+    int64_t last_step;
+    double grad_norm;
+} mta_saved;
+
+_Static_assert(sizeof(mta_saved) == 40, "mta_saved has no padding");
+
+static vh_status mta_state_size(void *self, size_t *bytes) {
+    if (!self || !bytes) return VH_STATUS_ERR_INVALID_ARG;
+    *bytes = sizeof(mta_saved);
+    return VH_STATUS_OK;
+}
+
+static vh_status mta_state_save(void *self, void *buf, size_t bytes) {
+    mta *o = self;
+    if (!o || !buf) return VH_STATUS_ERR_INVALID_ARG;
+    if (bytes < sizeof(mta_saved))
+        return o->host->api->fail(o->host, VH_STATUS_ERR_INVALID_ARG,
+                                  "state buffer of %zu bytes, %zu needed", bytes,
+                                  sizeof(mta_saved));
+    mta_saved s;
+    memset(&s, 0, sizeof s);
+    s.magic = MTA_STATE_MAGIC;
+    s.version = MTA_STATE_VERSION;
+    s.algo = (uint16_t)o->cfg.algo;
+    s.state_slots = o->state_slots;
+    s.updates = o->updates;
+    s.last_step = o->last_step;
+    s.grad_norm = o->grad_norm;
+    memcpy(buf, &s, sizeof s);
+    return VH_STATUS_OK;
+}
+
+static vh_status mta_state_load(void *self, const void *buf, size_t bytes) {
+    mta *o = self;
+    if (!o || !buf) return VH_STATUS_ERR_INVALID_ARG;
+    vh_host *host = o->host;
+    mta_saved s;
+    if (bytes != sizeof s)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "mta state of %zu bytes, expected %zu", bytes, sizeof s);
+    memcpy(&s, buf, sizeof s);
+    if (s.magic != MTA_STATE_MAGIC)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT, "not an mta optimizer state");
+    if (s.version != MTA_STATE_VERSION)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "mta state version %u, this plugin reads %u", (unsigned)s.version,
+                               MTA_STATE_VERSION);
+    if (s.algo != (uint16_t)o->cfg.algo || s.state_slots != o->state_slots)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "the state was saved by algo %s with %d state slots; this run "
+                               "uses %s with %d",
+                               s.algo <= MTA_ALGO_LAMB ? mta_algo_name((mta_algo)s.algo) : "?",
+                               (int)s.state_slots, mta_algo_name(o->cfg.algo),
+                               (int)o->state_slots);
+    if (s.updates < 0 || s.last_step < -1)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "mta state has %lld updates, last step %lld", (long long)s.updates,
+                               (long long)s.last_step);
+    o->updates = s.updates;
+    o->last_step = s.last_step;
+    o->grad_norm = s.grad_norm;
+    return VH_STATUS_OK;
+}
+
+static const vh_optim_vtable vtable = {
+    .struct_size = sizeof(vh_optim_vtable),
+    .create = mta_create,
+    .destroy = mta_destroy,
+    .state_slots = mta_state_slots,
+    .step = mta_step_entry,
+    .state_size = mta_state_size,
+    .state_save = mta_state_save,
+    .state_load = mta_state_load,
+};
+
+VH_PLUGIN_DEFINE(VH_ROLE_OPTIM, "mta", "0.1.0",
+                 "multi-tensor-apply AdamW / SGD (momentum, Nesterov) / LAMB with LR schedules "
+                 "and global-norm clipping",
+                 schema, vtable);

@@ -1,0 +1,233 @@
+/* step.c - one multi-tensor apply: every local slice in one parallel pass.
+ *
+ *   1. validate the slice list, cut it into chunks (worklist.c)
+ *   2. clipping (clip_grad_norm > 0): sum of squares of every grad chunk,
+ *      one all-reduce, scale = min(1, max_norm / (norm + 1e-6))
+ *   3. adamw, sgd: one pass over the chunks.
+ *      lamb: a pass that updates the moments and sums ||p||^2 and ||u||^2
+ *      per chunk, one all-reduce of the per-tensor sums, a pass that applies
+ *      p -= lr * trust_ratio * u.
+ *
+ * The passes are OpenMP loops over chunks (schedule dynamic: any thread
+ * takes the next chunk). Reductions write one partial per chunk and add the
+ * partials in chunk order afterwards, so norms do not depend on the number
+ * of threads and a resumed run repeats an uninterrupted one bit for bit.
+ */
+#include <math.h>
+#include <stddef.h>
+
+#include "algos.h"
+#include "mta.h"
+
+/* Only run a parallel region when there is more than one chunk. */
+#define MTA_PARALLEL_MIN_CHUNKS 2
+
+static int needs_state(const mta *o, int32_t k) { return k < o->state_slots; }
+
+static vh_status check_slices(mta *o, const vh_param_slices *slices) {
+    vh_host *host = o->host;
+    if (!slices || slices->count < 0 || (slices->count > 0 && !slices->items))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "step: malformed slice list");
+    if (slices->count > 0 && slices->item_size < sizeof(vh_param_slice))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                               "step: slice items of %u bytes, at least %zu expected",
+                               (unsigned)slices->item_size, sizeof(vh_param_slice));
+    for (int32_t s = 0; s < slices->count; s++) {
+        const vh_param_slice *sl = vh_param_slices_at(slices, s);
+        if (sl->unit < 0 || sl->param < 0 || sl->offset < 0 || sl->count < 0)
+            return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                                   "slice %d has unit %d, param %d, offset %lld, count %lld",
+                                   (int)s, (int)sl->unit, (int)sl->param,
+                                   (long long)sl->offset, (long long)sl->count);
+        if (sl->count == 0) continue;
+        const char *missing = !sl->master ? "master values" : !sl->grad ? "gradient" : NULL;
+        for (int32_t k = 0; !missing && k < VH_OPTIM_MAX_STATE_SLOTS; k++)
+            if (needs_state(o, k) && !sl->state[k]) missing = "optimizer state";
+        if (missing)
+            return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                                   "slice %d (unit %d, param %d) has no %s", (int)s,
+                                   (int)sl->unit, (int)sl->param, missing);
+    }
+    return VH_STATUS_OK;
+}
+
+static vh_status all_reduce_sum(mta *o, double *buf, size_t count, const char *what) {
+    vh_host *host = o->host;
+    vh_comm *comm = host->api->comm(host);
+    if (!comm || comm->world_size <= 1 || count == 0) return VH_STATUS_OK;
+    vh_status st = comm->ops->all_reduce(comm, buf, count, VH_DTYPE_F64, VH_REDUCE_OP_SUM);
+    if (st != VH_STATUS_OK)
+        return host->api->fail(host, st, "all-reduce of %s over %d ranks failed", what,
+                               (int)comm->world_size);
+    return VH_STATUS_OK;
+}
+
+/* torch.nn.utils.clip_grad_norm_ with the 2-norm: the global norm over every
+ * rank's slices, then grads * min(1, max_norm / (norm + 1e-6)). The norm is
+ * summed in double (torch: fp32 per-tensor norms, then the norm of those). */
+static vh_status clip_scale(mta *o, const vh_param_slices *slices, float *scale) {
+    mta_worklist *w = &o->work;
+    const mta_chunk *chunks = w->chunks;
+    double *part = w->partials;
+    const int64_t nc = w->num_chunks;
+#pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
+    for (int64_t c = 0; c < nc; c++) {
+        const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
+        part[c] = mta_sum_squares(sl->grad + chunks[c].begin, chunks[c].count);
+    }
+    double sq = 0.0;
+    for (int64_t c = 0; c < nc; c++) sq += part[c];
+    vh_status st = all_reduce_sum(o, &sq, 1, "the squared gradient norm");
+    if (st != VH_STATUS_OK) return st;
+    const double norm = sqrt(sq);
+    o->grad_norm = norm;
+    vh_host *host = o->host;
+    if (!isfinite(norm))
+        return host->api->fail(host, VH_STATUS_ERR_NUMERIC,
+                               "the global gradient norm is %g; clipping cannot fix that", norm);
+    host->api->log(host, VH_LOG_LEVEL_DEBUG, "gradient norm %.6g (clip at %g)", norm,
+                   o->cfg.clip_grad_norm);
+    const double coef = o->cfg.clip_grad_norm / (norm + 1e-6);
+    *scale = coef < 1.0 ? (float)coef : 1.0f;
+    return VH_STATUS_OK;
+}
+
+static int decays(const vh_param_slice *sl) { return (sl->flags & VH_PARAM_FLAG_DECAY) != 0; }
+
+/* Scalars of update number t = updates + 1, computed in double and rounded
+ * to float where torch rounds its Python floats. */
+static mta_adam_args adam_args(const mta *o, double lr, float grad_scale) {
+    const mta_config *c = &o->cfg;
+    const double t = (double)(o->updates + 1);
+    const double bc1 = 1.0 - pow(c->beta1, t);
+    const double bc2 = 1.0 - pow(c->beta2, t);
+    mta_adam_args a = {
+        .grad_scale = grad_scale,
+        .beta1 = (float)c->beta1,
+        .one_minus_beta1 = (float)(1.0 - c->beta1),
+        .beta2 = (float)c->beta2,
+        .one_minus_beta2 = (float)(1.0 - c->beta2),
+        .eps = (float)c->eps,
+        .fresh = o->updates == 0,
+        .bias_correction1 = (float)bc1,
+        .bias_correction2 = (float)bc2,
+        .neg_step_size = (float)-(lr / bc1),
+        .bias_correction2_sqrt = (float)sqrt(bc2),
+    };
+    return a;
+}
+
+static void adamw_pass(mta *o, const vh_param_slices *slices, double lr, float grad_scale) {
+    const mta_adam_args a = adam_args(o, lr, grad_scale);
+    const float decay = (float)(1.0 - lr * o->cfg.weight_decay);
+    const mta_chunk *chunks = o->work.chunks;
+    const int64_t nc = o->work.num_chunks;
+#pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
+    for (int64_t c = 0; c < nc; c++) {
+        const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
+        const int64_t b = chunks[c].begin;
+        mta_adamw_chunk(&a, decays(sl) ? decay : 1.0f, sl->master + b, sl->grad + b,
+                        sl->state[0] + b, sl->state[1] + b, chunks[c].count);
+    }
+}
+
+static void sgd_pass(mta *o, const vh_param_slices *slices, double lr, float grad_scale) {
+    const mta_sgd_args a = {
+        .grad_scale = grad_scale,
+        .neg_lr = (float)-lr,
+        .momentum = (float)o->cfg.momentum,
+        .nesterov = o->cfg.nesterov,
+        .fresh = o->updates == 0,
+    };
+    const float wd = (float)o->cfg.weight_decay;
+    const int with_momentum = o->state_slots > 0;
+    const mta_chunk *chunks = o->work.chunks;
+    const int64_t nc = o->work.num_chunks;
+#pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
+    for (int64_t c = 0; c < nc; c++) {
+        const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
+        const int64_t b = chunks[c].begin;
+        mta_sgd_chunk(&a, decays(sl) ? wd : 0.0f, sl->master + b, sl->grad + b,
+                      with_momentum ? sl->state[0] + b : NULL, chunks[c].count);
+    }
+}
+
+/* The LAMB trust ratio ||p|| / ||u|| of a tensor, 1 when either is 0. Like
+ * apex FusedLAMB (use_nvlamb=False) and timm's Lamb (always_adapt=False),
+ * tensors without weight decay keep ratio 1 unless always_adapt is set. */
+static double trust_ratio(const double *sums, int adapt) {
+    if (!adapt) return 1.0;
+    const double p_norm = sqrt(sums[0]), u_norm = sqrt(sums[1]);
+    return p_norm > 0.0 && u_norm > 0.0 ? p_norm / u_norm : 1.0;
+}
+
+static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
+                             float grad_scale) {
+    mta_worklist *w = &o->work;
+    vh_status st = mta_worklist_map_tensors(w, slices, o->host->api->comm(o->host));
+    if (st != VH_STATUS_OK) return st;
+    const mta_adam_args a = adam_args(o, lr, grad_scale);
+    const float wd = (float)o->cfg.weight_decay;
+    const mta_chunk *chunks = w->chunks;
+    double *part = w->partials;
+    const int64_t nc = w->num_chunks;
+
+#pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
+    for (int64_t c = 0; c < nc; c++) {
+        const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
+        const int64_t b = chunks[c].begin;
+        part[2 * c] = part[2 * c + 1] = 0.0;
+        mta_lamb_moments_chunk(&a, decays(sl) ? wd : 0.0f, sl->master + b, sl->grad + b,
+                               sl->state[0] + b, sl->state[1] + b, chunks[c].count,
+                               &part[2 * c], &part[2 * c + 1]);
+    }
+    /* per tensor: slices in list order, chunks in element order */
+    for (int64_t c = 0; c < nc; c++) {
+        double *sums = &w->tensor_sums[2 * w->slice_tensor[chunks[c].slice]];
+        sums[0] += part[2 * c];
+        sums[1] += part[2 * c + 1];
+    }
+    st = all_reduce_sum(o, w->tensor_sums, 2 * (size_t)w->num_tensors,
+                        "the per-tensor LAMB norms");
+    if (st != VH_STATUS_OK) return st;
+
+    const int always = o->cfg.always_adapt;
+#pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
+    for (int64_t c = 0; c < nc; c++) {
+        const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
+        const int64_t b = chunks[c].begin;
+        const float wd_sl = decays(sl) ? wd : 0.0f;
+        const double *sums = &w->tensor_sums[2 * w->slice_tensor[chunks[c].slice]];
+        const double ratio = trust_ratio(sums, always || wd_sl != 0.0f);
+        mta_lamb_apply_chunk(&a, wd_sl, (float)(lr * ratio), sl->master + b, sl->state[0] + b,
+                             sl->state[1] + b, chunks[c].count);
+    }
+    return VH_STATUS_OK;
+}
+
+vh_status mta_step(mta *o, const vh_param_slices *slices, int64_t step, double *lr_out) {
+    vh_host *host = o->host;
+    if (step < 0)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "step %lld is negative",
+                               (long long)step);
+    vh_status st = check_slices(o, slices);
+    if (st == VH_STATUS_OK) st = mta_worklist_build(&o->work, slices);
+    if (st != VH_STATUS_OK) return st;
+
+    const double lr = mta_schedule_lr(&o->schedule, step);
+    float grad_scale = 1.0f;
+    if (o->cfg.clip_grad_norm > 0.0 && (st = clip_scale(o, slices, &grad_scale)) != VH_STATUS_OK)
+        return st;
+
+    switch (o->cfg.algo) {
+    case MTA_ALGO_ADAMW: adamw_pass(o, slices, lr, grad_scale); break;
+    case MTA_ALGO_SGD: sgd_pass(o, slices, lr, grad_scale); break;
+    case MTA_ALGO_LAMB:
+        if ((st = lamb_passes(o, slices, lr, grad_scale)) != VH_STATUS_OK) return st;
+        break;
+    }
+    o->updates++;
+    o->last_step = step;
+    if (lr_out) *lr_out = lr;
+    return VH_STATUS_OK;
+}

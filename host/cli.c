@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "loader.h"
 #include "runtime.h"
@@ -16,7 +15,9 @@
 #endif
 
 static const char usage_text[] =
-    "usage: vithost run RECIPE [--set SECTION.KEY=VALUE]... [--out DIR] [--trace]\n"
+    "usage: vithost run RECIPE [--set SECTION.KEY=VALUE]... [--out DIR [--resume]]\n"
+    "                          [--stop-after STEPS] [--trace]\n"
+    "       vithost eval RECIPE --checkpoint PATH [--set SECTION.KEY=VALUE]...\n"
     "       vithost check RECIPE [--set SECTION.KEY=VALUE]...\n"
     "       vithost plugins [--describe NAME]\n"
     "       vithost --help | --version\n";
@@ -26,7 +27,9 @@ static const char help_text[] =
     "(model, precision, sharding, optim, data).\n"
     "\n"
     "commands:\n"
-    "  run RECIPE      train as the recipe says; progress lines go to stdout\n"
+    "  run RECIPE      train as the recipe says; progress lines go to stdout, and the run\n"
+    "                  folder gets recipe.yaml, run.json, metrics.jsonl and checkpoints/\n"
+    "  eval RECIPE     evaluate weights on the eval split; prints one JSON object\n"
     "  check RECIPE    check the recipe, load every plugin it names, and print the\n"
     "                  resolved recipe with the origin of each value; trains nothing\n"
     "  plugins         list the plugins on the search path (role, version, file)\n"
@@ -34,8 +37,11 @@ static const char help_text[] =
     "options:\n"
     "  --set SECTION.KEY=VALUE   override one recipe value (checked like the file's);\n"
     "                            repeatable, e.g. --set model.depth=6\n"
-    "  --out DIR                 run folder: DIR/recipe.yaml gets the resolved recipe\n"
+    "  --out DIR                 the run folder (default runs/<recipe>-<date>-<time>)\n"
+    "  --resume                  continue the run in --out DIR from its latest checkpoint\n"
+    "  --stop-after STEPS        stop after STEPS steps with a checkpoint (resumable)\n"
     "  --trace                   print every plugin call of the run, in order\n"
+    "  --checkpoint PATH         (eval) a run folder, a checkpoint folder or a .safetensors\n"
     "  --describe NAME           (plugins) print one plugin's config schema\n"
     "  -h, --help                this text\n"
     "  --version                 vithost and plugin ABI versions\n"
@@ -49,7 +55,11 @@ static const char help_text[] =
     "  1  the run failed (a plugin, the device or the data reported an error)\n"
     "  2  usage error on the command line\n"
     "  3  the recipe or a --set is invalid\n"
-    "  4  a plugin could not be found, loaded or accepted\n";
+    "  4  a plugin could not be found, loaded or accepted\n"
+    "  5  the run stopped early (signal or --stop-after) after writing a checkpoint\n"
+    "\n"
+    "SIGINT or SIGTERM during a run writes a checkpoint and exits with 5; a second\n"
+    "SIGINT ends the process at once.\n";
 
 typedef struct cli_args {
     const char *command;
@@ -58,7 +68,9 @@ typedef struct cli_args {
     int num_sets;
     const char *out_dir;
     const char *describe;
-    int trace;
+    const char *checkpoint;
+    int trace, resume;
+    long long stop_after;
 } cli_args;
 
 static int usage_error(FILE *err, const char *fmt, const char *arg) {
@@ -85,19 +97,31 @@ static int parse_args(int argc, char **argv, cli_args *a, FILE *err) {
             value = eq + 1;
         }
         int takes_value = strcmp(name, "--set") == 0 || strcmp(name, "--out") == 0 ||
-                          strcmp(name, "--describe") == 0;
+                          strcmp(name, "--describe") == 0 || strcmp(name, "--checkpoint") == 0 ||
+                          strcmp(name, "--stop-after") == 0;
         if (takes_value && !value) {
             if (i + 1 >= argc) return usage_error(err, "%s needs a value", name);
             value = argv[++i];
         }
         int allowed_run = strcmp(a->command, "run") == 0;
-        int allowed_recipe = allowed_run || strcmp(a->command, "check") == 0;
+        int allowed_eval = strcmp(a->command, "eval") == 0;
+        int allowed_recipe = allowed_run || allowed_eval || strcmp(a->command, "check") == 0;
         if (strcmp(name, "--set") == 0 && allowed_recipe) {
             a->sets[a->num_sets++] = value;
         } else if (strcmp(name, "--out") == 0 && allowed_run) {
             a->out_dir = value;
         } else if (strcmp(name, "--trace") == 0 && allowed_run && !value) {
             a->trace = 1;
+        } else if (strcmp(name, "--resume") == 0 && allowed_run && !value) {
+            a->resume = 1;
+        } else if (strcmp(name, "--stop-after") == 0 && allowed_run) {
+            char *end;
+            a->stop_after = strtoll(value, &end, 10);
+            if (*end || a->stop_after < 1)
+                return usage_error(err, "--stop-after needs a positive number of steps, not '%s'",
+                                   value);
+        } else if (strcmp(name, "--checkpoint") == 0 && allowed_eval) {
+            a->checkpoint = value;
         } else if (strcmp(name, "--describe") == 0 && strcmp(a->command, "plugins") == 0) {
             a->describe = value;
         } else if (arg[0] == '-') {
@@ -110,6 +134,10 @@ static int parse_args(int argc, char **argv, cli_args *a, FILE *err) {
     }
     if (strcmp(a->command, "plugins") != 0 && !a->recipe)
         return usage_error(err, "'%s' needs a RECIPE file", a->command);
+    if (strcmp(a->command, "eval") == 0 && !a->checkpoint)
+        return usage_error(err, "'%s' needs --checkpoint PATH", a->command);
+    if (a->resume && !a->out_dir)
+        return usage_error(err, "%s needs --out DIR (the run folder to continue)", "--resume");
     return VH_EXIT_OK;
 }
 
@@ -136,40 +164,13 @@ static int cmd_check(const cli_args *a, FILE *out, FILE *err) {
     return VH_EXIT_OK;
 }
 
-/* Makes DIR (and its parents); refuses a folder that already holds a run,
- * so nothing a user trained is overwritten. */
-static int prepare_out_dir(const char *dir, const vh_run *run, FILE *err) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s", dir);
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(path, 0777) != 0 && errno != EEXIST) break;
-        *p = '/';
+static int run_exit_code(vh_status st) {
+    switch (st) {
+    case VH_STATUS_OK: return VH_EXIT_OK;
+    case VH_STATUS_ERR_CONFIG: return VH_EXIT_RECIPE;
+    case VH_STATUS_ERR_INTERRUPTED: return VH_EXIT_STOPPED;
+    default: return VH_EXIT_RUN_FAILED;
     }
-    if (mkdir(path, 0777) != 0 && errno != EEXIST) {
-        fprintf(err, "vithost: --out %s: cannot create the folder: %s\n", dir, strerror(errno));
-        return VH_EXIT_USAGE;
-    }
-    char recipe_path[4200];
-    snprintf(recipe_path, sizeof recipe_path, "%s/recipe.yaml", dir);
-    struct stat sb;
-    if (stat(recipe_path, &sb) == 0) {
-        fprintf(err, "vithost: --out %s already holds a run (%s); choose another folder or "
-                     "move that one away\n", dir, recipe_path);
-        return VH_EXIT_USAGE;
-    }
-    FILE *f = fopen(recipe_path, "w");
-    if (!f) {
-        fprintf(err, "vithost: cannot write %s: %s\n", recipe_path, strerror(errno));
-        return VH_EXIT_USAGE;
-    }
-    run_print_resolved(run, f);
-    if (fclose(f) != 0) {
-        fprintf(err, "vithost: cannot write %s: %s\n", recipe_path, strerror(errno));
-        return VH_EXIT_USAGE;
-    }
-    return VH_EXIT_OK;
 }
 
 static int cmd_run(const cli_args *a, FILE *out, FILE *err) {
@@ -184,20 +185,30 @@ static int cmd_run(const cli_args *a, FILE *out, FILE *err) {
         run_close(&run);
         return code;
     }
-    if (a->out_dir) {
-        int code = prepare_out_dir(a->out_dir, &run, err);
-        if (code != VH_EXIT_OK) {
-            run_close(&run);
-            return code;
-        }
-    }
-    st = train_run(&run, &d);
+    vh_train_options to = {.out_dir = a->out_dir, .resume = a->resume,
+                           .stop_after = a->stop_after};
+    st = train_run(&run, &to, &d);
     run_close(&run);
+    if (st != VH_STATUS_OK) fprintf(err, "vithost: %s\n", d.text);
+    return run_exit_code(st);
+}
+
+static int cmd_eval(const cli_args *a, FILE *out, FILE *err) {
+    vh_run run;
+    vh_diag d = {{0}};
+    vh_run_options opts = {.recipe_path = a->recipe, .sets = a->sets, .num_sets = a->num_sets,
+                           .out = err}; /* stdout carries only the JSON */
+    vh_status st = run_open(&run, &opts, &d);
     if (st != VH_STATUS_OK) {
-        fprintf(err, "vithost: %s\n", d.text);
-        return st == VH_STATUS_ERR_CONFIG ? VH_EXIT_RECIPE : VH_EXIT_RUN_FAILED;
+        fprintf(err, "%s\n", d.text);
+        int code = open_exit_code(&run, st);
+        run_close(&run);
+        return code;
     }
-    return VH_EXIT_OK;
+    st = train_eval(&run, a->checkpoint, out, &d);
+    run_close(&run);
+    if (st != VH_STATUS_OK) fprintf(err, "vithost: %s\n", d.text);
+    return run_exit_code(st);
 }
 
 static void print_schema(const vh_plugin_descriptor *desc, FILE *out) {
@@ -296,7 +307,8 @@ int cli_main(int argc, char **argv, FILE *out, FILE *err) {
                 VH_ABI_MINOR);
         return VH_EXIT_OK;
     }
-    if (strcmp(cmd, "run") != 0 && strcmp(cmd, "check") != 0 && strcmp(cmd, "plugins") != 0)
+    if (strcmp(cmd, "run") != 0 && strcmp(cmd, "check") != 0 && strcmp(cmd, "plugins") != 0 &&
+        strcmp(cmd, "eval") != 0)
         return usage_error(err, "unknown command '%s'", cmd);
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -312,6 +324,7 @@ int cli_main(int argc, char **argv, FILE *out, FILE *err) {
     int code = parse_args(argc, argv, &a, err);
     if (code == VH_EXIT_OK) {
         if (strcmp(cmd, "run") == 0) code = cmd_run(&a, out, err);
+        else if (strcmp(cmd, "eval") == 0) code = cmd_eval(&a, out, err);
         else if (strcmp(cmd, "check") == 0) code = cmd_check(&a, out, err);
         else code = cmd_plugins(&a, out, err);
     }

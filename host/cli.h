@@ -11,6 +11,7 @@ enum {
     VH_EXIT_USAGE = 2,       /* the command line is wrong */
     VH_EXIT_RECIPE = 3,      /* the recipe (or a --set) is invalid */
     VH_EXIT_PLUGIN = 4,      /* a plugin could not be found, loaded or accepted */
+    VH_EXIT_STOPPED = 5,     /* stopped early (signal, --stop-after) with a checkpoint */
 };
 
 int cli_main(int argc, char **argv, FILE *out, FILE *err);

@@ -197,14 +197,40 @@ static int schema_index(const vh_config_key *schema, const char *key) {
     return -1;
 }
 
-/* "a, b, c" (skip_key first), cut short with ", ..." if it would not fit. */
+/* skip_key is a comma-separated list of keys the host owns ("plugin",
+ * "plugin,pretrained"): fills keys[] with up to max of them, NUL-terminated
+ * copies in store. */
+static int split_skip(const char *skip_key, char store[][32], int max) {
+    int n = 0;
+    for (const char *p = skip_key; p && *p && n < max;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len >= 32) len = 31;
+        memcpy(store[n], p, len);
+        store[n++][len] = '\0';
+        p = comma ? comma + 1 : p + len;
+    }
+    return n;
+}
+
+static int is_skipped(const char *key, const char *skip_key) {
+    char store[4][32];
+    int n = split_skip(skip_key, store, 4);
+    for (int i = 0; i < n; i++)
+        if (strcmp(store[i], key) == 0) return 1;
+    return 0;
+}
+
+/* "a, b, c" (skip keys first), cut short with ", ..." if it would not fit. */
 static void list_keys(const vh_config_key *schema, const char *skip_key, char *buf,
                       size_t len) {
     size_t used = 0;
     buf[0] = '\0';
     int n = schema_count(schema);
-    for (int i = skip_key ? -1 : 0; i < n; i++) {
-        const char *key = i < 0 ? skip_key : schema[i].key;
+    char store[4][32];
+    int skips = split_skip(skip_key, store, 4);
+    for (int i = -skips; i < n; i++) {
+        const char *key = i < 0 ? store[skips + i] : schema[i].key;
         const char *sep = used ? ", " : "";
         if (used + strlen(sep) + strlen(key) + 6 >= len) {
             snprintf(buf + used, len - used, "%s...", sep);
@@ -218,10 +244,12 @@ static vh_status unknown_key(const vh_recipe *recipe, const vh_recipe_section *s
                              const vh_recipe_value *v, const vh_config_key *schema,
                              const char *skip_key, vh_diag *d) {
     int n = schema_count(schema);
-    const char **candidates = malloc((size_t)(n + 2) * sizeof *candidates);
+    const char **candidates = malloc((size_t)(n + 5) * sizeof *candidates);
     if (!candidates) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
     int c = 0;
-    if (skip_key) candidates[c++] = skip_key; /* "plugn" should find "plugin" */
+    char store[4][32];
+    int skips = split_skip(skip_key, store, 4);
+    for (int i = 0; i < skips; i++) candidates[c++] = store[i]; /* "plugn" finds "plugin" */
     for (int i = 0; i < n; i++) candidates[c++] = schema[i].key;
     candidates[c] = NULL;
     const char *guess = vh_suggest(v->key, candidates);
@@ -303,7 +331,7 @@ static vh_status resolve_all(vh_section_config *c, const vh_recipe *recipe,
                              const char *skip_key, vh_diag *d) {
     for (int i = 0; s && i < s->count; i++) {
         const vh_recipe_value *v = &s->values[i];
-        if (skip_key && strcmp(v->key, skip_key) == 0) continue;
+        if (is_skipped(v->key, skip_key)) continue;
         int k = schema_index(schema, v->key);
         if (k < 0) return unknown_key(recipe, s, v, schema, skip_key, d);
         vh_status st = resolve_value(&c->entries[k], recipe, s, v, d);

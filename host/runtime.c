@@ -18,9 +18,17 @@ const vh_config_key vh_run_schema[] = {
     {"steps", VH_CONFIG_TYPE_INT, "0", "stop after this many steps (0: epochs decide)", NULL,
      0, 1e12, 0},
     {"batch_size", VH_CONFIG_TYPE_INT, "128", "images per step on each rank", NULL, 1, 1e6, 0},
-    {"eval_every", VH_CONFIG_TYPE_INT, "1", "evaluate every N epochs (0: never)", NULL, 0, 1e6,
-     0},
+    {"eval_every", VH_CONFIG_TYPE_INT, "1", "evaluate every N epochs (0: not by epochs)", NULL,
+     0, 1e6, 0},
+    {"eval_every_steps", VH_CONFIG_TYPE_INT, "0", "also evaluate every N steps (0: never)", NULL,
+     0, 1e12, 0},
     {"log_every", VH_CONFIG_TYPE_INT, "10", "steps between progress lines", NULL, 1, 1e9, 0},
+    {"checkpoint_every", VH_CONFIG_TYPE_INT, "0",
+     "write a checkpoint every N steps (0: only at the end and when stopped)", NULL, 0, 1e12, 0},
+    {"keep_checkpoints", VH_CONFIG_TYPE_INT, "3", "newest checkpoints kept (0: all)", NULL, 0,
+     1e6, 0},
+    {"peak_tflops", VH_CONFIG_TYPE_FLOAT, "0",
+     "device peak for MFU, TFLOP/s (0: measured on CPU with an sgemm probe)", NULL, 0, 1e6, 0},
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -60,22 +68,40 @@ static vh_status open_role(vh_run *run, vh_role role, vh_diag *d) {
                                  why.text);
     }
     const vh_plugin_descriptor *desc = run->plugins[role].desc;
-    st = config_resolve(&run->configs[role], &run->recipe, section_name, desc->schema, "plugin",
-                        d);
+    st = config_resolve(&run->configs[role], &run->recipe, section_name, desc->schema,
+                        role == VH_ROLE_MODEL ? "plugin,pretrained" : "plugin", d);
     if (st != VH_STATUS_OK) return st;
     host_impl_init(&run->hosts[role], run, role, &run->configs[role]);
     return VH_STATUS_OK;
 }
 
-vh_status run_open(vh_run *run, const vh_run_options *opts, vh_diag *d) {
+static void run_init(vh_run *run, const vh_run_options *opts) {
     memset(run, 0, sizeof *run);
     run->opts = *opts;
     if (!run->opts.out) run->opts.out = stdout;
     vh_comm_self_init(&run->comm);
     run->device = vh_cpu_device_ops();
+}
 
+static vh_status run_open_loaded(vh_run *run, const vh_run_options *opts, vh_diag *d);
+
+vh_status run_open(vh_run *run, const vh_run_options *opts, vh_diag *d) {
+    run_init(run, opts);
     vh_status st = recipe_load_file(&run->recipe, opts->recipe_path, d);
     if (st != VH_STATUS_OK) return st;
+    return run_open_loaded(run, opts, d);
+}
+
+vh_status run_open_text(vh_run *run, const char *name, const char *text,
+                        const vh_run_options *opts, vh_diag *d) {
+    run_init(run, opts);
+    vh_status st = recipe_load_string(&run->recipe, name, text, strlen(text), d);
+    if (st != VH_STATUS_OK) return st;
+    return run_open_loaded(run, opts, d);
+}
+
+static vh_status run_open_loaded(vh_run *run, const vh_run_options *opts, vh_diag *d) {
+    vh_status st;
     for (int i = 0; i < opts->num_sets; i++) {
         st = recipe_apply_set(&run->recipe, opts->sets[i], d);
         if (st != VH_STATUS_OK) return st;
@@ -218,6 +244,16 @@ void run_print_resolved(const vh_run *run, FILE *out) {
         if (v) print_origin(out, &v->origin);
         fprintf(out, " -> %s %s (%s, ABI %u.%u)\n", p->desc->name, p->desc->version, p->path,
                 p->desc->abi_major, p->desc->abi_minor);
+        const vh_recipe_value *pre =
+            r == VH_ROLE_MODEL
+                ? recipe_find_value(recipe_find_section(&run->recipe, section), "pretrained")
+                : NULL;
+        if (pre) {
+            fputs("  pretrained: ", out);
+            print_scalar(out, pre->text);
+            print_origin(out, &pre->origin);
+            fputc('\n', out);
+        }
         print_section(out, &run->configs[r]);
     }
 }

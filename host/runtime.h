@@ -58,6 +58,9 @@ struct vh_run {
 extern const vh_config_key vh_run_schema[];
 
 vh_status run_open(vh_run *run, const vh_run_options *opts, vh_diag *d);
+/* The same from recipe text (tests, tools); name stands for the file. */
+vh_status run_open_text(vh_run *run, const char *name, const char *text,
+                        const vh_run_options *opts, vh_diag *d);
 void run_close(vh_run *run);
 
 /* Opens run.device: the CPU table, or libvh_cuda.so for cuda. */

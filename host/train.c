@@ -1,105 +1,31 @@
-/* train.c - one training step after another, in DESIGN.md's order:
- *
- *   data.next -> batch to device
- *   sharding.zero_grads
- *   model.forward        (per unit: sharding.gather ... sharding.release)
- *   precision.loss_scale
- *   model.backward       (per unit, reversed: gather, grads, reduce, release)
- *   sharding.wait
- *   precision.unscale_and_check (found-inf agreed across ranks)
- *   optim.step on the local slices (skipped on overflow), sharding.refresh
- *   precision.update
- *
- * The host names roles, never implementations.
- */
+/* train.c - the training loop: epochs of steps, evaluation, progress lines,
+ * metrics, checkpoints, resume, and a clean stop on SIGINT/SIGTERM. */
 #define _POSIX_C_SOURCE 200809L
 #include "train.h"
 
+#include <errno.h>
+#include <libgen.h>
 #include <math.h>
-#include <stdarg.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
-const char vh_step_order[] =
-    "data.next, sharding.zero_grads, model.forward (sharding.gather/release per unit), "
-    "precision.loss_scale, model.backward (sharding.gather/grads/reduce/release per unit, "
-    "reversed), sharding.wait, precision.unscale_and_check, optim.step (skipped on "
-    "overflow), sharding.refresh, precision.update";
+#include "checkpoint.h"
+#include "trainer.h"
+#include "weights.h"
 
-typedef struct trainer {
-    vh_run *run;
-    FILE *out;
-    int trace;
-    void *self[VH_ROLE_COUNT];
-    const vh_model_vtable *model;
-    const vh_precision_vtable *precision;
-    const vh_sharding_vtable *sharding;
-    const vh_optim_vtable *optim;
-    const vh_data_vtable *data;
-    vh_data_info info;
-    vh_precision_policy policy;
-    const vh_param_table *table;
-    vh_unit_hooks hooks;
-    vh_param_slices slices;
-    int64_t batch_size;
-    /* Device copies of the batch when the device is not the CPU. */
-    void *dev_images, *dev_labels;
-    float *host_logits;
-} trainer;
+#ifndef VITHOST_VERSION
+#define VITHOST_VERSION "0.0.0"
+#endif
 
-static void trace(const trainer *t, const char *fmt, ...) VH_PRINTF_LIKE(2, 3);
-static void trace(const trainer *t, const char *fmt, ...) {
-    if (!t->trace) return;
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("trace: ", t->out);
-    vfprintf(t->out, fmt, ap);
-    fputc('\n', t->out);
-    va_end(ap);
-}
+static volatile sig_atomic_t stop_signal;
 
-/* A failed plugin call becomes one message naming the role, the plugin, the
- * call and the plugin's own words. */
-static vh_status plugin_error(trainer *t, vh_role role, vh_status st, const char *call,
-                              vh_diag *d) {
-    const vh_host_impl *h = &t->run->hosts[role];
-    const vh_plugin *p = &t->run->plugins[role];
-    return diag_set(d, st, "%s plugin '%s' failed in %s (%s): %s", vh_role_name(role),
-                    p->desc->name, call, vh_status_str(st),
-                    h->error[0] ? h->error : "it gave no message");
-}
-
-#define CALL(t, role, call, expr)                                                    \
-    do {                                                                             \
-        trace((t), "%s", (call));                                                    \
-        vh_status st_ = (expr);                                                      \
-        if (st_ != VH_STATUS_OK) return plugin_error((t), (role), st_, (call), d);   \
-    } while (0)
-
-/* The unit hooks the model calls: the sharding plugin's, traced. */
-static vh_status hook_gather(void *ctx, int32_t unit, const void **params) {
-    trainer *t = ctx;
-    trace(t, "sharding.gather unit=%d", (int)unit);
-    return t->sharding->gather(t->self[VH_ROLE_SHARDING], unit, params);
-}
-
-static vh_status hook_release(void *ctx, int32_t unit) {
-    trainer *t = ctx;
-    trace(t, "sharding.release unit=%d", (int)unit);
-    return t->sharding->release(t->self[VH_ROLE_SHARDING], unit);
-}
-
-static vh_status hook_grads(void *ctx, int32_t unit, void **grads) {
-    trainer *t = ctx;
-    trace(t, "sharding.grads unit=%d", (int)unit);
-    return t->sharding->grads(t->self[VH_ROLE_SHARDING], unit, grads);
-}
-
-static vh_status hook_reduce(void *ctx, int32_t unit) {
-    trainer *t = ctx;
-    trace(t, "sharding.reduce unit=%d", (int)unit);
-    return t->sharding->reduce(t->self[VH_ROLE_SHARDING], unit);
+static void on_stop_signal(int sig) {
+    stop_signal = sig;
+    signal(sig, SIG_DFL); /* a second Ctrl-C ends the process at once */
 }
 
 static double now_seconds(void) {
@@ -108,374 +34,480 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static vh_status create_plugins(trainer *t, vh_diag *d) {
-    vh_run *run = t->run;
-    vh_host *h[VH_ROLE_COUNT];
-    for (int r = 0; r < VH_ROLE_COUNT; r++) h[r] = &run->hosts[r].pub;
+/* ---- the run folder ------------------------------------------------------ */
 
-    vh_data_setup ds = {.struct_size = sizeof ds,
-                        .rank = run->comm.rank,
-                        .world_size = run->comm.world_size,
-                        .batch_size = t->batch_size,
-                        .seed = (uint64_t)run_config_int(run, "seed")};
-    CALL(t, VH_ROLE_DATA, "data.create", t->data->create(h[VH_ROLE_DATA], &ds, &t->self[VH_ROLE_DATA]));
-    t->info.struct_size = sizeof t->info;
-    CALL(t, VH_ROLE_DATA, "data.info", t->data->info(t->self[VH_ROLE_DATA], &t->info));
-
-    CALL(t, VH_ROLE_PRECISION, "precision.create",
-         t->precision->create(h[VH_ROLE_PRECISION], &t->self[VH_ROLE_PRECISION]));
-    t->policy.struct_size = sizeof t->policy;
-    CALL(t, VH_ROLE_PRECISION, "precision.policy",
-         t->precision->policy(t->self[VH_ROLE_PRECISION], &t->policy));
-
-    vh_model_setup ms = {.struct_size = sizeof ms,
-                         .channels = t->info.channels,
-                         .height = t->info.height,
-                         .width = t->info.width,
-                         .num_classes = t->info.num_classes,
-                         .max_batch = t->batch_size,
-                         .policy = t->policy};
-    CALL(t, VH_ROLE_MODEL, "model.create", t->model->create(h[VH_ROLE_MODEL], &ms, &t->self[VH_ROLE_MODEL]));
-    t->table = t->model->param_table(t->self[VH_ROLE_MODEL]);
-    if (!t->table || t->table->num_units < 1)
-        return diag_set(d, VH_STATUS_ERR_INTERNAL, "model plugin '%s' declared no parameter units",
-                        run->plugins[VH_ROLE_MODEL].desc->name);
-
-    int64_t steps_per_epoch = t->info.train_size / run->comm.world_size / t->batch_size;
-    int64_t total = run_config_int(run, "steps");
-    if (total == 0) total = steps_per_epoch * run_config_int(run, "epochs");
-    vh_optim_setup os = {.struct_size = sizeof os, .total_steps = total};
-    CALL(t, VH_ROLE_OPTIM, "optim.create", t->optim->create(h[VH_ROLE_OPTIM], &os, &t->self[VH_ROLE_OPTIM]));
-    int32_t slots = t->optim->state_slots(t->self[VH_ROLE_OPTIM]);
-    if (slots < 0 || slots > VH_OPTIM_MAX_STATE_SLOTS)
-        return diag_set(d, VH_STATUS_ERR_INTERNAL, "optim plugin '%s' asks for %d state slots (0..%d)",
-                        run->plugins[VH_ROLE_OPTIM].desc->name, (int)slots, VH_OPTIM_MAX_STATE_SLOTS);
-
-    CALL(t, VH_ROLE_SHARDING, "sharding.create",
-         t->sharding->create(h[VH_ROLE_SHARDING], &t->self[VH_ROLE_SHARDING]));
-    vh_sharding_setup ss = {.struct_size = sizeof ss, .table = t->table, .policy = t->policy,
-                            .state_slots = slots};
-    CALL(t, VH_ROLE_SHARDING, "sharding.setup", t->sharding->setup(t->self[VH_ROLE_SHARDING], &ss));
-    t->slices.items = NULL;
-    t->slices.count = 0;
-    CALL(t, VH_ROLE_SHARDING, "sharding.slices",
-         t->sharding->slices(t->self[VH_ROLE_SHARDING], &t->slices));
-    if (t->slices.count < 0 || (t->slices.count > 0 && !t->slices.items) ||
-        (t->slices.count > 0 && t->slices.item_size < sizeof(vh_param_slice)))
-        return diag_set(d, VH_STATUS_ERR_INTERNAL,
-                        "sharding plugin '%s' returned a malformed slice list (count %d, "
-                        "item_size %u)",
-                        run->plugins[VH_ROLE_SHARDING].desc->name, (int)t->slices.count,
-                        (unsigned)t->slices.item_size);
+static vh_status make_dirs(const char *dir, vh_diag *d) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) break;
+        *p = '/';
+    }
+    if (mkdir(path, 0777) != 0 && errno != EEXIST)
+        return diag_set(d, VH_STATUS_ERR_IO, "cannot create the run folder %s: %s", dir,
+                        strerror(errno));
     return VH_STATUS_OK;
 }
 
-/* Every rank draws the same initial values from the run's seed; the
- * sharding plugin keeps the part it owns. */
-static vh_status init_params(trainer *t, vh_diag *d) {
-    uint64_t seed = (uint64_t)run_config_int(t->run, "seed");
-    for (int32_t u = 0; u < t->table->num_units; u++) {
-        size_t n = (size_t)t->table->units[u].numel;
-        float *values = malloc((n ? n : 1) * sizeof *values);
-        if (!values) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory initialising unit %d", (int)u);
-        char call[64];
-        snprintf(call, sizeof call, "model.init_unit unit=%d", (int)u);
-        trace(t, "%s", call);
-        vh_status st = t->model->init_unit(t->self[VH_ROLE_MODEL], u, values, seed);
-        if (st == VH_STATUS_OK) {
-            snprintf(call, sizeof call, "sharding.load_unit unit=%d", (int)u);
-            trace(t, "%s", call);
-            st = t->sharding->load_unit(t->self[VH_ROLE_SHARDING], u, values);
-            free(values);
-            if (st != VH_STATUS_OK) return plugin_error(t, VH_ROLE_SHARDING, st, call, d);
-        } else {
-            free(values);
-            return plugin_error(t, VH_ROLE_MODEL, st, call, d);
+/* runs/<recipe file name without .yaml>-<YYYYmmdd-HHMMSS> */
+static void default_out_dir(const vh_run *run, char *out, size_t len) {
+    char name[512];
+    snprintf(name, sizeof name, "%s", run->recipe.file);
+    char *base = basename(name);
+    char *dot = strrchr(base, '.');
+    if (dot) *dot = '\0';
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    snprintf(out, len, "runs/%s-%s", base, stamp);
+    struct stat sb;
+    for (int i = 2; stat(out, &sb) == 0 && i < 1000; i++)
+        snprintf(out, len, "runs/%s-%s-%d", base, stamp, i); /* two runs in one second */
+}
+
+/* The resolved recipe without comments: what must not change on resume. */
+static char *recipe_body(FILE *f) {
+    size_t cap = 4096, len = 0;
+    char *out = malloc(cap), line[2048];
+    if (!out) return NULL;
+    out[0] = '\0';
+    while (fgets(line, sizeof line, f)) {
+        char *hash = strstr(line, "  #");
+        if (line[0] == '#') continue;
+        if (hash) strcpy(hash, "\n");
+        /* Keys of the run section that say how long and how often, not what:
+         * a resumed run may extend or re-time itself. */
+        if (strstr(line, "  steps:") == line || strstr(line, "  epochs:") == line ||
+            strstr(line, "  eval_every") == line || strstr(line, "  log_every:") == line ||
+            strstr(line, "  checkpoint_every:") == line ||
+            strstr(line, "  keep_checkpoints:") == line)
+            continue;
+        size_t n = strlen(line);
+        if (len + n + 1 > cap) {
+            char *t = realloc(out, cap = 2 * (len + n + 1));
+            if (!t) {
+                free(out);
+                return NULL;
+            }
+            out = t;
         }
+        memcpy(out + len, line, n + 1);
+        len += n;
     }
-    return VH_STATUS_OK;
+    return out;
 }
 
-/* Batches come in host memory; a non-CPU device gets its own copy. */
-static vh_status batch_to_device(trainer *t, const vh_batch *in, vh_batch *out, vh_diag *d) {
-    *out = *in;
-    const vh_device_ops *dev = t->run->device;
-    if (dev->kind == VH_DEVICE_KIND_CPU) return VH_STATUS_OK;
-    size_t img_bytes = (size_t)vh_tensor_numel(&in->images) * sizeof(float);
-    size_t lbl_bytes = (size_t)in->size * sizeof(int32_t);
-    vh_status st = dev->copy(dev->device, t->dev_images, in->images.data, img_bytes,
-                             VH_COPY_KIND_HOST_TO_DEVICE);
-    if (st == VH_STATUS_OK)
-        st = dev->copy(dev->device, t->dev_labels, in->labels.data, lbl_bytes,
-                       VH_COPY_KIND_HOST_TO_DEVICE);
-    if (st != VH_STATUS_OK) return diag_set(d, st, "copying a batch to %s failed", dev->name);
-    out->images.data = t->dev_images;
-    out->images.device = dev->kind;
-    out->labels.data = t->dev_labels;
-    out->labels.device = dev->kind;
-    return VH_STATUS_OK;
-}
-
-static vh_status check_batch(trainer *t, const vh_batch *b, vh_diag *d) {
-    const vh_data_info *i = &t->info;
-    int ok = b->size > 0 && b->size <= t->batch_size && b->images.ndim == 4 &&
-             b->images.dtype == VH_DTYPE_F32 && b->images.shape[0] == b->size &&
-             b->images.shape[1] == i->channels && b->images.shape[2] == i->height &&
-             b->images.shape[3] == i->width && b->labels.dtype == VH_DTYPE_I32 &&
-             b->labels.ndim == 1 && b->labels.shape[0] == b->size;
-    if (!ok)
-        return diag_set(d, VH_STATUS_ERR_INTERNAL,
-                        "data plugin '%s' returned a batch of %lld images that does not match "
-                        "its info (%d x %d x %d, batch size %lld)",
-                        t->run->plugins[VH_ROLE_DATA].desc->name, (long long)b->size,
-                        (int)i->channels, (int)i->height, (int)i->width,
-                        (long long)t->batch_size);
-    return VH_STATUS_OK;
-}
-
-static vh_status train_step(trainer *t, const vh_batch *batch, int64_t step, float *loss,
-                            double *lr, int *skipped, vh_diag *d) {
-    vh_model_output out;
-    memset(&out, 0, sizeof out);
-    out.struct_size = sizeof out;
-    CALL(t, VH_ROLE_SHARDING, "sharding.zero_grads", t->sharding->zero_grads(t->self[VH_ROLE_SHARDING]));
-    CALL(t, VH_ROLE_MODEL, "model.forward",
-         t->model->forward(t->self[VH_ROLE_MODEL], batch, VH_MODE_TRAIN, &t->hooks, &out));
-    if (!isfinite(out.loss))
-        trace(t, "loss is %f: the step will be skipped if the grads overflow", (double)out.loss);
-    trace(t, "precision.loss_scale");
-    float scale = t->precision->loss_scale(t->self[VH_ROLE_PRECISION]);
-    CALL(t, VH_ROLE_MODEL, "model.backward",
-         t->model->backward(t->self[VH_ROLE_MODEL], scale, &t->hooks));
-    CALL(t, VH_ROLE_SHARDING, "sharding.wait", t->sharding->wait(t->self[VH_ROLE_SHARDING]));
-    int found_inf = 0;
-    CALL(t, VH_ROLE_PRECISION, "precision.unscale_and_check",
-         t->precision->unscale_and_check(t->self[VH_ROLE_PRECISION], &t->slices, &found_inf));
-    *skipped = found_inf;
-    if (!found_inf) {
-        CALL(t, VH_ROLE_OPTIM, "optim.step",
-             t->optim->step(t->self[VH_ROLE_OPTIM], &t->slices, step, lr));
-        CALL(t, VH_ROLE_SHARDING, "sharding.refresh", t->sharding->refresh(t->self[VH_ROLE_SHARDING]));
-    } else {
-        trace(t, "optim.step skipped: gradients overflowed");
+static vh_status write_run_files(const vh_run *run, const char *dir, vh_diag *d) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/recipe.yaml", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    run_print_resolved(run, f);
+    int ok = fclose(f) == 0;
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    f = ok ? fopen(path, "w") : NULL;
+    if (!f) return diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    fprintf(f, "{\"vithost\": \"%s\", \"abi\": \"%d.%d\", \"plugins\": {", VITHOST_VERSION,
+            VH_ABI_MAJOR, VH_ABI_MINOR);
+    for (int r = 0; r < VH_ROLE_COUNT; r++) {
+        const vh_plugin *p = &run->plugins[r];
+        fprintf(f, "%s\"%s\": {\"name\": \"%s\", \"version\": \"%s\", \"file\": \"%s\"}",
+                r ? ", " : "", vh_role_name((vh_role)r), p->desc->name, p->desc->version,
+                p->path);
     }
-    CALL(t, VH_ROLE_PRECISION, "precision.update",
-         t->precision->update(t->self[VH_ROLE_PRECISION], found_inf));
-    *loss = out.loss;
-    return VH_STATUS_OK;
+    fprintf(f, "}}\n");
+    return fclose(f) == 0 ? VH_STATUS_OK
+                          : diag_set(d, VH_STATUS_ERR_IO, "cannot write %s", path);
 }
 
-typedef struct eval_result {
-    int64_t samples;
-    double loss, top1, top5;
-} eval_result;
-
-/* Rank of the true class among the logits: 0 when it has the highest. */
-static int label_rank(const float *logits, int32_t classes, int32_t label) {
-    int rank = 0;
-    for (int32_t c = 0; c < classes; c++)
-        if (logits[c] > logits[label] || (logits[c] == logits[label] && c < label)) rank++;
-    return rank;
-}
-
-static vh_status evaluate(trainer *t, eval_result *res, vh_diag *d) {
-    void *data = t->self[VH_ROLE_DATA];
-    const vh_device_ops *dev = t->run->device;
-    int64_t n = 0, top1 = 0, top5 = 0;
-    double loss_sum = 0.0;
-    CALL(t, VH_ROLE_DATA, "data.start_epoch split=eval", t->data->start_epoch(data, VH_SPLIT_EVAL, 0));
-    for (;;) {
-        vh_batch host_batch, batch;
-        int has = 0;
-        CALL(t, VH_ROLE_DATA, "data.next", t->data->next(data, &host_batch, &has));
-        if (!has) break;
-        vh_status st = check_batch(t, &host_batch, d);
-        if (st == VH_STATUS_OK) st = batch_to_device(t, &host_batch, &batch, d);
-        if (st != VH_STATUS_OK) return st;
-        vh_model_output out;
-        memset(&out, 0, sizeof out);
-        out.struct_size = sizeof out;
-        CALL(t, VH_ROLE_MODEL, "model.forward mode=eval",
-             t->model->forward(t->self[VH_ROLE_MODEL], &batch, VH_MODE_EVAL, &t->hooks, &out));
-        int32_t classes = t->info.num_classes;
-        if (out.logits.ndim != 2 || out.logits.shape[0] != batch.size ||
-            out.logits.shape[1] != classes || out.logits.dtype != VH_DTYPE_F32)
-            return diag_set(d, VH_STATUS_ERR_INTERNAL,
-                            "model plugin '%s' returned logits that are not (%lld, %d) f32",
-                            t->run->plugins[VH_ROLE_MODEL].desc->name, (long long)batch.size,
-                            (int)classes);
-        size_t bytes = (size_t)batch.size * (size_t)classes * sizeof(float);
-        st = dev->copy(dev->device, t->host_logits, out.logits.data, bytes,
-                       VH_COPY_KIND_DEVICE_TO_HOST);
-        if (st != VH_STATUS_OK) return diag_set(d, st, "copying logits from %s failed", dev->name);
-        const int32_t *labels = host_batch.labels.data;
-        for (int64_t i = 0; i < batch.size; i++) {
-            int r = label_rank(t->host_logits + i * classes, classes, labels[i]);
-            top1 += r < 1;
-            top5 += r < 5;
+/* A new run needs a folder without a run in it; a resumed one needs the same
+ * recipe as the run it continues. Checks only: the folder is made once the
+ * plugins accepted the recipe, so a failed start leaves nothing behind. */
+static vh_status check_run_dir(const vh_run *run, const char *dir, int resume, vh_diag *d) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/recipe.yaml", dir);
+    FILE *old = fopen(path, "r");
+    if (!resume && old) {
+        fclose(old);
+        return diag_set(d, VH_STATUS_ERR_CONFIG,
+                        "%s already holds a run (%s); resume it with --resume, or choose "
+                        "another --out",
+                        dir, path);
+    }
+    if (resume && !old)
+        return diag_set(d, VH_STATUS_ERR_CONFIG, "--resume: %s holds no run (no %s)", dir, path);
+    if (resume) {
+        char *was = recipe_body(old);
+        fclose(old);
+        char *tmp_text = NULL;
+        size_t tmp_len = 0;
+        FILE *now_f = open_memstream(&tmp_text, &tmp_len);
+        if (!was || !now_f) {
+            free(was);
+            return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
         }
-        loss_sum += (double)out.loss * (double)batch.size;
-        n += batch.size;
+        run_print_resolved(run, now_f);
+        fclose(now_f);
+        FILE *now_r = fmemopen(tmp_text, tmp_len, "r");
+        char *now = now_r ? recipe_body(now_r) : NULL;
+        if (now_r) fclose(now_r);
+        free(tmp_text);
+        int same = was && now && strcmp(was, now) == 0;
+        free(was);
+        free(now);
+        if (!same)
+            return diag_set(d, VH_STATUS_ERR_CONFIG,
+                            "--resume: the recipe differs from the one %s was started with "
+                            "(%s); only run.steps, epochs, eval_every, log_every and checkpoint "
+                            "settings may change on resume",
+                            dir, path);
     }
-    /* Every rank saw its own part; the totals are the sums over ranks. */
-    double totals[4] = {(double)n, (double)top1, (double)top5, loss_sum};
-    vh_comm *c = &t->run->comm;
-    vh_status st = c->ops->all_reduce(c, totals, 4, VH_DTYPE_F64, VH_REDUCE_OP_SUM);
-    if (st != VH_STATUS_OK) return diag_set(d, st, "summing evaluation results over ranks failed");
-    res->samples = (int64_t)totals[0];
-    res->top1 = totals[0] > 0 ? totals[1] / totals[0] : 0.0;
-    res->top5 = totals[0] > 0 ? totals[2] / totals[0] : 0.0;
-    res->loss = totals[0] > 0 ? totals[3] / totals[0] : 0.0;
     return VH_STATUS_OK;
 }
 
-static void print_eval(trainer *t, int64_t step, int64_t epoch, const eval_result *e) {
+/* ---- measuring the device's peak ------------------------------------------ */
+
+/* MFU needs the peak of the device: given as run.peak_tflops, or measured
+ * once with a square fp32 GEMM through the device's own op. */
+static double measure_peak_tflops(const vh_device_ops *dev) {
+    if (!dev->gemm || dev->kind != VH_DEVICE_KIND_CPU) return 0.0;
+    const int64_t n = 1024;
+    float *a = NULL, *b = NULL, *c = NULL;
+    size_t bytes = (size_t)(n * n) * sizeof(float);
+    if (dev->alloc(dev->device, bytes, (void **)&a) != VH_STATUS_OK) return 0.0;
+    if (dev->alloc(dev->device, bytes, (void **)&b) != VH_STATUS_OK ||
+        dev->alloc(dev->device, bytes, (void **)&c) != VH_STATUS_OK) {
+        dev->free(dev->device, a);
+        if (b) dev->free(dev->device, b);
+        return 0.0;
+    }
+    for (int64_t i = 0; i < n * n; i++) a[i] = b[i] = (float)(i % 7) * 0.01f;
+    vh_gemm_args g = {.struct_size = sizeof g, .m = n, .n = n, .k = n, .alpha = 1.0f,
+                      .a = a, .lda = n, .b = b, .ldb = n, .c = c, .ldc = n, .batch = 1};
+    double best = 0.0;
+    for (int rep = 0; rep < 4; rep++) {
+        double t0 = now_seconds();
+        if (dev->gemm(dev->device, &g) != VH_STATUS_OK) break;
+        double dt = now_seconds() - t0;
+        double tflops = 2.0 * (double)n * (double)n * (double)n / dt / 1e12;
+        if (rep > 0 && tflops > best) best = tflops; /* the first warms up */
+    }
+    dev->free(dev->device, a);
+    dev->free(dev->device, b);
+    dev->free(dev->device, c);
+    return best;
+}
+
+/* ---- progress -------------------------------------------------------------- */
+
+typedef struct progress {
+    FILE *out;
+    int tty;
+    double window_start, last_draw, run_start;
+    int64_t window_images, window_steps;
+} progress;
+
+static void format_eta(char *buf, size_t len, double seconds) {
+    if (!(seconds >= 0) || seconds > 1e7) {
+        snprintf(buf, len, "?");
+        return;
+    }
+    long s = (long)seconds;
+    if (s >= 3600) snprintf(buf, len, "%ldh%02ldm", s / 3600, s / 60 % 60);
+    else snprintf(buf, len, "%ldm%02lds", s / 60, s % 60);
+}
+
+/* On a terminal, one line redrawn in place (at most 10 times a second). */
+static void progress_draw(progress *p, int64_t step, int64_t total, float loss, double img_s) {
+    if (!p->tty) return;
+    double now = now_seconds();
+    if (now - p->last_draw < 0.1 && step != total) return;
+    p->last_draw = now;
+    double elapsed = now - p->run_start;
+    char eta[32];
+    format_eta(eta, sizeof eta, step > 0 ? elapsed / (double)step * (double)(total - step) : -1);
+    fprintf(p->out, "\r\033[Kstep %lld/%lld  loss %.4f  %.0f img/s  eta %s", (long long)step,
+            (long long)total, (double)loss, img_s, eta);
+    fflush(p->out);
+}
+
+static void progress_clear(progress *p) {
+    if (p->tty) fputs("\r\033[K", p->out);
+}
+
+/* ---- the loop -------------------------------------------------------------- */
+
+typedef struct loop_state {
+    vh_trainer *t;
+    const char *dir;
+    int64_t total, steps_per_epoch, epochs, log_every, eval_every, eval_every_steps;
+    int64_t checkpoint_every, keep, stop_after, steps_this_run;
+    double flops, peak_tflops;
+    progress prog;
+    vh_eval_result last_eval;
+    int evaluated_at_end;
+} loop_state;
+
+/* Time spent on evaluation and checkpoints is not training time: the
+ * throughput window skips it. */
+static void pause_window(loop_state *ls, double since) {
+    ls->prog.window_start += now_seconds() - since;
+}
+
+static vh_status run_eval(loop_state *ls, vh_diag *d) {
+    vh_trainer *t = ls->t;
+    double t0 = now_seconds();
+    vh_status st = trainer_evaluate(t, &ls->last_eval, d);
+    pause_window(ls, t0);
+    if (st != VH_STATUS_OK) return st;
+    progress_clear(&ls->prog);
     fprintf(t->out,
             "eval  step %lld epoch %lld: top1 %.2f%% top5 %.2f%% loss %.4f (%lld images)\n",
-            (long long)step, (long long)epoch, 100.0 * e->top1, 100.0 * e->top5, e->loss,
-            (long long)e->samples);
+            (long long)t->step, (long long)t->epoch, 100.0 * ls->last_eval.top1,
+            100.0 * ls->last_eval.top5, ls->last_eval.loss, (long long)ls->last_eval.samples);
     fflush(t->out);
-}
-
-static vh_status allocate_buffers(trainer *t, vh_diag *d) {
-    const vh_device_ops *dev = t->run->device;
-    size_t images = (size_t)t->batch_size * (size_t)t->info.channels * (size_t)t->info.height *
-                    (size_t)t->info.width * sizeof(float);
-    t->host_logits = malloc((size_t)t->batch_size * (size_t)t->info.num_classes * sizeof(float));
-    if (!t->host_logits) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for logits");
-    if (dev->kind == VH_DEVICE_KIND_CPU) return VH_STATUS_OK;
-    vh_status st = dev->alloc(dev->device, images, &t->dev_images);
-    if (st == VH_STATUS_OK)
-        st = dev->alloc(dev->device, (size_t)t->batch_size * sizeof(int32_t), &t->dev_labels);
-    if (st != VH_STATUS_OK)
-        return diag_set(d, st, "allocating the batch on %s failed", dev->name);
+    metrics_eval(&t->metrics, t->step, t->epoch, ls->last_eval.top1, ls->last_eval.top5,
+                 ls->last_eval.loss, ls->last_eval.samples);
     return VH_STATUS_OK;
 }
 
-static vh_status train_loop(trainer *t, vh_diag *d) {
+static vh_status save_checkpoint(loop_state *ls, vh_diag *d) {
+    double t0 = now_seconds();
+    vh_status st = checkpoint_save(ls->t, ls->dir, ls->keep, d);
+    pause_window(ls, t0);
+    if (st == VH_STATUS_OK) {
+        progress_clear(&ls->prog);
+        fprintf(ls->t->out, "vithost: checkpoint %s/checkpoints/step-%08lld (%.2f s)\n", ls->dir,
+                (long long)ls->t->step, now_seconds() - t0);
+    }
+    return st;
+}
+
+static void log_step(loop_state *ls, float loss, double lr, int skipped) {
+    vh_trainer *t = ls->t;
+    progress *p = &ls->prog;
+    double dt = now_seconds() - p->window_start;
+    double img_s = dt > 0 ? (double)p->window_images / dt : 0.0;
+    double tflops = img_s * ls->flops / 1e12;
+    vh_train_metrics m = {.step = t->step, .epoch = t->epoch, .loss = loss, .lr = lr,
+                          .img_per_s = img_s, .tflops = tflops,
+                          .mfu = ls->peak_tflops > 0 ? tflops / ls->peak_tflops : NAN,
+                          .peak_mem_bytes = metrics_peak_rss_bytes(), .skipped = skipped};
+    metrics_train(&t->metrics, &m);
+    progress_clear(p);
+    fprintf(t->out,
+            "train step %lld/%lld epoch %lld: loss %.4f lr %.3g img/s %.1f TFLOP/s %.4f",
+            (long long)t->step, (long long)ls->total, (long long)t->epoch, (double)loss, lr,
+            img_s, tflops);
+    if (ls->peak_tflops > 0) fprintf(t->out, " MFU %.1f%%", 100.0 * m.mfu);
+    fprintf(t->out, "%s\n", skipped ? " (step skipped: overflow)" : "");
+    fflush(t->out);
+    p->window_start = now_seconds();
+    p->window_images = 0;
+}
+
+/* Trains one epoch's pass (or the rest of it, after a resume). */
+static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d) {
+    vh_trainer *t = ls->t;
+    if (!t->epoch_in_progress) {
+        trainer_trace(t, "data.start_epoch split=train epoch=", (long long)t->epoch);
+        vh_status st = t->data->start_epoch(t->self[VH_ROLE_DATA], VH_SPLIT_TRAIN, t->epoch);
+        if (st != VH_STATUS_OK)
+            return trainer_plugin_error(t, VH_ROLE_DATA, st, "data.start_epoch", d);
+        t->epoch_in_progress = 1;
+    }
+    while (t->step < ls->total) {
+        vh_batch host_batch, batch;
+        int has = 0, skipped = 0;
+        vh_status st = trainer_next_batch(t, &host_batch, &batch, &has, d);
+        if (st != VH_STATUS_OK) return st;
+        if (!has) break;
+        st = trainer_step(t, &batch, t->step, loss, lr, &skipped, d);
+        if (st == VH_STATUS_OK) st = t->run->device->synchronize(t->run->device->device);
+        if (st != VH_STATUS_OK) return st;
+        t->step++;
+        ls->steps_this_run++;
+        ls->prog.window_images += batch.size;
+        if (!isfinite(*loss) && !skipped)
+            return diag_set(d, VH_STATUS_ERR_NUMERIC,
+                            "training diverged: the loss is %f at step %lld (lower the learning "
+                            "rate, clip gradients, or use a precision policy with loss "
+                            "scaling)",
+                            (double)*loss, (long long)t->step);
+        if (t->step % ls->log_every == 0 || t->step == ls->total) log_step(ls, *loss, *lr, skipped);
+        else progress_draw(&ls->prog, t->step, ls->total, *loss,
+                           ls->prog.window_images / fmax(1e-9, now_seconds() - ls->prog.window_start));
+        if (ls->eval_every_steps > 0 && t->step % ls->eval_every_steps == 0) {
+            st = run_eval(ls, d);
+            if (st != VH_STATUS_OK) return st;
+        }
+        int stop = stop_signal || (ls->stop_after > 0 && ls->steps_this_run >= ls->stop_after);
+        if ((ls->checkpoint_every > 0 && t->step % ls->checkpoint_every == 0 &&
+             t->step < ls->total) ||
+            stop) {
+            st = save_checkpoint(ls, d);
+            if (st != VH_STATUS_OK) return st;
+        }
+        if (stop) return VH_STATUS_ERR_INTERRUPTED;
+    }
+    return VH_STATUS_OK;
+}
+
+static vh_status train_loop(loop_state *ls, vh_diag *d) {
+    vh_trainer *t = ls->t;
+    float loss = NAN;
+    double lr = 0.0;
+    while (t->epoch < ls->epochs && t->step < ls->total) {
+        vh_status st = train_epoch(ls, &loss, &lr, d);
+        if (st != VH_STATUS_OK) return st;
+        int finished_pass = t->step < ls->total || t->step % ls->steps_per_epoch == 0;
+        int last = t->step >= ls->total;
+        if (ls->eval_every > 0 && ((t->epoch + 1) % ls->eval_every == 0 || last)) {
+            st = run_eval(ls, d);
+            if (st != VH_STATUS_OK) return st;
+            ls->evaluated_at_end = last;
+        }
+        if (finished_pass) {
+            t->epoch++;
+            t->epoch_in_progress = 0;
+        }
+    }
+    if (ls->eval_every == 0 && ls->eval_every_steps > 0 && t->step % ls->eval_every_steps == 0)
+        ls->evaluated_at_end = 1;
+    vh_status st = save_checkpoint(ls, d);
+    if (st != VH_STATUS_OK) return st;
+    progress_clear(&ls->prog);
+    fprintf(t->out, "vithost: finished %lld steps", (long long)t->step);
+    if (isfinite(loss)) fprintf(t->out, "; final loss %.4f", (double)loss);
+    if (ls->evaluated_at_end) fprintf(t->out, "; eval top1 %.2f%%", 100.0 * ls->last_eval.top1);
+    fprintf(t->out, "; peak memory %.1f MiB; run folder %s\n",
+            (double)metrics_peak_rss_bytes() / 1048576.0, ls->dir);
+    fflush(t->out);
+    return VH_STATUS_OK;
+}
+
+static vh_status setup_loop(loop_state *ls, vh_trainer *t, const char *dir,
+                            const vh_train_options *o, vh_diag *d) {
     vh_run *run = t->run;
-    int64_t epochs = run_config_int(run, "epochs");
-    int64_t max_steps = run_config_int(run, "steps");
-    int64_t eval_every = run_config_int(run, "eval_every");
-    int64_t log_every = run_config_int(run, "log_every");
-    double flops = t->model->train_flops_per_image(t->self[VH_ROLE_MODEL]);
-    int64_t steps_per_epoch = t->info.train_size / run->comm.world_size / t->batch_size;
-    if (steps_per_epoch < 1)
+    memset(ls, 0, sizeof *ls);
+    ls->t = t;
+    ls->dir = dir;
+    ls->log_every = run_config_int(run, "log_every");
+    ls->eval_every = run_config_int(run, "eval_every");
+    ls->eval_every_steps = run_config_int(run, "eval_every_steps");
+    ls->checkpoint_every = run_config_int(run, "checkpoint_every");
+    ls->keep = run_config_int(run, "keep_checkpoints");
+    ls->stop_after = o->stop_after;
+    ls->steps_per_epoch = t->info.train_size / run->comm.world_size / t->batch_size;
+    if (ls->steps_per_epoch < 1)
         return diag_set(d, VH_STATUS_ERR_CONFIG,
                         "%s: the training split has %lld samples, fewer than one batch of %lld "
                         "per rank on %d rank(s); lower run.batch_size",
                         run->recipe.file, (long long)t->info.train_size,
                         (long long)t->batch_size, (int)run->comm.world_size);
+    int64_t max_steps = run_config_int(run, "steps");
+    ls->epochs = run_config_int(run, "epochs");
     /* With run.steps set, epochs go on until the steps are done. */
-    if (max_steps > 0) epochs = (max_steps + steps_per_epoch - 1) / steps_per_epoch;
-    int64_t total = max_steps > 0 ? max_steps : steps_per_epoch * epochs;
-
-    fprintf(t->out, "vithost: training %lld steps (%lld epochs of %lld steps, batch %lld) on %s\n",
-            (long long)total, (long long)epochs, (long long)steps_per_epoch,
-            (long long)t->batch_size, run->device->name);
-    fprintf(t->out, "vithost: each step calls, in order: %s\n", vh_step_order);
-    fflush(t->out);
-
-    int64_t step = 0, skipped_total = 0;
-    float loss = NAN;
-    double lr = 0.0, window_start = now_seconds(), train_seconds = 0.0;
-    int64_t window_images = 0;
-    eval_result last_eval = {0, 0, 0, 0};
-    int evaluated_at_end = 0;
-    for (int64_t epoch = 0; epoch < epochs && step < total; epoch++) {
-        trace(t, "data.start_epoch split=train epoch=%lld", (long long)epoch);
-        vh_status st = t->data->start_epoch(t->self[VH_ROLE_DATA], VH_SPLIT_TRAIN, epoch);
-        if (st != VH_STATUS_OK) return plugin_error(t, VH_ROLE_DATA, st, "data.start_epoch", d);
-        while (step < total) {
-            vh_batch host_batch, batch;
-            int has = 0;
-            double t0 = now_seconds();
-            CALL(t, VH_ROLE_DATA, "data.next", t->data->next(t->self[VH_ROLE_DATA], &host_batch, &has));
-            if (!has) break;
-            st = check_batch(t, &host_batch, d);
-            if (st == VH_STATUS_OK) st = batch_to_device(t, &host_batch, &batch, d);
-            if (st != VH_STATUS_OK) return st;
-            int skipped = 0;
-            st = train_step(t, &batch, step, &loss, &lr, &skipped, d);
-            if (st != VH_STATUS_OK) return st;
-            st = run->device->synchronize(run->device->device);
-            if (st != VH_STATUS_OK) return diag_set(d, st, "%s failed during step %lld", run->device->name, (long long)step);
-            train_seconds += now_seconds() - t0;
-            skipped_total += skipped;
-            window_images += batch.size;
-            step++;
-            if (step % log_every == 0 || step == total) {
-                double dt = now_seconds() - window_start;
-                double img_s = dt > 0 ? (double)window_images / dt : 0.0;
-                fprintf(t->out,
-                        "train step %lld/%lld epoch %lld: loss %.4f lr %.3g img/s %.1f "
-                        "TFLOP/s %.4f%s\n",
-                        (long long)step, (long long)total, (long long)epoch, (double)loss, lr,
-                        img_s, img_s * flops / 1e12, skipped ? " (step skipped: overflow)" : "");
-                fflush(t->out);
-                window_start = now_seconds();
-                window_images = 0;
-            }
-        }
-        int last = epoch + 1 == epochs || step >= total;
-        if (eval_every > 0 && ((epoch + 1) % eval_every == 0 || last)) {
-            st = evaluate(t, &last_eval, d);
-            if (st != VH_STATUS_OK) return st;
-            print_eval(t, step, epoch, &last_eval);
-            evaluated_at_end = last;
-        }
-    }
-    if (!isfinite(loss))
-        return diag_set(d, VH_STATUS_ERR_NUMERIC,
-                        "training diverged: the loss is %f after %lld steps (lower the "
-                        "learning rate, or use a precision policy with loss scaling)",
-                        (double)loss, (long long)step);
-    fprintf(t->out, "vithost: finished %lld steps in %.2f s of training (%lld skipped); final "
-                    "loss %.4f",
-            (long long)step, train_seconds, (long long)skipped_total, (double)loss);
-    if (evaluated_at_end) fprintf(t->out, "; eval top1 %.2f%%", 100.0 * last_eval.top1);
-    fprintf(t->out, "; peak host memory %.1f MiB\n", (double)atomic_load(&run->mem_peak) / 1048576.0);
-    fflush(t->out);
+    if (max_steps > 0) ls->epochs = (max_steps + ls->steps_per_epoch - 1) / ls->steps_per_epoch;
+    ls->total = max_steps > 0 ? max_steps : ls->steps_per_epoch * ls->epochs;
+    ls->flops = t->model->train_flops_per_image(t->self[VH_ROLE_MODEL]);
+    double peak = 0.0;
+    const vh_config_entry *e = config_find(&run->run_config, "peak_tflops");
+    if (e) peak = e->as.f;
+    ls->peak_tflops = peak > 0 ? peak : measure_peak_tflops(run->device);
+    ls->prog.out = t->out;
+    ls->prog.tty = isatty(fileno(t->out));
+    ls->prog.run_start = ls->prog.window_start = now_seconds();
     return VH_STATUS_OK;
 }
 
-static void destroy_plugins(trainer *t) {
-    /* Reverse order of creation: sharding holds buffers sized by the model. */
-    if (t->self[VH_ROLE_SHARDING]) t->sharding->destroy(t->self[VH_ROLE_SHARDING]);
-    if (t->self[VH_ROLE_OPTIM]) t->optim->destroy(t->self[VH_ROLE_OPTIM]);
-    if (t->self[VH_ROLE_MODEL]) t->model->destroy(t->self[VH_ROLE_MODEL]);
-    if (t->self[VH_ROLE_PRECISION]) t->precision->destroy(t->self[VH_ROLE_PRECISION]);
-    if (t->self[VH_ROLE_DATA]) t->data->destroy(t->self[VH_ROLE_DATA]);
-    const vh_device_ops *dev = t->run->device;
-    if (t->dev_images) dev->free(dev->device, t->dev_images);
-    if (t->dev_labels) dev->free(dev->device, t->dev_labels);
-    free(t->host_logits);
+vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
+    char dir[4096];
+    if (o->out_dir) snprintf(dir, sizeof dir, "%s", o->out_dir);
+    else default_out_dir(run, dir, sizeof dir);
+    vh_status st = check_run_dir(run, dir, o->resume, d);
+    if (st != VH_STATUS_OK) return st;
+
+    vh_trainer t;
+    st = trainer_open(&t, run, d);
+    if (st == VH_STATUS_OK) st = make_dirs(dir, d);
+    if (st == VH_STATUS_OK) st = write_run_files(run, dir, d);
+    char ckpt[4300] = "";
+    if (st == VH_STATUS_OK && o->resume) {
+        st = checkpoint_latest(dir, ckpt, sizeof ckpt, d);
+        if (st == VH_STATUS_OK) st = checkpoint_load(&t, ckpt, d);
+    } else if (st == VH_STATUS_OK) {
+        const vh_recipe_value *pre =
+            recipe_find_value(recipe_find_section(&run->recipe, "model"), "pretrained");
+        if (pre) {
+            st = weights_load_model(&t, pre->text, VH_WEIGHTS_MODE_PRETRAINED, d);
+            if (st == VH_STATUS_OK)
+                fprintf(t.out, "vithost: model weights from %s\n", pre->text);
+        }
+    }
+    if (st == VH_STATUS_OK) st = metrics_open(&t.metrics, dir, o->resume ? t.step : -1, d);
+    loop_state ls;
+    if (st == VH_STATUS_OK) st = setup_loop(&ls, &t, dir, o, d);
+    if (st == VH_STATUS_OK) {
+        /* Handlers first: once the banner is out, a signal stops cleanly. */
+        stop_signal = 0;
+        void (*old_int)(int) = signal(SIGINT, on_stop_signal);
+        void (*old_term)(int) = signal(SIGTERM, on_stop_signal);
+        fprintf(t.out, "vithost: run folder %s\n", dir);
+        if (o->resume)
+            fprintf(t.out, "vithost: resuming from %s (step %lld, epoch %lld)\n", ckpt,
+                    (long long)t.step, (long long)t.epoch);
+        fprintf(t.out,
+                "vithost: training %lld steps (%lld epochs of %lld steps, batch %lld) on %s; "
+                "%.3g GFLOP per image",
+                (long long)ls.total, (long long)ls.epochs, (long long)ls.steps_per_epoch,
+                (long long)t.batch_size, run->device->name, ls.flops / 1e9);
+        if (ls.peak_tflops > 0) fprintf(t.out, "; device peak %.1f GFLOP/s", ls.peak_tflops * 1e3);
+        fprintf(t.out, "\nvithost: each step calls, in order: %s\n", vh_step_order);
+        fflush(t.out);
+        st = train_loop(&ls, d);
+        signal(SIGINT, old_int);
+        signal(SIGTERM, old_term);
+        if (st == VH_STATUS_ERR_INTERRUPTED) {
+            progress_clear(&ls.prog);
+            diag_set(d, st,
+                     "stopped at step %lld (%s) with a checkpoint; continue with: vithost run "
+                     "%s --out %s --resume",
+                     (long long)t.step, stop_signal ? "signal" : "--stop-after",
+                     run->recipe.file, dir);
+        }
+    }
+    trainer_close(&t);
+    return st;
 }
 
-vh_status train_run(vh_run *run, vh_diag *d) {
-    trainer t;
-    memset(&t, 0, sizeof t);
-    t.run = run;
-    t.out = run->opts.out;
-    t.trace = run->opts.trace;
-    t.model = run->plugins[VH_ROLE_MODEL].desc->vtable;
-    t.precision = run->plugins[VH_ROLE_PRECISION].desc->vtable;
-    t.sharding = run->plugins[VH_ROLE_SHARDING].desc->vtable;
-    t.optim = run->plugins[VH_ROLE_OPTIM].desc->vtable;
-    t.data = run->plugins[VH_ROLE_DATA].desc->vtable;
-    t.batch_size = run_config_int(run, "batch_size");
-    t.hooks = (vh_unit_hooks){.struct_size = sizeof(vh_unit_hooks),
-                              .ctx = &t,
-                              .gather = hook_gather,
-                              .release = hook_release,
-                              .grads = hook_grads,
-                              .reduce = hook_reduce};
-
-    vh_status st = run_open_device(run, d);
-    if (st == VH_STATUS_OK) st = create_plugins(&t, d);
-    if (st == VH_STATUS_OK) st = allocate_buffers(&t, d);
-    if (st == VH_STATUS_OK) st = init_params(&t, d);
-    if (st == VH_STATUS_OK) st = train_loop(&t, d);
-    destroy_plugins(&t);
+vh_status train_eval(vh_run *run, const char *weights, FILE *out, vh_diag *d) {
+    vh_trainer t;
+    vh_status st = trainer_open(&t, run, d);
+    char path[4400];
+    struct stat sb;
+    if (st == VH_STATUS_OK) {
+        /* A run folder, a checkpoint folder, or a .safetensors file. */
+        snprintf(path, sizeof path, "%s", weights);
+        char ckpt[4300];
+        vh_diag ignore;
+        if (stat(weights, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            if (checkpoint_latest(weights, ckpt, sizeof ckpt, &ignore) == VH_STATUS_OK)
+                snprintf(path, sizeof path, "%s/model.safetensors", ckpt);
+            else snprintf(path, sizeof path, "%s/model.safetensors", weights);
+        }
+        st = weights_load_model(&t, path, VH_WEIGHTS_MODE_STRICT, d);
+    }
+    vh_eval_result r;
+    if (st == VH_STATUS_OK) st = trainer_evaluate(&t, &r, d);
+    if (st == VH_STATUS_OK)
+        fprintf(out, "{\"eval_top1\": %.6f, \"eval_top5\": %.6f, \"eval_loss\": %.6f, "
+                     "\"samples\": %lld, \"weights\": \"%s\"}\n",
+                r.top1, r.top5, r.loss, (long long)r.samples, path);
+    trainer_close(&t);
     return st;
 }

@@ -1,16 +1,25 @@
-/* train.h - the training loop: DESIGN.md's step, driven through the five
- * roles' vtables, with evaluation and progress lines. */
+/* train.h - `vithost run` and `vithost eval`: the training loop around the
+ * trainer, with a run folder, metrics, checkpoints, resume and signals. */
 #ifndef VITHOST_HOST_TRAIN_H
 #define VITHOST_HOST_TRAIN_H
+
+#include <stdio.h>
 
 #include "diag.h"
 #include "runtime.h"
 
-/* Trains the opened run to its end. With run->opts.trace every plugin call is
- * printed as "trace: role.function ..." in the order it happens. */
-vh_status train_run(vh_run *run, vh_diag *d);
+typedef struct vh_train_options {
+    const char *out_dir; /* run folder; NULL: runs/<recipe name>-<time> */
+    int resume;          /* continue the run in out_dir from its latest checkpoint */
+    int64_t stop_after;  /* stop (with a checkpoint) after this many steps; 0: never */
+} vh_train_options;
 
-/* The order of one training step, as printed at the start of a run. */
-extern const char vh_step_order[];
+/* Trains to the end. VH_STATUS_ERR_INTERRUPTED: stopped early by a signal or
+ * stop_after, with a checkpoint written (the run can be resumed). */
+vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d);
+
+/* Evaluates weights (a checkpoint folder, a run folder, or a
+ * .safetensors file) on the eval split and prints one JSON object. */
+vh_status train_eval(vh_run *run, const char *weights, FILE *out, vh_diag *d);
 
 #endif

@@ -235,7 +235,7 @@ static int find_line(char **lines, int n, int from, const char *line) {
 static void test_run_follows_the_step_order(void **state) {
     (void)state;
     const char *path = write_recipe("good.yaml", good_recipe);
-    result r = run("run %s --trace", path);
+    result r = run("run %s --trace --out %s/runs/trace", path, tmp_dir);
     assert_int_equal(r.code, 0);
     assert_non_null(strstr(r.out, "each step calls, in order: data.next, sharding.zero_grads"));
 
@@ -286,7 +286,7 @@ static void test_run_follows_the_step_order(void **state) {
 static void test_run_trains(void **state) {
     (void)state;
     const char *path = write_recipe("good.yaml", good_recipe);
-    result r = run("run %s --set run.epochs=4", path);
+    result r = run("run %s --set run.epochs=4 --out %s/runs/trains", path, tmp_dir);
     assert_int_equal(r.code, 0);
     const char *fin = strstr(r.out, "vithost: finished 32 steps");
     assert_non_null(fin);
@@ -316,7 +316,7 @@ static void test_run_out_dir(void **state) {
     result_free(&r);
     /* A folder that holds a run is never overwritten. */
     r = run("run %s --out %s", path, out_dir);
-    assert_int_equal(r.code, 2);
+    assert_int_equal(r.code, 3);
     assert_non_null(strstr(r.err, "already holds a run"));
     result_free(&r);
 }
@@ -324,11 +324,11 @@ static void test_run_out_dir(void **state) {
 static void test_run_errors(void **state) {
     (void)state;
     const char *path = write_recipe("good.yaml", good_recipe);
-    result r = run("run %s --set run.batch_size=1000", path);
+    result r = run("run %s --set run.batch_size=1000 --out %s/runs/e1", path, tmp_dir);
     assert_int_equal(r.code, 3);
     assert_non_null(strstr(r.err, "fewer than one batch"));
     result_free(&r);
-    r = run("run %s --set run.device=cuda", path);
+    r = run("run %s --set run.device=cuda --out %s/runs/e2", path, tmp_dir);
     assert_int_equal(r.code, 1);
     /* No GPU: the device cannot open. A GPU: the CPU-only test model refuses it. */
     assert_non_null(strstr(r.err, "cuda"));

@@ -8,6 +8,8 @@ packages=(
   libyaml-dev                        # recipes
   libcmocka-dev                      # tests
   libopenblas-openmp-dev             # CPU GEMMs; the OpenMP build shares one thread pool with ours
+  zlib1g-dev libjpeg-dev libpng-dev  # data: gzipped IDX, JPEG and PNG image folders
+  dataset-fashion-mnist              # the main job's data
 )
 
 missing=()

@@ -1,0 +1,321 @@
+/* checkpoint.c - atomic checkpoints: temp folder + rename. */
+#define _POSIX_C_SOURCE 200809L
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "weights.h"
+
+#define STATE_FORMAT 1
+
+static const char hex_digits[] = "0123456789abcdef";
+
+/* A plugin's state blob, through its vtable members. */
+typedef struct blob {
+    vh_role role;
+    const char *key;
+    unsigned char *bytes;
+    size_t size;
+} blob;
+
+typedef vh_status (*state_size_fn)(void *, size_t *);
+typedef vh_status (*state_save_fn)(void *, void *, size_t);
+typedef vh_status (*state_load_fn)(void *, const void *, size_t);
+
+static void state_fns(vh_trainer *t, vh_role role, state_size_fn *size, state_save_fn *save,
+                      state_load_fn *load) {
+    switch (role) {
+    case VH_ROLE_MODEL: *size = t->model->state_size, *save = t->model->state_save, *load = t->model->state_load; break;
+    case VH_ROLE_PRECISION: *size = t->precision->state_size, *save = t->precision->state_save, *load = t->precision->state_load; break;
+    case VH_ROLE_OPTIM: *size = t->optim->state_size, *save = t->optim->state_save, *load = t->optim->state_load; break;
+    case VH_ROLE_DATA: *size = t->data->state_size, *save = t->data->state_save, *load = t->data->state_load; break;
+    default: *size = NULL, *save = NULL, *load = NULL; break;
+    }
+}
+
+static const vh_role blob_roles[] = {VH_ROLE_MODEL, VH_ROLE_PRECISION, VH_ROLE_OPTIM, VH_ROLE_DATA};
+
+static vh_status take_blob(vh_trainer *t, vh_role role, blob *b, vh_diag *d) {
+    state_size_fn size;
+    state_save_fn save;
+    state_load_fn load;
+    state_fns(t, role, &size, &save, &load);
+    b->role = role;
+    b->key = vh_role_name(role);
+    vh_status st = size(t->self[role], &b->size);
+    if (st != VH_STATUS_OK) return trainer_plugin_error(t, role, st, "state_size", d);
+    b->bytes = malloc(b->size ? b->size : 1);
+    if (!b->bytes) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
+    st = save(t->self[role], b->bytes, b->size);
+    if (st != VH_STATUS_OK) return trainer_plugin_error(t, role, st, "state_save", d);
+    return VH_STATUS_OK;
+}
+
+static int write_file_sync(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return 0;
+    size_t len = strlen(text), done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, text + done, len - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            close(fd);
+            return 0;
+        }
+        done += (size_t)n;
+    }
+    int ok = fsync(fd) == 0;
+    return close(fd) == 0 && ok;
+}
+
+static vh_status write_state_json(vh_trainer *t, const char *path, blob *blobs, int n,
+                                  vh_diag *d) {
+    size_t len = 512;
+    for (int i = 0; i < n; i++) len += 2 * blobs[i].size + 64;
+    char *text = malloc(len);
+    if (!text) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
+    size_t used = (size_t)snprintf(text, len,
+                                   "{\n  \"format\": %d,\n  \"step\": %lld,\n  \"epoch\": %lld,\n"
+                                   "  \"epoch_in_progress\": %d",
+                                   STATE_FORMAT, (long long)t->step, (long long)t->epoch,
+                                   t->epoch_in_progress);
+    for (int i = 0; i < n; i++) {
+        used += (size_t)snprintf(text + used, len - used, ",\n  \"%s_state\": \"", blobs[i].key);
+        for (size_t k = 0; k < blobs[i].size; k++) {
+            text[used++] = hex_digits[blobs[i].bytes[k] >> 4];
+            text[used++] = hex_digits[blobs[i].bytes[k] & 15];
+        }
+        used += (size_t)snprintf(text + used, len - used, "\"");
+    }
+    snprintf(text + used, len - used, "\n}\n");
+    int ok = write_file_sync(path, text);
+    free(text);
+    return ok ? VH_STATUS_OK : diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+}
+
+static vh_status make_dir(const char *path, vh_diag *d) {
+    if (mkdir(path, 0777) != 0 && errno != EEXIST)
+        return diag_set(d, VH_STATUS_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    return VH_STATUS_OK;
+}
+
+static void remove_tree(const char *path) {
+    DIR *dir = opendir(path);
+    if (!dir) return;
+    struct dirent *e;
+    char child[4400];
+    while ((e = readdir(dir))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+        unlink(child);
+    }
+    closedir(dir);
+    rmdir(path);
+}
+
+static void sync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+static int compare_names(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Removes all but the newest `keep` step-* folders. */
+static void rotate(const char *ckpt_root, int64_t keep) {
+    if (keep <= 0) return;
+    DIR *dir = opendir(ckpt_root);
+    if (!dir) return;
+    char *names[4096];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) && n < 4096)
+        if (strncmp(e->d_name, "step-", 5) == 0) names[n++] = strdup(e->d_name);
+    closedir(dir);
+    qsort(names, (size_t)n, sizeof *names, compare_names); /* zero-padded: sorted by step */
+    for (int i = 0; i < n; i++) {
+        if (names[i] && i < n - keep) {
+            char path[4400];
+            snprintf(path, sizeof path, "%s/%s", ckpt_root, names[i]);
+            remove_tree(path);
+        }
+        free(names[i]);
+    }
+}
+
+vh_status checkpoint_save(vh_trainer *t, const char *run_dir, int64_t keep, vh_diag *d) {
+    char root[4200], tmp[4300], final[4300], path[4400];
+    snprintf(root, sizeof root, "%s/checkpoints", run_dir);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08lld", root, (long long)t->step);
+    snprintf(final, sizeof final, "%s/step-%08lld", root, (long long)t->step);
+    vh_status st = make_dir(root, d);
+    if (st != VH_STATUS_OK) return st;
+    remove_tree(tmp); /* a leftover of a crash */
+    st = make_dir(tmp, d);
+    blob blobs[4];
+    memset(blobs, 0, sizeof blobs);
+    if (st == VH_STATUS_OK) {
+        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        st = weights_save_model(t, path, d);
+    }
+    if (st == VH_STATUS_OK && t->state_slots > 0) {
+        snprintf(path, sizeof path, "%s/optim.safetensors", tmp);
+        st = weights_save_optim(t, path, d);
+    }
+    for (int i = 0; st == VH_STATUS_OK && i < 4; i++) st = take_blob(t, blob_roles[i], &blobs[i], d);
+    if (st == VH_STATUS_OK) {
+        snprintf(path, sizeof path, "%s/state.json", tmp);
+        st = write_state_json(t, path, blobs, 4, d);
+    }
+    for (int i = 0; i < 4; i++) free(blobs[i].bytes);
+    if (st == VH_STATUS_OK) {
+        sync_dir(tmp);
+        remove_tree(final); /* the same step written again (a resumed run) */
+        if (rename(tmp, final) != 0)
+            st = diag_set(d, VH_STATUS_ERR_IO, "cannot rename %s to %s: %s", tmp, final,
+                          strerror(errno));
+    }
+    if (st == VH_STATUS_OK) {
+        char latest[4300], latest_tmp[4400], text[64];
+        snprintf(latest, sizeof latest, "%s/latest", root);
+        snprintf(latest_tmp, sizeof latest_tmp, "%s/.latest.tmp", root);
+        snprintf(text, sizeof text, "step-%08lld\n", (long long)t->step);
+        if (!write_file_sync(latest_tmp, text) || rename(latest_tmp, latest) != 0)
+            st = diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", latest, strerror(errno));
+        sync_dir(root);
+    }
+    if (st != VH_STATUS_OK) {
+        remove_tree(tmp);
+        return st;
+    }
+    rotate(root, keep);
+    return VH_STATUS_OK;
+}
+
+vh_status checkpoint_latest(const char *run_dir, char *out, size_t len, vh_diag *d) {
+    char latest[4200];
+    snprintf(latest, sizeof latest, "%s/checkpoints/latest", run_dir);
+    FILE *f = fopen(latest, "r");
+    if (!f)
+        return diag_set(d, VH_STATUS_ERR_IO,
+                        "%s has no checkpoint to resume from (%s: %s)", run_dir, latest,
+                        strerror(errno));
+    char name[64] = "";
+    int ok = fscanf(f, "%63s", name) == 1 && strncmp(name, "step-", 5) == 0 && !strchr(name, '/');
+    fclose(f);
+    if (!ok) return diag_set(d, VH_STATUS_ERR_FORMAT, "%s does not name a checkpoint", latest);
+    snprintf(out, len, "%s/checkpoints/%s", run_dir, name);
+    return VH_STATUS_OK;
+}
+
+/* Reads state.json (the host's own format) into text. */
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
+    fclose(f);
+    if (buf) buf[got] = '\0';
+    return buf;
+}
+
+static int json_int(const char *text, const char *key, int64_t *out) {
+    char pattern[160];
+    snprintf(pattern, sizeof pattern, "\"%s\": ", key);
+    const char *p = strstr(text, pattern);
+    if (!p) return 0;
+    *out = strtoll(p + strlen(pattern), NULL, 10);
+    return 1;
+}
+
+static int hex_value(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* The hex string of "<key>": decoded into a new buffer. */
+static int json_blob(const char *text, const char *key, unsigned char **out, size_t *size) {
+    char pattern[160];
+    snprintf(pattern, sizeof pattern, "\"%s\": \"", key);
+    const char *p = strstr(text, pattern);
+    if (!p) return 0;
+    p += strlen(pattern);
+    const char *end = strchr(p, '"');
+    if (!end || (end - p) % 2) return 0;
+    *size = (size_t)(end - p) / 2;
+    *out = malloc(*size ? *size : 1);
+    if (!*out) return 0;
+    for (size_t i = 0; i < *size; i++) {
+        int hi = hex_value(p[2 * i]), lo = hex_value(p[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            free(*out);
+            return 0;
+        }
+        (*out)[i] = (unsigned char)(hi << 4 | lo);
+    }
+    return 1;
+}
+
+vh_status checkpoint_load(vh_trainer *t, const char *ckpt_dir, vh_diag *d) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/model.safetensors", ckpt_dir);
+    vh_status st = weights_load_model(t, path, VH_WEIGHTS_MODE_STRICT, d);
+    if (st == VH_STATUS_OK && t->state_slots > 0) {
+        snprintf(path, sizeof path, "%s/optim.safetensors", ckpt_dir);
+        st = weights_load_optim(t, path, d);
+    }
+    if (st != VH_STATUS_OK) return st;
+    snprintf(path, sizeof path, "%s/state.json", ckpt_dir);
+    char *text = read_text(path);
+    if (!text) return diag_set(d, VH_STATUS_ERR_IO, "%s: %s", path, strerror(errno));
+    int64_t format = 0, step = 0, epoch = 0, in_progress = 0;
+    if (!json_int(text, "format", &format) || format != STATE_FORMAT ||
+        !json_int(text, "step", &step) || !json_int(text, "epoch", &epoch) ||
+        !json_int(text, "epoch_in_progress", &in_progress)) {
+        free(text);
+        return diag_set(d, VH_STATUS_ERR_FORMAT, "%s is not a vithost state file of format %d",
+                        path, STATE_FORMAT);
+    }
+    for (int i = 0; i < 4 && st == VH_STATUS_OK; i++) {
+        vh_role role = blob_roles[i];
+        char key[64];
+        snprintf(key, sizeof key, "%s_state", vh_role_name(role));
+        unsigned char *bytes = NULL;
+        size_t size = 0;
+        if (!json_blob(text, key, &bytes, &size)) {
+            st = diag_set(d, VH_STATUS_ERR_FORMAT, "%s: no valid \"%s\"", path, key);
+            break;
+        }
+        state_size_fn sz;
+        state_save_fn save;
+        state_load_fn load;
+        state_fns(t, role, &sz, &save, &load);
+        st = load(t->self[role], bytes, size);
+        free(bytes);
+        if (st != VH_STATUS_OK) {
+            vh_diag why;
+            trainer_plugin_error(t, role, st, "state_load", &why);
+            st = diag_set(d, st, "%s: %s", path, why.text);
+        }
+    }
+    free(text);
+    if (st != VH_STATUS_OK) return st;
+    t->step = step;
+    t->epoch = epoch;
+    t->epoch_in_progress = (int)in_progress;
+    return VH_STATUS_OK;
+}

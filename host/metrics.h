@@ -1,0 +1,36 @@
+/* metrics.h - the run's metrics file, DIR/metrics.jsonl: one JSON object per
+ * line, training lines and evaluation lines (see README's interface
+ * contract). Lines are flushed as written, so a crash loses none. */
+#ifndef VITHOST_HOST_METRICS_H
+#define VITHOST_HOST_METRICS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "diag.h"
+
+typedef struct vh_metrics {
+    FILE *file; /* NULL: no run folder, nothing written */
+    char *path;
+} vh_metrics;
+
+typedef struct vh_train_metrics {
+    int64_t step, epoch;
+    double loss, lr, img_per_s, tflops, mfu;
+    int64_t peak_mem_bytes;
+    int skipped; /* the optimizer step was skipped (overflow) */
+} vh_train_metrics;
+
+/* Opens DIR/metrics.jsonl for appending. With keep_up_to_step >= 0, first
+ * drops every line whose step is larger (a resumed run rewinds to its
+ * checkpoint, so the file tells one consistent history). */
+vh_status metrics_open(vh_metrics *m, const char *dir, int64_t keep_up_to_step, vh_diag *d);
+void metrics_close(vh_metrics *m);
+void metrics_train(vh_metrics *m, const vh_train_metrics *v);
+void metrics_eval(vh_metrics *m, int64_t step, int64_t epoch, double top1, double top5,
+                  double loss, int64_t samples);
+
+/* Peak resident memory of this process in bytes (getrusage). */
+int64_t metrics_peak_rss_bytes(void);
+
+#endif

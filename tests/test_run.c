@@ -1,0 +1,299 @@
+/* test_run.c - `vithost run` and `vithost eval` as scripts use them: the run
+ * folder, metrics.jsonl, checkpoints, --resume, --stop-after, SIGINT. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static char tmp_dir[256];
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    buf[got] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Runs vithost with ARGS; returns its exit code, output in tmp/out, tmp/err. */
+static int vithost(const char *fmt, ...) {
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd %s && %s %s >%s/out 2>%s/err </dev/null", tmp_dir,
+             VH_TEST_VITHOST, args, tmp_dir, tmp_dir);
+    int status = system(cmd);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static char *tmp_text(const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    return slurp(path);
+}
+
+static void write_recipe(const char *name, const char *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Momentum, weight decay and label smoothing: state that a resume must carry. */
+static const char recipe[] =
+    "run: {epochs: 4, batch_size: 16, log_every: 1, eval_every: 1}\n"
+    "model: {plugin: test_model, label_smoothing: 0.1}\n"
+    "precision: {plugin: test_precision}\n"
+    "sharding: {plugin: test_sharding}\n"
+    "optim: {plugin: test_optim, lr: 0.1, momentum: 0.9, weight_decay: 0.01}\n"
+    "data: {plugin: test_data, train_size: 128, noise: 2}\n";
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/vithost-test-run-XXXXXX");
+    if (!mkdtemp(tmp_dir)) return -1;
+    setenv("VITHOST_PLUGIN_PATH", "", 1);
+    write_recipe("recipe.yaml", recipe);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* The value of "key" in a JSON line, NAN when absent. */
+static double field(const char *line, const char *key) {
+    char pattern[64];
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
+    const char *p = strstr(line, pattern);
+    return p ? strtod(p + strlen(pattern), NULL) : NAN;
+}
+
+/* The lines of a file (modified in place). */
+static int split_lines(char *text, char **lines, int max) {
+    int n = 0;
+    for (char *save = NULL, *tok = strtok_r(text, "\n", &save); tok && n < max;
+         tok = strtok_r(NULL, "\n", &save))
+        lines[n++] = tok;
+    return n;
+}
+
+static void test_metrics_file_has_every_field(void **state) {
+    (void)state;
+    assert_int_equal(vithost("run recipe.yaml --out m"), 0);
+    char *text = tmp_text("m/metrics.jsonl");
+    char *lines[256];
+    int n = split_lines(text, lines, 256), train = 0, eval = 0;
+    /* test_model: 6 x classes x pixels training FLOPs per image */
+    const double flops = 6.0 * 4 * 64;
+    for (int i = 0; i < n; i++) {
+        assert_true(lines[i][0] == '{' && lines[i][strlen(lines[i]) - 1] == '}');
+        assert_false(isnan(field(lines[i], "step")));
+        assert_false(isnan(field(lines[i], "epoch")));
+        if (strstr(lines[i], "eval_top1")) {
+            eval++;
+            double top1 = field(lines[i], "eval_top1"), top5 = field(lines[i], "eval_top5");
+            assert_true(top1 >= 0 && top1 <= top5 && top5 <= 1);
+            assert_false(isnan(field(lines[i], "eval_loss")));
+            continue;
+        }
+        train++;
+        static const char *const keys[] = {"loss", "lr", "img_per_s", "tflops", "mfu",
+                                           "peak_mem_bytes"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            if (isnan(field(lines[i], keys[k]))) fail_msg("line %d lacks %s: %s", i, keys[k], lines[i]);
+        /* TFLOP/s is the model's FLOP count over the measured time per image */
+        double tflops = field(lines[i], "tflops"), img_s = field(lines[i], "img_per_s");
+        assert_true(fabs(tflops - img_s * flops / 1e12) <= 1e-6 * tflops + 1e-15);
+        assert_true(field(lines[i], "peak_mem_bytes") > 1e6);
+        assert_true(fabs(field(lines[i], "lr") - 0.1) < 1e-6);
+    }
+    assert_int_equal(train, 32); /* 4 epochs x 8 steps, log_every 1 */
+    assert_int_equal(eval, 4);
+    free(text);
+    /* the run folder: resolved recipe, plugin versions, a final checkpoint */
+    char *resolved = tmp_text("m/recipe.yaml");
+    assert_non_null(strstr(resolved, "momentum: 0.9"));
+    free(resolved);
+    char *run_json = tmp_text("m/run.json");
+    assert_non_null(strstr(run_json, "\"optim\": {\"name\": \"test_optim\", \"version\": \"0.1.0\""));
+    free(run_json);
+    char *latest = tmp_text("m/checkpoints/latest");
+    assert_string_equal(latest, "step-00000032\n");
+    free(latest);
+}
+
+/* Only the losses and evaluation results of each line: what must repeat. */
+static char *numbers_of(const char *path) {
+    char *text = tmp_text(path);
+    char *lines[512];
+    int n = split_lines(text, lines, 512);
+    size_t cap = 65536, used = 0;
+    char *out = malloc(cap);
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        const char *keys[] = {"loss", "eval_top1", "eval_loss"};
+        used += (size_t)snprintf(out + used, cap - used, "%lld", (long long)field(lines[i], "step"));
+        for (int k = 0; k < 3; k++) {
+            const char *p = strstr(lines[i], keys[k]);
+            if (p && (p[-1] == '"')) {
+                const char *end = strpbrk(p, ",}");
+                used += (size_t)snprintf(out + used, cap - used, " %.*s", (int)(end - p), p);
+            }
+        }
+        used += (size_t)snprintf(out + used, cap - used, "\n");
+    }
+    free(text);
+    return out;
+}
+
+static void test_resume_repeats_the_run_bit_for_bit(void **state) {
+    (void)state;
+    assert_int_equal(vithost("run recipe.yaml --out full"), 0);
+    assert_int_equal(vithost("run recipe.yaml --out split --stop-after 13"), 5);
+    char *err = tmp_text("err");
+    assert_non_null(strstr(err, "stopped at step 13"));
+    assert_non_null(strstr(err, "--resume"));
+    free(err);
+    assert_int_equal(vithost("run recipe.yaml --out split --resume"), 0);
+    char *out = tmp_text("out");
+    assert_non_null(strstr(out, "resuming from split/checkpoints/step-00000013 (step 13, epoch 1)"));
+    free(out);
+    char *a = numbers_of("full/metrics.jsonl"), *b = numbers_of("split/metrics.jsonl");
+    assert_string_equal(a, b);
+    assert_true(strlen(a) > 100);
+    free(a);
+    free(b);
+}
+
+static void test_resume_refuses_another_recipe(void **state) {
+    (void)state;
+    assert_int_equal(vithost("run recipe.yaml --out r --stop-after 3"), 5);
+    assert_int_equal(vithost("run recipe.yaml --out r --resume --set optim.lr=0.2"), 3);
+    char *err = tmp_text("err");
+    assert_non_null(strstr(err, "recipe differs"));
+    free(err);
+    /* how long, and how often: may change */
+    assert_int_equal(vithost("run recipe.yaml --out r --resume --set run.epochs=5 --set run.log_every=4"), 0);
+    assert_int_equal(vithost("run recipe.yaml --out nothing-here --resume"), 3);
+    err = tmp_text("err");
+    assert_non_null(strstr(err, "holds no run"));
+    free(err);
+    assert_int_equal(vithost("run recipe.yaml --resume"), 2);
+}
+
+static void test_eval_command_prints_json(void **state) {
+    (void)state;
+    assert_int_equal(vithost("run recipe.yaml --out e"), 0);
+    assert_int_equal(vithost("eval recipe.yaml --checkpoint e"), 0);
+    char *out = tmp_text("out");
+    assert_true(out[0] == '{');
+    double top1 = field(out, "eval_top1");
+    assert_false(isnan(top1));
+    assert_false(isnan(field(out, "eval_top5")));
+    assert_false(isnan(field(out, "eval_loss")));
+    assert_true(field(out, "samples") == 64);
+    free(out);
+    /* the same weights as the run's last evaluation */
+    char *metrics = tmp_text("e/metrics.jsonl");
+    const char *last = strrchr(metrics, '{');
+    assert_true(fabs(field(last, "eval_top1") - top1) < 1e-6);
+    free(metrics);
+    assert_int_equal(vithost("eval recipe.yaml --checkpoint e/checkpoints/step-00000032"), 0);
+    assert_int_equal(vithost("eval recipe.yaml --checkpoint nowhere.safetensors"), 1);
+    char *err = tmp_text("err");
+    assert_non_null(strstr(err, "nowhere.safetensors"));
+    free(err);
+    assert_int_equal(vithost("eval recipe.yaml"), 2);
+}
+
+static void test_sigint_writes_a_checkpoint(void **state) {
+    (void)state;
+    write_recipe("long.yaml",
+                 "run: {epochs: 1000, batch_size: 16, log_every: 100, eval_every: 0}\n"
+                 "model: {plugin: test_model}\nprecision: {plugin: test_precision}\n"
+                 "sharding: {plugin: test_sharding}\noptim: {plugin: test_optim}\n"
+                 "data: {plugin: test_data, train_size: 4096}\n");
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (chdir(tmp_dir) != 0) _exit(99);
+        if (!freopen("sig.out", "w", stdout) || !freopen("sig.err", "w", stderr)) _exit(97);
+        execl(VH_TEST_VITHOST, VH_TEST_VITHOST, "run", "long.yaml", "--out", "sig", (char *)NULL);
+        _exit(98);
+    }
+    /* Wait until training runs (the banner is printed after the handlers are
+     * installed), however loaded the machine is. */
+    struct timespec tick = {0, 20 * 1000 * 1000};
+    for (int i = 0; i < 1500; i++) {
+        char *out = tmp_text("sig.out");
+        int started = strstr(out, "each step calls") != NULL;
+        free(out);
+        if (started) break;
+        nanosleep(&tick, NULL);
+    }
+    nanosleep(&tick, NULL);
+    kill(pid, SIGINT);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 5);
+    char *err = tmp_text("sig.err");
+    assert_non_null(strstr(err, "(signal) with a checkpoint"));
+    free(err);
+    char *latest = tmp_text("sig/checkpoints/latest");
+    assert_true(strncmp(latest, "step-", 5) == 0);
+    free(latest);
+    /* and it resumes */
+    assert_int_equal(vithost("run long.yaml --out sig --resume --stop-after 2"), 5);
+}
+
+static void test_checkpoint_rotation(void **state) {
+    (void)state;
+    assert_int_equal(vithost("run recipe.yaml --out rot --set run.checkpoint_every=5 "
+                             "--set run.keep_checkpoints=2"), 0);
+    char path[512];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/rot/checkpoints/step-00000032", tmp_dir);
+    assert_int_equal(stat(path, &sb), 0);
+    snprintf(path, sizeof path, "%s/rot/checkpoints/step-00000030", tmp_dir);
+    assert_int_equal(stat(path, &sb), 0);
+    snprintf(path, sizeof path, "%s/rot/checkpoints/step-00000025", tmp_dir);
+    assert_int_not_equal(stat(path, &sb), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_metrics_file_has_every_field),
+        cmocka_unit_test(test_resume_repeats_the_run_bit_for_bit),
+        cmocka_unit_test(test_resume_refuses_another_recipe),
+        cmocka_unit_test(test_eval_command_prints_json),
+        cmocka_unit_test(test_sigint_writes_a_checkpoint),
+        cmocka_unit_test(test_checkpoint_rotation),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

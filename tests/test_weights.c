@@ -1,0 +1,286 @@
+/* test_weights.c - safetensors and model weights: a file written by a
+ * PyTorch ViT loads into vithost and gives PyTorch's logits; a vithost
+ * checkpoint holds PyTorch's names, shapes and values (and, where PyTorch is
+ * installed, loads back into the PyTorch model); damaged files give one clear
+ * error naming the file. */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "fixture.h"
+#include "safetensors.h"
+#include "trainer.h"
+#include "weights.h"
+
+static char tmp_dir[256];
+static char pt_file[512], fixture_file[512];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/vithost-test-weights-XXXXXX");
+    snprintf(pt_file, sizeof pt_file, "%s/vit_token_bf.safetensors", VH_TEST_FIXTURE_DIR);
+    snprintf(fixture_file, sizeof fixture_file, "%s/vit_token_bf.vhfx", VH_TEST_FIXTURE_DIR);
+    setenv("VITHOST_PLUGIN_PATH", VH_TEST_PLUGIN_DIR, 1);
+    return mkdtemp(tmp_dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* A trainer for the vit_token_bf configuration; the test data plugin only
+ * supplies the image shape and class count. */
+static void open_trainer(vh_run *run, vh_trainer *t, int classes) {
+    char recipe[1024];
+    snprintf(recipe, sizeof recipe,
+             "run: {batch_size: 4}\n"
+             "model: {plugin: vit, dim: 48, depth: 2, heads: 3, mlp_dim: 96, patch_size: 4}\n"
+             "precision: {plugin: test_precision}\n"
+             "sharding: {plugin: test_sharding}\n"
+             "optim: {plugin: test_optim}\n"
+             "data: {plugin: test_data, channels: 3, image_size: 16, num_classes: %d}\n",
+             classes);
+    vh_diag d = {{0}};
+    vh_run_options opts = {.out = stdout};
+    if (run_open_text(run, "weights.yaml", recipe, &opts, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
+    if (trainer_open(t, run, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+}
+
+static void close_trainer(vh_run *run, vh_trainer *t) {
+    trainer_close(t);
+    run_close(run);
+}
+
+static void forward_fixture(vh_trainer *t, const vh_fixture *fx, vh_model_output *out) {
+    const vh_fixture_array *in = vh_fixture_tensor(fx, "input");
+    const vh_fixture_array *lb = vh_fixture_tensor(fx, "labels");
+    vh_batch b;
+    memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.images = (vh_tensor){.data = (void *)in->f32, .dtype = VH_DTYPE_F32, .ndim = 4,
+                           .shape = {in->dims[0], in->dims[1], in->dims[2], in->dims[3]}};
+    b.labels = (vh_tensor){.data = (void *)lb->i32, .dtype = VH_DTYPE_I32, .ndim = 1,
+                           .shape = {lb->dims[0]}};
+    b.size = in->dims[0];
+    memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    vh_status st = t->model->forward(t->self[VH_ROLE_MODEL], &b, VH_MODE_EVAL, &t->hooks, out);
+    if (st != VH_STATUS_OK) fail_msg("forward: %s", t->run->hosts[VH_ROLE_MODEL].error);
+}
+
+/* PyTorch's state_dict file -> vithost -> PyTorch's logits. */
+static void test_pytorch_file_gives_pytorch_logits(void **state) {
+    (void)state;
+    vh_fixture fx;
+    char err[512];
+    if (vh_fixture_load(fixture_file, &fx, err, sizeof err) != 0) fail_msg("%s", err);
+    vh_run run;
+    vh_trainer t;
+    open_trainer(&run, &t, 10);
+    vh_diag d = {{0}};
+    if (weights_load_model(&t, pt_file, VH_WEIGHTS_MODE_STRICT, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
+    vh_model_output out;
+    forward_fixture(&t, &fx, &out);
+    const vh_fixture_array *want = vh_fixture_tensor(&fx, "logits");
+    char report[512];
+    if (!vh_fixture_compare("logits", out.logits.data, want->f32, want->numel, 1e-4, report,
+                            sizeof report))
+        fail_msg("%s", report);
+    close_trainer(&run, &t);
+    vh_fixture_free(&fx);
+}
+
+/* vithost's file has every PyTorch tensor, same name, shape and bits, and
+ * loads back into the PyTorch model where PyTorch is installed. */
+static void test_checkpoint_loads_into_pytorch(void **state) {
+    (void)state;
+    vh_fixture fx;
+    char err[512];
+    if (vh_fixture_load(fixture_file, &fx, err, sizeof err) != 0) fail_msg("%s", err);
+    vh_run run;
+    vh_trainer t;
+    open_trainer(&run, &t, 10);
+    vh_diag d = {{0}};
+    if (weights_load_model(&t, pt_file, VH_WEIGHTS_MODE_STRICT, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
+    char saved[600];
+    snprintf(saved, sizeof saved, "%s/model.safetensors", tmp_dir);
+    if (weights_save_model(&t, saved, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    close_trainer(&run, &t);
+
+    vh_st_file f;
+    if (st_read(&f, saved, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    int params = 0;
+    for (size_t i = 0; i < fx.tensor_count; i++) {
+        const vh_fixture_array *a = &fx.tensors[i];
+        if (!strncmp(a->name, "grad.", 5) || !strcmp(a->name, "input") ||
+            !strcmp(a->name, "labels") || !strcmp(a->name, "logits") || !strcmp(a->name, "loss"))
+            continue;
+        const vh_st_tensor *s = st_find(&f, a->name);
+        if (!s) fail_msg("the checkpoint lacks '%s'", a->name);
+        assert_string_equal(s->dtype, "F32");
+        assert_int_equal(s->ndim, (int)a->ndim);
+        for (uint32_t k = 0; k < a->ndim; k++) assert_int_equal(s->shape[k], a->dims[k]);
+        assert_memory_equal(f.bytes + f.data_start + s->begin, a->f32, a->numel * 4);
+        params++;
+    }
+    assert_int_equal(params, f.count);
+    assert_string_equal(st_meta(&f, "format"), "pt");
+    st_free(&f);
+    vh_fixture_free(&fx);
+
+    if (access("/usr/bin/python3", X_OK) != 0) {
+        printf("SKIPPED: PyTorch round trip: /usr/bin/python3 is not installed\n");
+        return;
+    }
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/reference/check_safetensors.py %s %s",
+             VH_TEST_SOURCE_DIR, saved, fixture_file);
+    int status = system(cmd);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* Fine-tuning: another class count gets a fresh head; strict loading says why not. */
+static void test_pretrained_new_head(void **state) {
+    (void)state;
+    vh_run run;
+    vh_trainer t;
+    open_trainer(&run, &t, 7);
+    vh_diag d = {{0}};
+    assert_int_equal(weights_load_model(&t, pt_file, VH_WEIGHTS_MODE_STRICT, &d),
+                     VH_STATUS_ERR_FORMAT);
+    assert_non_null(strstr(d.text, "head.weight"));
+    assert_non_null(strstr(d.text, "(10, 48)"));
+    assert_non_null(strstr(d.text, "(7, 48)"));
+    if (weights_load_model(&t, pt_file, VH_WEIGHTS_MODE_PRETRAINED, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
+    /* the body came from the file: pos_embed equals PyTorch's */
+    float *embed = malloc((size_t)t.table->units[0].numel * sizeof(float));
+    assert_int_equal(t.sharding->store_unit(t.self[VH_ROLE_SHARDING], 0, embed), VH_STATUS_OK);
+    vh_st_file f;
+    assert_int_equal(st_read(&f, pt_file, &d), VH_STATUS_OK);
+    const vh_param_desc *pos = &t.table->units[0].params[1];
+    assert_string_equal(pos->name, "pos_embed");
+    const vh_st_tensor *s = st_find(&f, "pos_embed");
+    assert_memory_equal(embed + pos->offset, f.bytes + f.data_start + s->begin,
+                        (size_t)pos->numel * 4);
+    st_free(&f);
+    free(embed);
+    close_trainer(&run, &t);
+}
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+/* A header declaring `json` followed by `data_bytes` zero bytes. */
+static const char *make_file(const char *name, const char *json, size_t data_bytes,
+                             uint64_t declared_len) {
+    static char path[600];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    size_t n = strlen(json);
+    unsigned char *buf = calloc(1, 8 + n + data_bytes);
+    uint64_t len = declared_len ? declared_len : n;
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(len >> (8 * i));
+    memcpy(buf + 8, json, n);
+    write_bytes(path, buf, 8 + n + data_bytes);
+    free(buf);
+    return path;
+}
+
+static void expect_error(const char *path, const char *needle) {
+    vh_st_file f;
+    vh_diag d = {{0}};
+    vh_status st = st_read(&f, path, &d);
+    st_free(&f);
+    assert_int_not_equal(st, VH_STATUS_OK);
+    if (!strstr(d.text, path)) fail_msg("'%s' does not name the file", d.text);
+    if (!strstr(d.text, needle)) fail_msg("'%s' lacks '%s'", d.text, needle);
+}
+
+static void test_damaged_files(void **state) {
+    (void)state;
+    const char *ok = "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}";
+    vh_st_file f;
+    vh_diag d = {{0}};
+    const char *path = make_file("good.safetensors", ok, 24, 0);
+    assert_int_equal(st_read(&f, path, &d), VH_STATUS_OK);
+    assert_int_equal(f.count, 1);
+    assert_int_equal(f.tensors[0].numel, 6);
+    st_free(&f);
+
+    expect_error(make_file("short.safetensors", ok, 10, 0), "truncated");
+    expect_error(make_file("hugeheader.safetensors", ok, 24, 1ull << 40), "header length");
+    expect_error(make_file("json.safetensors", "{\"w\":{\"dtype\":\"F32\",", 0, 0),
+                 "bad header JSON");
+    expect_error(make_file("offsets.safetensors",
+                           "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}",
+                           24, 0),
+                 "do not hold");
+    expect_error(make_file("dtype.safetensors",
+                           "{\"w\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+                           0),
+                 "unknown dtype");
+    char tiny[600];
+    snprintf(tiny, sizeof tiny, "%s/tiny.safetensors", tmp_dir);
+    write_bytes(tiny, "abc", 3);
+    expect_error(tiny, "not a safetensors file");
+    char missing[600];
+    snprintf(missing, sizeof missing, "%s/missing.safetensors", tmp_dir);
+    expect_error(missing, "No such file");
+}
+
+/* F16 and BF16 files are converted on load. */
+static void test_half_precision_read(void **state) {
+    (void)state;
+    const char *json = "{\"h\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]},"
+                       "\"b\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[4,8]}}";
+    char path[600];
+    snprintf(path, sizeof path, "%s/half.safetensors", tmp_dir);
+    size_t n = strlen(json);
+    unsigned char buf[512] = {0};
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)n >> (8 * i));
+    memcpy(buf + 8, json, n);
+    /* f16 1.0 = 0x3c00, -2.0 = 0xc000; bf16 1.0 = 0x3f80, 0.5 = 0x3f00 */
+    const unsigned char data[8] = {0x00, 0x3c, 0x00, 0xc0, 0x80, 0x3f, 0x00, 0x3f};
+    memcpy(buf + 8 + n, data, 8);
+    write_bytes(path, buf, 8 + n + 8);
+    vh_st_file f;
+    vh_diag d = {{0}};
+    assert_int_equal(st_read(&f, path, &d), VH_STATUS_OK);
+    float v[2];
+    assert_int_equal(st_read_f32(&f, st_find(&f, "h"), v, 2, &d), VH_STATUS_OK);
+    assert_true(v[0] == 1.0f && v[1] == -2.0f);
+    assert_int_equal(st_read_f32(&f, st_find(&f, "b"), v, 2, &d), VH_STATUS_OK);
+    assert_true(v[0] == 1.0f && v[1] == 0.5f);
+    assert_int_equal(st_read_f32(&f, st_find(&f, "b"), v, 3, &d), VH_STATUS_ERR_FORMAT);
+    st_free(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pytorch_file_gives_pytorch_logits),
+        cmocka_unit_test(test_checkpoint_loads_into_pytorch),
+        cmocka_unit_test(test_pretrained_new_head),
+        cmocka_unit_test(test_damaged_files),
+        cmocka_unit_test(test_half_precision_read),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

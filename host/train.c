@@ -189,7 +189,7 @@ static double measure_peak_tflops(const vh_device_ops *dev) {
     vh_gemm_args g = {.struct_size = sizeof g, .m = n, .n = n, .k = n, .alpha = 1.0f,
                       .a = a, .lda = n, .b = b, .ldb = n, .c = c, .ldc = n, .batch = 1};
     double best = 0.0;
-    for (int rep = 0; rep < 4; rep++) {
+    for (int rep = 0; rep < 12; rep++) { /* best of many: the machine may be busy */
         double t0 = now_seconds();
         if (dev->gemm(dev->device, &g) != VH_STATUS_OK) break;
         double dt = now_seconds() - t0;
@@ -258,10 +258,31 @@ static void pause_window(loop_state *ls, double since) {
     ls->prog.window_start += now_seconds() - since;
 }
 
-static vh_status run_eval(loop_state *ls, vh_diag *d) {
+/* An evaluation in the middle of a training pass (run.eval_every_steps):
+ * the pass's position is saved before and restored after, so any data
+ * plugin that can resume can be interrupted. */
+static vh_status eval_inside_pass(vh_trainer *t, vh_eval_result *res, vh_diag *d) {
+    size_t size = 0;
+    vh_status st = t->data->state_size(t->self[VH_ROLE_DATA], &size);
+    if (st != VH_STATUS_OK) return trainer_plugin_error(t, VH_ROLE_DATA, st, "data.state_size", d);
+    void *saved = malloc(size ? size : 1);
+    if (!saved) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
+    st = t->data->state_save(t->self[VH_ROLE_DATA], saved, size);
+    if (st != VH_STATUS_OK) st = trainer_plugin_error(t, VH_ROLE_DATA, st, "data.state_save", d);
+    if (st == VH_STATUS_OK) st = trainer_evaluate(t, res, d);
+    if (st == VH_STATUS_OK) {
+        st = t->data->state_load(t->self[VH_ROLE_DATA], saved, size);
+        if (st != VH_STATUS_OK) st = trainer_plugin_error(t, VH_ROLE_DATA, st, "data.state_load", d);
+    }
+    free(saved);
+    return st;
+}
+
+static vh_status run_eval(loop_state *ls, int inside_pass, vh_diag *d) {
     vh_trainer *t = ls->t;
     double t0 = now_seconds();
-    vh_status st = trainer_evaluate(t, &ls->last_eval, d);
+    vh_status st = inside_pass ? eval_inside_pass(t, &ls->last_eval, d)
+                               : trainer_evaluate(t, &ls->last_eval, d);
     pause_window(ls, t0);
     if (st != VH_STATUS_OK) return st;
     progress_clear(&ls->prog);
@@ -342,7 +363,7 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
         else progress_draw(&ls->prog, t->step, ls->total, *loss,
                            ls->prog.window_images / fmax(1e-9, now_seconds() - ls->prog.window_start));
         if (ls->eval_every_steps > 0 && t->step % ls->eval_every_steps == 0) {
-            st = run_eval(ls, d);
+            st = run_eval(ls, 1, d);
             if (st != VH_STATUS_OK) return st;
         }
         int stop = stop_signal || (ls->stop_after > 0 && ls->steps_this_run >= ls->stop_after);
@@ -367,7 +388,7 @@ static vh_status train_loop(loop_state *ls, vh_diag *d) {
         int finished_pass = t->step < ls->total || t->step % ls->steps_per_epoch == 0;
         int last = t->step >= ls->total;
         if (ls->eval_every > 0 && ((t->epoch + 1) % ls->eval_every == 0 || last)) {
-            st = run_eval(ls, d);
+            st = run_eval(ls, 0, d);
             if (st != VH_STATUS_OK) return st;
             ls->evaluated_at_end = last;
         }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -203,6 +204,28 @@ static void test_check_misspelt_key(void **state) {
     result_free(&r);
 }
 
+/* Every recipe shipped in configs/ passes `vithost check` as it is. */
+static void test_shipped_recipes_check(void **state) {
+    (void)state;
+    char dir_path[512];
+    snprintf(dir_path, sizeof dir_path, "%s/configs", VH_TEST_SOURCE_DIR);
+    DIR *dir = opendir(dir_path);
+    assert_non_null(dir);
+    int checked = 0;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        size_t n = strlen(e->d_name);
+        if (n < 6 || strcmp(e->d_name + n - 5, ".yaml") != 0) continue;
+        result r = run("check configs/%s", e->d_name);
+        if (r.code != 0) fail_msg("configs/%s: exit %d: %s", e->d_name, r.code, r.err);
+        assert_non_null(strstr(r.out, ": ok"));
+        result_free(&r);
+        checked++;
+    }
+    closedir(dir);
+    assert_true(checked >= 5); /* the main job, cifar10, imagenet b16 and h16, test plugins */
+}
+
 static void test_check_plugin_errors(void **state) {
     (void)state;
     result r = run("check configs/test-plugins.yaml --set model.plugin=test_modle");
@@ -343,6 +366,7 @@ int main(void) {
         cmocka_unit_test(test_plugins_describe),
         cmocka_unit_test(test_check_prints_origins),
         cmocka_unit_test(test_check_misspelt_key),
+        cmocka_unit_test(test_shipped_recipes_check),
         cmocka_unit_test(test_check_plugin_errors),
         cmocka_unit_test(test_run_follows_the_step_order),
         cmocka_unit_test(test_run_trains),

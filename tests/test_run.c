@@ -272,6 +272,38 @@ static void test_sigint_writes_a_checkpoint(void **state) {
     assert_int_equal(vithost("run long.yaml --out sig --resume --stop-after 2"), 5);
 }
 
+/* Only the training losses of a metrics file, one per line. */
+static char *train_losses_of(const char *path) {
+    char *text = tmp_text(path);
+    char *lines[512];
+    int n = split_lines(text, lines, 512);
+    size_t cap = 65536, used = 0;
+    char *out = malloc(cap);
+    out[0] = '\0';
+    for (int i = 0; i < n; i++)
+        if (!strstr(lines[i], "eval_top1"))
+            used += (size_t)snprintf(out + used, cap - used, "%.9g\n", field(lines[i], "loss"));
+    free(text);
+    return out;
+}
+
+/* Evaluating in the middle of an epoch does not disturb the training pass. */
+static void test_eval_inside_an_epoch(void **state) {
+    (void)state;
+    assert_int_equal(vithost("run recipe.yaml --out plain --set run.eval_every=0"), 0);
+    assert_int_equal(vithost("run recipe.yaml --out mid --set run.eval_every=0 "
+                             "--set run.eval_every_steps=3"), 0);
+    char *a = train_losses_of("plain/metrics.jsonl"), *b = train_losses_of("mid/metrics.jsonl");
+    assert_string_equal(a, b);
+    free(a);
+    free(b);
+    char *metrics = tmp_text("mid/metrics.jsonl");
+    int evals = 0;
+    for (const char *p = metrics; (p = strstr(p, "eval_top1")); p++) evals++;
+    assert_int_equal(evals, 32 / 3);
+    free(metrics);
+}
+
 static void test_checkpoint_rotation(void **state) {
     (void)state;
     assert_int_equal(vithost("run recipe.yaml --out rot --set run.checkpoint_every=5 "
@@ -293,6 +325,7 @@ int main(void) {
         cmocka_unit_test(test_resume_refuses_another_recipe),
         cmocka_unit_test(test_eval_command_prints_json),
         cmocka_unit_test(test_sigint_writes_a_checkpoint),
+        cmocka_unit_test(test_eval_inside_an_epoch),
         cmocka_unit_test(test_checkpoint_rotation),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -8,7 +8,12 @@
  * Every rank yields the same number of batches in a pass, since sharding
  * plugins may run collectives per batch: a training pass yields only full
  * batches; an evaluation pass covers each of its samples exactly once over
- * all ranks, and its last batch on a rank may be short (never empty).
+ * all ranks, and one of its last two batches on a rank may be short (never
+ * empty).
+ *
+ * The host may evaluate in the middle of a training pass (run.eval_every_steps):
+ * it saves the pass's position with state_save before the eval pass and
+ * restores it with state_load after, so resumable plugins need nothing more.
  *
  * Out-structs (vh_data_info, and every other `*out` struct with a
  * struct_size): the caller zeroes them and sets struct_size; the callee fills

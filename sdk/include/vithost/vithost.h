@@ -12,6 +12,8 @@
 #include "vh_params.h"
 #include "vh_plugin.h"
 #include "vh_precision.h"
+#include "vh_prefetch.h"
+#include "vh_sampler.h"
 #include "vh_sharding.h"
 #include "vh_status.h"
 #include "vh_types.h"

@@ -147,6 +147,55 @@ static void test_metrics_file_has_every_field(void **state) {
     free(latest);
 }
 
+/* The real plugins end to end on synthetic data: every metrics field, and
+ * TFLOP/s equal to the vit's FLOP count times images per second. */
+static void test_synthetic_vit_run_metrics(void **state) {
+    (void)state;
+    write_recipe("synthetic.yaml",
+                 "run: {epochs: 1, batch_size: 8, log_every: 2, eval_every: 1}\n"
+                 "model: {plugin: vit, dim: 16, depth: 1, heads: 2, mlp_dim: 32, patch_size: 4}\n"
+                 "precision: {plugin: fp32}\n"
+                 "sharding: {plugin: ddp}\n"
+                 "optim: {plugin: mta, algo: adamw, lr: 1.0e-3, warmup_steps: 2}\n"
+                 "data: {plugin: synthetic, channels: 3, image_size: 8, num_classes: 5,\n"
+                 "       train_size: 48, eval_size: 20}\n");
+    assert_int_equal(vithost("run synthetic.yaml --out syn"), 0);
+    /* N = 4 patches + 1 token; per image MACs: patches 4 x 48 x 16, block
+     * 5x16x48 + 2x25x16 + 5x16x16 + 2x5x16x32, head 16 x 5; x6 for training */
+    const double flops = 6.0 * (4 * 48 * 16 + (5 * 16 * 48 + 2 * 25 * 16 + 5 * 16 * 16 +
+                                                2 * 5 * 16 * 32) + 16 * 5);
+    char *text = tmp_text("syn/metrics.jsonl");
+    char *lines[64];
+    int n = split_lines(text, lines, 64), train = 0, eval = 0;
+    for (int i = 0; i < n; i++) {
+        if (strstr(lines[i], "eval_top1")) {
+            eval++;
+            assert_true(field(lines[i], "eval_samples") == 20);
+            assert_false(isnan(field(lines[i], "eval_top5")));
+            assert_false(isnan(field(lines[i], "eval_loss")));
+            continue;
+        }
+        train++;
+        static const char *const keys[] = {"step", "epoch", "loss", "lr", "img_per_s",
+                                           "tflops", "mfu", "peak_mem_bytes"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            if (isnan(field(lines[i], keys[k])))
+                fail_msg("line %d lacks %s: %s", i, keys[k], lines[i]);
+        double tflops = field(lines[i], "tflops"), img_s = field(lines[i], "img_per_s");
+        assert_true(img_s > 0);
+        assert_true(fabs(tflops - img_s * flops / 1e12) <= 1e-6 * tflops);
+        assert_true(field(lines[i], "mfu") > 0 && field(lines[i], "mfu") < 1);
+    }
+    assert_int_equal(train, 3); /* 6 steps, a line every 2 */
+    assert_int_equal(eval, 1);
+    free(text);
+    char *out = tmp_text("out");
+    char want[64];
+    snprintf(want, sizeof want, "%.3g GFLOP per image", flops / 1e9);
+    if (!strstr(out, want)) fail_msg("'%s' not in the run's banner", want);
+    free(out);
+}
+
 /* Only the losses and evaluation results of each line: what must repeat. */
 static char *numbers_of(const char *path) {
     char *text = tmp_text(path);
@@ -321,6 +370,7 @@ static void test_checkpoint_rotation(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_file_has_every_field),
+        cmocka_unit_test(test_synthetic_vit_run_metrics),
         cmocka_unit_test(test_resume_repeats_the_run_bit_for_bit),
         cmocka_unit_test(test_resume_refuses_another_recipe),
         cmocka_unit_test(test_eval_command_prints_json),

@@ -105,11 +105,12 @@ static void harness_open(harness *h, const vh_fixture *fx, const char *layout) {
 }
 
 static void harness_close(harness *h) {
-    if (h->model) h->vt->destroy(h->model);
+    /* The table belongs to the model: done with it before destroy. */
     for (int32_t u = 0; h->table && u < h->table->num_units; u++) {
         free(h->params[u]);
         free(h->grads[u]);
     }
+    if (h->model) h->vt->destroy(h->model);
     free(h->params);
     free(h->grads);
     run_close(&h->run);

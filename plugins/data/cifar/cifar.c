@@ -22,9 +22,8 @@
  * then a mirror with probability 1/2 (`hflip`), with draws keyed by (seed,
  * epoch, sample), so batches repeat whatever the worker timing.
  *
- * Passes: start_epoch(EVAL) in the middle of a training pass (the host's
- * eval_every_steps) suspends that pass; once the eval pass has ended (next
- * said has_batch = 0), next continues the training pass where it stood.
+ * Order, per-rank split, prefetching, batches and the resumable position:
+ * vh_data_pass; its vh_data_pass_fill_u8 converts and augments.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -36,8 +35,6 @@
 #include <sys/stat.h>
 
 #include "vithost/vithost.h"
-#include "vithost/vh_prefetch.h"
-#include "vithost/vh_sampler.h"
 
 #define SIDE 32
 #define CHANNELS 3
@@ -70,28 +67,14 @@ static const vh_config_key schema[] = {
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 
-typedef struct cifar_set {
-    int64_t count;
-    uint8_t *pixels; /* (count, 3, 32, 32) */
-    uint8_t *labels; /* (count) */
-} cifar_set;
-
 typedef struct cifar_data {
+    vh_data_pass *pass; /* first: the VH_DATA_PASS_VTABLE entries find it here */
     vh_host *host;
     int cifar100, coarse;
-    int32_t classes, pad_crop, hflip;
+    int32_t classes;
     float lut[CHANNELS][256];
-
-    cifar_set sets[2]; /* by vh_split */
-    vh_sampler *samplers[2];
-    vh_prefetch *prefetch;
-    /* The current pass (`split`; read by the workers, changed only while
-     * the prefetcher is stopped), and a training pass an eval pass
-     * interrupted, which goes on at train_cursor once the eval pass ends. */
-    int active;
-    vh_split split;
-    int train_suspended;
-    int64_t train_cursor;
+    int64_t counts[2];      /* by vh_split */
+    vh_data_pass_u8 images; /* pixels (count, 3, 32, 32), labels, augmentation */
 } cifar_data;
 
 static const char *const cifar10_train[] = {"data_batch_1.bin", "data_batch_2.bin",
@@ -103,7 +86,7 @@ static const char *const cifar100_eval[] = {"test.bin", NULL};
 
 /* ---- reading --------------------------------------------------------------- */
 
-static vh_status load_set(cifar_data *d, cifar_set *set, const char *root,
+static vh_status load_set(cifar_data *d, vh_split split, const char *root,
                           const char *const *names) {
     vh_host *host = d->host;
     const int label_bytes = d->cifar100 ? 2 : 1;
@@ -140,11 +123,11 @@ static vh_status load_set(cifar_data *d, cifar_set *set, const char *root,
         counts[nfiles] = bytes / record;
         total += counts[nfiles];
     }
-    set->pixels = host->api->alloc(host, (size_t)total * PIXELS);
-    set->labels = host->api->alloc(host, (size_t)total);
+    uint8_t *pixels = d->images.pixels[split] = host->api->alloc(host, (size_t)total * PIXELS);
+    uint8_t *labels = d->images.labels[split] = host->api->alloc(host, (size_t)total);
     uint8_t *buf = host->api->alloc(host, (size_t)(record * 1024));
     vh_status st = VH_STATUS_OK;
-    if (!set->pixels || !set->labels || !buf) {
+    if (!pixels || !labels || !buf) {
         st = host->api->fail(host, VH_STATUS_ERR_NOMEM, "cifar: out of memory for %lld images",
                              (long long)total);
         goto done;
@@ -186,73 +169,17 @@ static vh_status load_set(cifar_data *d, cifar_set *set, const char *root,
                                          label, (int)d->classes);
                     break;
                 }
-                set->labels[at] = (uint8_t)label;
-                memcpy(set->pixels + at * PIXELS, rec + label_bytes, PIXELS);
+                labels[at] = (uint8_t)label;
+                memcpy(pixels + at * PIXELS, rec + label_bytes, PIXELS);
                 at++;
             }
         }
         fclose(fp);
     }
-    set->count = total;
+    d->counts[split] = total;
 done:
     host->api->free(host, buf);
     return st;
-}
-
-/* ---- batches -------------------------------------------------------------- */
-
-static void convert_image(const cifar_data *d, const uint8_t *src, float *dst, uint64_t key,
-                          int augment) {
-    int32_t p = augment ? d->pad_crop : 0, dy = 0, dx = 0, flip = 0;
-    if (augment && (p > 0 || d->hflip)) {
-        uint64_t rng = key;
-        if (p > 0) {
-            dy = (int32_t)(vh_sampler_rng_next(&rng) % (uint64_t)(2 * p + 1)) - p;
-            dx = (int32_t)(vh_sampler_rng_next(&rng) % (uint64_t)(2 * p + 1)) - p;
-        }
-        if (d->hflip) flip = (int32_t)(vh_sampler_rng_next(&rng) & 1);
-    }
-    for (int c = 0; c < CHANNELS; c++) {
-        const float *lut = d->lut[c];
-        const uint8_t *s = src + c * SIDE * SIDE;
-        float *o = dst + c * SIDE * SIDE;
-        if (dy == 0 && dx == 0 && !flip) {
-            for (int k = 0; k < SIDE * SIDE; k++) o[k] = lut[s[k]];
-            continue;
-        }
-        for (int y = 0; y < SIDE; y++) {
-            int sy = y + dy;
-            for (int x = 0; x < SIDE; x++) {
-                int sx = (flip ? SIDE - 1 - x : x) + dx;
-                o[y * SIDE + x] = (sy < 0 || sy >= SIDE || sx < 0 || sx >= SIDE)
-                                      ? lut[0]
-                                      : lut[s[sy * SIDE + sx]];
-            }
-        }
-    }
-}
-
-static vh_status fill_batch(void *ctx, int64_t batch, vh_prefetch_slot *slot, int worker,
-                            char *err, size_t err_len) {
-    (void)worker;
-    const cifar_data *d = ctx;
-    const vh_sampler *sampler = d->samplers[d->split];
-    const cifar_set *set = &d->sets[d->split];
-    const int augment = d->split == VH_SPLIT_TRAIN;
-    const int64_t *indices;
-    int64_t count;
-    if (vh_sampler_batch(sampler, batch, &indices, &count) != VH_STATUS_OK) {
-        snprintf(err, err_len, "cifar: batch %lld is outside the pass", (long long)batch);
-        return VH_STATUS_ERR_INTERNAL;
-    }
-    for (int64_t j = 0; j < count; j++) {
-        int64_t i = indices[j];
-        convert_image(d, set->pixels + i * PIXELS, slot->images + j * PIXELS,
-                      augment ? vh_sampler_sample_key(sampler, i) : 0, augment);
-        slot->labels[j] = set->labels[i];
-    }
-    slot->size = count;
-    return VH_STATUS_OK;
 }
 
 /* ---- the plugin ----------------------------------------------------------- */
@@ -260,14 +187,9 @@ static vh_status fill_batch(void *ctx, int64_t batch, vh_prefetch_slot *slot, in
 static void cifar_destroy(void *self) {
     cifar_data *d = self;
     if (!d) return;
-    vh_host *host = d->host;
-    vh_prefetch_free(d->prefetch);
-    for (int k = 0; k < 2; k++) {
-        vh_sampler_free(d->samplers[k]);
-        host->api->free(host, d->sets[k].pixels);
-        host->api->free(host, d->sets[k].labels);
-    }
-    host->api->free(host, d);
+    vh_data_pass_free(d->pass); /* joins the workers before their data goes */
+    vh_data_pass_u8_free(d->host, &d->images);
+    d->host->api->free(d->host, d);
 }
 
 /* "0.1,0.2,0.3" or "0.5" into out[3]. */
@@ -310,7 +232,7 @@ static vh_status read_config(cifar_data *d, const char **root, int64_t *workers,
     if ((st = host->api->config_string(host, "variant", &variant)) != VH_STATUS_OK ||
         (st = host->api->config_string(host, "labels", &labels)) != VH_STATUS_OK ||
         (st = host->api->config_int(host, "pad_crop", &pad)) != VH_STATUS_OK ||
-        (st = host->api->config_bool(host, "hflip", &d->hflip)) != VH_STATUS_OK ||
+        (st = host->api->config_bool(host, "hflip", &d->images.hflip)) != VH_STATUS_OK ||
         (st = host->api->config_int(host, "workers", workers)) != VH_STATUS_OK ||
         (st = host->api->config_int(host, "prefetch", depth)) != VH_STATUS_OK)
         return host->api->fail(host, st, "cifar: cannot read its configuration");
@@ -330,13 +252,7 @@ static vh_status read_config(cifar_data *d, const char **root, int64_t *workers,
         return host->api->fail(host, st, "cifar: cannot read 'root'");
     if (pad < 0 || pad > 32)
         return host->api->config_fail(host, "pad_crop", "%lld is outside [0, 32]", (long long)pad);
-    if (*workers < 0 || *workers > 64)
-        return host->api->config_fail(host, "workers", "%lld is outside [0, 64]",
-                                      (long long)*workers);
-    if (*depth < 1 || *depth > 64)
-        return host->api->config_fail(host, "prefetch", "%lld is outside [1, 64]",
-                                      (long long)*depth);
-    d->pad_crop = (int32_t)pad;
+    d->images.pad_crop = (int32_t)pad;
 
     float mean[3] = {0.4914f, 0.4822f, 0.4465f}, std[3] = {0.2470f, 0.2435f, 0.2616f};
     if (d->cifar100) {
@@ -369,191 +285,35 @@ static vh_status cifar_create(vh_host *host, const vh_data_setup *setup, void **
     int64_t workers, depth;
     vh_status st = read_config(d, &root, &workers, &depth);
     if (st == VH_STATUS_OK)
-        st = load_set(d, &d->sets[VH_SPLIT_TRAIN], root,
-                      d->cifar100 ? cifar100_train : cifar10_train);
+        st = load_set(d, VH_SPLIT_TRAIN, root, d->cifar100 ? cifar100_train : cifar10_train);
     if (st == VH_STATUS_OK)
-        st = load_set(d, &d->sets[VH_SPLIT_EVAL], root, d->cifar100 ? cifar100_eval : cifar10_eval);
-    for (int k = 0; k < 2 && st == VH_STATUS_OK; k++) {
-        vh_sampler_setup su = {.struct_size = sizeof su, .size = d->sets[k].count,
-                               .rank = setup->rank, .world_size = setup->world_size,
-                               .batch_size = setup->batch_size, .split = (vh_split)k,
-                               .seed = setup->seed};
-        st = vh_sampler_init(host, &su, &d->samplers[k]);
-    }
+        st = load_set(d, VH_SPLIT_EVAL, root, d->cifar100 ? cifar100_eval : cifar10_eval);
+    d->images.planes = CHANNELS;
+    d->images.rows = d->images.cols = SIDE;
+    d->images.lut = &d->lut[0][0];
     if (st == VH_STATUS_OK) {
-        vh_prefetch_setup ps = {.struct_size = sizeof ps, .workers = (int32_t)workers,
-                                .depth = (int32_t)depth, .max_batch = setup->batch_size,
-                                .image_floats = setup->batch_size * PIXELS, .fill = fill_batch,
-                                .ctx = d};
-        st = vh_prefetch_init(host, &ps, &d->prefetch);
+        vh_data_pass_setup ps = {.struct_size = sizeof ps, .name = "cifar",
+                                 .state_magic = 0x52464356u /* "VCFR" */, .data = setup,
+                                 .train_size = d->counts[VH_SPLIT_TRAIN],
+                                 .eval_size = d->counts[VH_SPLIT_EVAL], .channels = CHANNELS,
+                                 .height = SIDE, .width = SIDE, .num_classes = d->classes,
+                                 .workers = (int32_t)workers, .depth = (int32_t)depth,
+                                 .fill = vh_data_pass_fill_u8, .ctx = &d->images};
+        st = vh_data_pass_init(host, &ps, &d->pass);
     }
     if (st != VH_STATUS_OK) {
         cifar_destroy(d);
         return st;
     }
     host->api->log(host, VH_LOG_LEVEL_INFO, "cifar: %s, %lld train + %lld eval images from %s",
-                   d->cifar100 ? "CIFAR-100" : "CIFAR-10", (long long)d->sets[0].count,
-                   (long long)d->sets[1].count, root);
+                   d->cifar100 ? "CIFAR-100" : "CIFAR-10", (long long)d->counts[0],
+                   (long long)d->counts[1], root);
     *self = d;
     return VH_STATUS_OK;
 }
 
-static vh_status cifar_info(void *self, vh_data_info *out) {
-    cifar_data *d = self;
-    if (!d || !out) return VH_STATUS_ERR_INVALID_ARG;
-#define COVERS(m) (out->struct_size >= offsetof(vh_data_info, m) + sizeof out->m)
-    if (COVERS(channels)) out->channels = CHANNELS;
-    if (COVERS(height)) out->height = SIDE;
-    if (COVERS(width)) out->width = SIDE;
-    if (COVERS(num_classes)) out->num_classes = d->classes;
-    if (COVERS(train_size)) out->train_size = d->sets[VH_SPLIT_TRAIN].count;
-    if (COVERS(eval_size)) out->eval_size = d->sets[VH_SPLIT_EVAL].count;
-#undef COVERS
-    return VH_STATUS_OK;
-}
-
-/* Makes `split` the current pass from batch `first` on. */
-static vh_status begin_pass(cifar_data *d, vh_split split, int64_t first) {
-    vh_prefetch_stop(d->prefetch);
-    d->active = 0;
-    d->split = split;
-    vh_status st = vh_prefetch_start(d->prefetch, first, vh_sampler_batches(d->samplers[split]));
-    if (st != VH_STATUS_OK) return st;
-    d->active = 1;
-    return VH_STATUS_OK;
-}
-
-static vh_status cifar_start_epoch(void *self, vh_split split, int64_t epoch) {
-    cifar_data *d = self;
-    if (!d) return VH_STATUS_ERR_INVALID_ARG;
-    vh_host *host = d->host;
-    if (split != VH_SPLIT_TRAIN && split != VH_SPLIT_EVAL)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "cifar: unknown split %d",
-                               (int)split);
-    if (split == VH_SPLIT_TRAIN) {
-        d->train_suspended = 0;
-    } else if (d->active && d->split == VH_SPLIT_TRAIN) {
-        /* An eval pass inside a training pass: the training pass waits. */
-        int64_t at = vh_prefetch_position(d->prefetch);
-        if (at < vh_sampler_batches(d->samplers[VH_SPLIT_TRAIN])) {
-            d->train_suspended = 1;
-            d->train_cursor = at;
-        }
-    }
-    vh_prefetch_stop(d->prefetch); /* no worker reads the sampler while it changes */
-    d->active = 0;
-    vh_status st = vh_sampler_start(d->samplers[split], epoch);
-    if (st != VH_STATUS_OK) return st;
-    return begin_pass(d, split, 0);
-}
-
-static vh_status cifar_next(void *self, vh_batch *out, int *has_batch) {
-    cifar_data *d = self;
-    if (!d || !out || !has_batch) return VH_STATUS_ERR_INVALID_ARG;
-    *has_batch = 0;
-    if (!d->active)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "cifar: next called before start_epoch");
-    const vh_prefetch_slot *slot;
-    int has;
-    vh_status st = vh_prefetch_next(d->prefetch, &slot, &has);
-    if (st != VH_STATUS_OK) return st;
-    if (!has) {
-        if (d->split == VH_SPLIT_EVAL && d->train_suspended) {
-            /* The eval pass is over: the training pass it interrupted goes on. */
-            d->train_suspended = 0;
-            return begin_pass(d, VH_SPLIT_TRAIN, d->train_cursor);
-        }
-        return VH_STATUS_OK;
-    }
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->images = (vh_tensor){.data = slot->images, .dtype = VH_DTYPE_F32,
-                              .device = VH_DEVICE_KIND_CPU, .ndim = 4,
-                              .shape = {slot->size, CHANNELS, SIDE, SIDE}};
-    out->labels = (vh_tensor){.data = slot->labels, .dtype = VH_DTYPE_I32,
-                              .device = VH_DEVICE_KIND_CPU, .ndim = 1, .shape = {slot->size}};
-    out->size = slot->size;
-    *has_batch = 1;
-    return VH_STATUS_OK;
-}
-
-/* ---- resumable position ----------------------------------------------------
- * The training pass's, as vh_data.h asks: whether one is in progress, its
- * epoch and cursor (a 16-byte header, then the training sampler's state). An
- * eval pass in between is not recorded; after state_load, next continues the
- * training pass where it stood. */
-
-#define STATE_MAGIC 0x52464356u /* "VCFR" */
-#define STATE_VERSION 1u
-#define STATE_HEADER 16
-#define STATE_BYTES (STATE_HEADER + VH_SAMPLER_STATE_BYTES)
-
-static vh_status cifar_state_size(void *self, size_t *bytes) {
-    if (!self || !bytes) return VH_STATUS_ERR_INVALID_ARG;
-    *bytes = STATE_BYTES;
-    return VH_STATUS_OK;
-}
-
-static vh_status cifar_state_save(void *self, void *buf, size_t bytes) {
-    cifar_data *d = self;
-    if (!d || !buf) return VH_STATUS_ERR_INVALID_ARG;
-    if (bytes < STATE_BYTES)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "cifar: state buffer of %zu bytes, %d needed", bytes,
-                                  STATE_BYTES);
-    uint32_t in_progress = 0;
-    int64_t cursor = 0;
-    if (d->active && d->split == VH_SPLIT_TRAIN) {
-        in_progress = 1;
-        cursor = vh_prefetch_position(d->prefetch);
-    } else if (d->train_suspended) {
-        in_progress = 1;
-        cursor = d->train_cursor;
-    }
-    uint32_t h[4] = {STATE_MAGIC, STATE_VERSION, in_progress, 0};
-    memcpy(buf, h, sizeof h);
-    return vh_sampler_state_save(d->samplers[VH_SPLIT_TRAIN], cursor,
-                                 (unsigned char *)buf + STATE_HEADER, VH_SAMPLER_STATE_BYTES);
-}
-
-static vh_status cifar_state_load(void *self, const void *buf, size_t bytes) {
-    cifar_data *d = self;
-    if (!d || !buf) return VH_STATUS_ERR_INVALID_ARG;
-    vh_host *host = d->host;
-    uint32_t h[4];
-    if (bytes != STATE_BYTES)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "cifar: state of %zu bytes, expected %d", bytes, STATE_BYTES);
-    memcpy(h, buf, sizeof h);
-    if (h[0] != STATE_MAGIC || h[1] != STATE_VERSION || h[2] > 1)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT, "not a cifar data state");
-    vh_prefetch_stop(d->prefetch);
-    d->active = 0;
-    d->train_suspended = 0;
-    int64_t cursor;
-    int started;
-    vh_status st = vh_sampler_state_load(d->samplers[VH_SPLIT_TRAIN],
-                                         (const unsigned char *)buf + STATE_HEADER,
-                                         VH_SAMPLER_STATE_BYTES, &cursor, &started);
-    if (st != VH_STATUS_OK || !h[2]) return st;
-    if (!started)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "cifar: corrupt state (a pass in progress, never started)");
-    return begin_pass(d, VH_SPLIT_TRAIN, cursor);
-}
-
-static const vh_data_vtable vtable = {
-    .struct_size = sizeof(vh_data_vtable),
-    .create = cifar_create,
-    .destroy = cifar_destroy,
-    .info = cifar_info,
-    .start_epoch = cifar_start_epoch,
-    .next = cifar_next,
-    .state_size = cifar_state_size,
-    .state_save = cifar_state_save,
-    .state_load = cifar_state_load,
-};
+static const vh_data_vtable vtable = {VH_DATA_PASS_VTABLE, .create = cifar_create,
+                                      .destroy = cifar_destroy};
 
 VH_PLUGIN_DEFINE(VH_ROLE_DATA, "cifar", "0.1.0", "CIFAR-10 and CIFAR-100, binary version",
                  schema, vtable);

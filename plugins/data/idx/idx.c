@@ -19,12 +19,9 @@
  * normalisation) by p pixels on every side, then `hflip` mirrors it with
  * probability 1/2. Evaluation never augments.
  *
- * Order and per-rank split: vh_sampler (shuffled per epoch for training,
- * in order and every sample once for evaluation).
- *
- * Passes: start_epoch(EVAL) in the middle of a training pass (the host's
- * eval_every_steps) suspends that pass; once the eval pass has ended (next
- * said has_batch = 0), next continues the training pass where it stood.
+ * Order and per-rank split, prefetching, batches and the resumable position:
+ * vh_data_pass (shuffled per epoch for training, in order and every sample
+ * once for evaluation); its vh_data_pass_fill_u8 converts and augments.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -37,8 +34,6 @@
 #include <zlib.h>
 
 #include "vithost/vithost.h"
-#include "vithost/vh_prefetch.h"
-#include "vithost/vh_sampler.h"
 
 #define IDX_MAGIC_IMAGES 0x00000803u /* unsigned bytes, 3 dimensions */
 #define IDX_MAGIC_LABELS 0x00000801u /* unsigned bytes, 1 dimension */
@@ -77,29 +72,15 @@ static const vh_config_key schema[] = {
 typedef struct idx_set {
     char images_path[PATH_LEN], labels_path[PATH_LEN];
     int64_t count;
-    uint8_t *pixels; /* (count, rows, cols) */
-    uint8_t *labels; /* (count) */
 } idx_set;
 
 typedef struct idx_data {
+    vh_data_pass *pass; /* first: the VH_DATA_PASS_VTABLE entries find it here */
     vh_host *host;
-    int64_t batch_size;
-    int32_t rows, cols, classes;
-    int32_t pad_crop, hflip;
+    int32_t classes;
     float lut[256]; /* pixel byte -> normalised value */
-
-    idx_set sets[2];           /* by vh_split */
-    vh_sampler *samplers[2];   /* by vh_split */
-    vh_prefetch *prefetch;
-
-    /* the pass; set before vh_prefetch_start, read by the workers after */
-    /* The current pass (`split`; read by the workers, changed only while
-     * the prefetcher is stopped), and a training pass an eval pass
-     * interrupted, which goes on at train_cursor once the eval pass ends. */
-    int active;
-    vh_split split;
-    int train_suspended;
-    int64_t train_cursor;
+    idx_set sets[2]; /* by vh_split */
+    vh_data_pass_u8 images; /* pixels (count, rows, cols), labels, augmentation */
 } idx_data;
 
 /* ---- reading IDX files ---------------------------------------------------- */
@@ -301,9 +282,11 @@ done:
 }
 
 /* Images and labels of one split, cross-checked. */
-static vh_status load_set(idx_data *d, idx_set *set, const char *root, const char *images_key,
+static vh_status load_set(idx_data *d, vh_split split, const char *root, const char *images_key,
                           const char *labels_key) {
     vh_host *host = d->host;
+    idx_set *set = &d->sets[split];
+    vh_data_pass_u8 *u = &d->images;
     const char *images_name, *labels_name;
     vh_status st;
     if ((st = host->api->config_string(host, images_key, &images_name)) != VH_STATUS_OK ||
@@ -316,85 +299,31 @@ static vh_status load_set(idx_data *d, idx_set *set, const char *root, const cha
         return st;
 
     int64_t idims[3] = {0, 0, 0}, ldims[3] = {0, 0, 0};
-    if ((st = read_idx(host, set->images_path, 1, idims, &set->pixels)) != VH_STATUS_OK) return st;
-    if ((st = read_idx(host, set->labels_path, 0, ldims, &set->labels)) != VH_STATUS_OK) return st;
+    if ((st = read_idx(host, set->images_path, 1, idims, &u->pixels[split])) != VH_STATUS_OK)
+        return st;
+    if ((st = read_idx(host, set->labels_path, 0, ldims, &u->labels[split])) != VH_STATUS_OK)
+        return st;
     if (ldims[0] != idims[0])
         return host->api->fail(host, VH_STATUS_ERR_FORMAT,
                                "%s: %lld labels, but %s has %lld images", set->labels_path,
                                (long long)ldims[0], set->images_path, (long long)idims[0]);
-    if (d->rows == 0) {
-        d->rows = (int32_t)idims[1];
-        d->cols = (int32_t)idims[2];
-    } else if (idims[1] != d->rows || idims[2] != d->cols) {
+    if (u->rows == 0) {
+        u->rows = (int32_t)idims[1];
+        u->cols = (int32_t)idims[2];
+    } else if (idims[1] != u->rows || idims[2] != u->cols) {
         return host->api->fail(host, VH_STATUS_ERR_FORMAT,
                                "%s: images of %lldx%lld, but the training images are %dx%d",
                                set->images_path, (long long)idims[1], (long long)idims[2],
-                               (int)d->rows, (int)d->cols);
+                               (int)u->rows, (int)u->cols);
     }
+    const uint8_t *labels = u->labels[split];
     for (int64_t i = 0; i < ldims[0]; i++)
-        if (set->labels[i] >= d->classes)
+        if (labels[i] >= d->classes)
             return host->api->fail(host, VH_STATUS_ERR_FORMAT,
                                    "%s: label %d of item %lld is outside [0, %d) (num_classes: %d)",
-                                   set->labels_path, (int)set->labels[i], (long long)i,
+                                   set->labels_path, (int)labels[i], (long long)i,
                                    (int)d->classes, (int)d->classes);
     set->count = idims[0];
-    return VH_STATUS_OK;
-}
-
-/* ---- batches -------------------------------------------------------------- */
-
-/* One image to floats: optional random crop of the zero-padded image, then
- * an optional mirror. Only called on a worker thread with its own output. */
-static void convert_image(const idx_data *d, const uint8_t *src, float *dst, uint64_t key,
-                          int augment) {
-    const int32_t rows = d->rows, cols = d->cols;
-    int32_t p = augment ? d->pad_crop : 0, dy = 0, dx = 0, flip = 0;
-    if (augment && (p > 0 || d->hflip)) {
-        uint64_t rng = key;
-        if (p > 0) {
-            dy = (int32_t)(vh_sampler_rng_next(&rng) % (uint64_t)(2 * p + 1)) - p;
-            dx = (int32_t)(vh_sampler_rng_next(&rng) % (uint64_t)(2 * p + 1)) - p;
-        }
-        if (d->hflip) flip = (int32_t)(vh_sampler_rng_next(&rng) & 1);
-    }
-    if (dy == 0 && dx == 0 && !flip) {
-        for (int64_t k = 0; k < (int64_t)rows * cols; k++) dst[k] = d->lut[src[k]];
-        return;
-    }
-    const float pad = d->lut[0];
-    for (int32_t y = 0; y < rows; y++) {
-        int32_t sy = y + dy;
-        float *out = dst + (int64_t)y * cols;
-        for (int32_t x = 0; x < cols; x++) {
-            int32_t sx = (flip ? cols - 1 - x : x) + dx;
-            out[x] = (sy < 0 || sy >= rows || sx < 0 || sx >= cols)
-                         ? pad
-                         : d->lut[src[(int64_t)sy * cols + sx]];
-        }
-    }
-}
-
-static vh_status fill_batch(void *ctx, int64_t batch, vh_prefetch_slot *slot, int worker,
-                            char *err, size_t err_len) {
-    (void)worker;
-    const idx_data *d = ctx;
-    const vh_sampler *sampler = d->samplers[d->split];
-    const idx_set *set = &d->sets[d->split];
-    const int64_t hw = (int64_t)d->rows * d->cols;
-    const int augment = d->split == VH_SPLIT_TRAIN;
-    const int64_t *indices;
-    int64_t count;
-    if (vh_sampler_batch(sampler, batch, &indices, &count) != VH_STATUS_OK) {
-        snprintf(err, err_len, "idx: batch %lld is outside the pass", (long long)batch);
-        return VH_STATUS_ERR_INTERNAL;
-    }
-    for (int64_t j = 0; j < count; j++) {
-        int64_t i = indices[j];
-        convert_image(d, set->pixels + i * hw, slot->images + j * hw,
-                      augment ? vh_sampler_sample_key(sampler, i) : 0, augment);
-        slot->labels[j] = set->labels[i];
-    }
-    slot->size = count;
     return VH_STATUS_OK;
 }
 
@@ -403,14 +332,9 @@ static vh_status fill_batch(void *ctx, int64_t batch, vh_prefetch_slot *slot, in
 static void idx_destroy(void *self) {
     idx_data *d = self;
     if (!d) return;
-    vh_host *host = d->host;
-    vh_prefetch_free(d->prefetch); /* joins the workers before their data goes */
-    for (int k = 0; k < 2; k++) {
-        vh_sampler_free(d->samplers[k]);
-        host->api->free(host, d->sets[k].pixels);
-        host->api->free(host, d->sets[k].labels);
-    }
-    host->api->free(host, d);
+    vh_data_pass_free(d->pass); /* joins the workers before their data goes */
+    vh_data_pass_u8_free(d->host, &d->images);
+    d->host->api->free(d->host, d);
 }
 
 static vh_status read_config(idx_data *d, const char **root, int64_t *workers, int64_t *depth) {
@@ -425,7 +349,7 @@ static vh_status read_config(idx_data *d, const char **root, int64_t *workers, i
         (st = host->api->config_int(host, "workers", workers)) != VH_STATUS_OK ||
         (st = host->api->config_int(host, "prefetch", depth)) != VH_STATUS_OK ||
         (st = host->api->config_int(host, "pad_crop", &pad)) != VH_STATUS_OK ||
-        (st = host->api->config_bool(host, "hflip", &d->hflip)) != VH_STATUS_OK)
+        (st = host->api->config_bool(host, "hflip", &d->images.hflip)) != VH_STATUS_OK)
         return host->api->fail(host, st, "idx: cannot read its configuration");
     if (classes < 1 || classes > 256)
         return host->api->config_fail(host, "num_classes", "%lld is outside [1, 256]",
@@ -434,16 +358,10 @@ static vh_status read_config(idx_data *d, const char **root, int64_t *workers, i
         return host->api->config_fail(host, "std", "%g must be positive and finite", std);
     if (!(mean > -1e30 && mean < 1e30))
         return host->api->config_fail(host, "mean", "%g must be finite", mean);
-    if (*workers < 0 || *workers > 64)
-        return host->api->config_fail(host, "workers", "%lld is outside [0, 64]",
-                                      (long long)*workers);
-    if (*depth < 1 || *depth > 64)
-        return host->api->config_fail(host, "prefetch", "%lld is outside [1, 64]",
-                                      (long long)*depth);
     if (pad < 0 || pad > 64)
         return host->api->config_fail(host, "pad_crop", "%lld is outside [0, 64]", (long long)pad);
     d->classes = (int32_t)classes;
-    d->pad_crop = (int32_t)pad;
+    d->images.pad_crop = (int32_t)pad;
     for (int v = 0; v < 256; v++) d->lut[v] = (float)(((double)v / 255.0 - mean) / std);
     return VH_STATUS_OK;
 }
@@ -457,202 +375,39 @@ static vh_status idx_create(vh_host *host, const vh_data_setup *setup, void **se
     if (!d) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "idx: out of memory");
     memset(d, 0, sizeof *d);
     d->host = host;
-    d->batch_size = setup->batch_size;
 
     const char *root;
     int64_t workers, depth;
     vh_status st = read_config(d, &root, &workers, &depth);
     if (st == VH_STATUS_OK)
-        st = load_set(d, &d->sets[VH_SPLIT_TRAIN], root, "train_images", "train_labels");
-    if (st == VH_STATUS_OK)
-        st = load_set(d, &d->sets[VH_SPLIT_EVAL], root, "eval_images", "eval_labels");
-    for (int k = 0; k < 2 && st == VH_STATUS_OK; k++) {
-        vh_sampler_setup su = {.struct_size = sizeof su, .size = d->sets[k].count,
-                               .rank = setup->rank, .world_size = setup->world_size,
-                               .batch_size = setup->batch_size, .split = (vh_split)k,
-                               .seed = setup->seed};
-        st = vh_sampler_init(host, &su, &d->samplers[k]);
-    }
+        st = load_set(d, VH_SPLIT_TRAIN, root, "train_images", "train_labels");
+    if (st == VH_STATUS_OK) st = load_set(d, VH_SPLIT_EVAL, root, "eval_images", "eval_labels");
+    d->images.planes = 1;
+    d->images.lut = d->lut;
     if (st == VH_STATUS_OK) {
-        int64_t hw = (int64_t)d->rows * d->cols;
-        if ((uint64_t)d->batch_size > (uint64_t)INT64_MAX / 8 / (uint64_t)hw) {
-            st = host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                                 "idx: batch size %lld is too large", (long long)d->batch_size);
-        } else {
-            vh_prefetch_setup ps = {.struct_size = sizeof ps, .workers = (int32_t)workers,
-                                    .depth = (int32_t)depth, .max_batch = d->batch_size,
-                                    .image_floats = d->batch_size * hw, .fill = fill_batch,
-                                    .ctx = d};
-            st = vh_prefetch_init(host, &ps, &d->prefetch);
-        }
+        vh_data_pass_setup ps = {.struct_size = sizeof ps, .name = "idx",
+                                 .state_magic = 0x58444956u /* "VIDX" */, .data = setup,
+                                 .train_size = d->sets[VH_SPLIT_TRAIN].count,
+                                 .eval_size = d->sets[VH_SPLIT_EVAL].count, .channels = 1,
+                                 .height = d->images.rows, .width = d->images.cols,
+                                 .num_classes = d->classes, .workers = (int32_t)workers,
+                                 .depth = (int32_t)depth, .fill = vh_data_pass_fill_u8,
+                                 .ctx = &d->images};
+        st = vh_data_pass_init(host, &ps, &d->pass);
     }
     if (st != VH_STATUS_OK) {
         idx_destroy(d);
         return st;
     }
     host->api->log(host, VH_LOG_LEVEL_INFO, "idx: %lld train + %lld eval images of %dx%d from %s",
-                   (long long)d->sets[0].count, (long long)d->sets[1].count, (int)d->rows,
-                   (int)d->cols, root);
+                   (long long)d->sets[0].count, (long long)d->sets[1].count,
+                   (int)d->images.rows, (int)d->images.cols, root);
     *self = d;
     return VH_STATUS_OK;
 }
 
-static vh_status idx_info(void *self, vh_data_info *out) {
-    idx_data *d = self;
-    if (!d || !out) return VH_STATUS_ERR_INVALID_ARG;
-#define COVERS(m) (out->struct_size >= offsetof(vh_data_info, m) + sizeof out->m)
-    if (COVERS(channels)) out->channels = 1;
-    if (COVERS(height)) out->height = d->rows;
-    if (COVERS(width)) out->width = d->cols;
-    if (COVERS(num_classes)) out->num_classes = d->classes;
-    if (COVERS(train_size)) out->train_size = d->sets[VH_SPLIT_TRAIN].count;
-    if (COVERS(eval_size)) out->eval_size = d->sets[VH_SPLIT_EVAL].count;
-#undef COVERS
-    return VH_STATUS_OK;
-}
-
-/* Makes `split` the current pass from batch `first` on. */
-static vh_status begin_pass(idx_data *d, vh_split split, int64_t first) {
-    vh_prefetch_stop(d->prefetch);
-    d->active = 0;
-    d->split = split;
-    vh_status st = vh_prefetch_start(d->prefetch, first, vh_sampler_batches(d->samplers[split]));
-    if (st != VH_STATUS_OK) return st;
-    d->active = 1;
-    return VH_STATUS_OK;
-}
-
-static vh_status idx_start_epoch(void *self, vh_split split, int64_t epoch) {
-    idx_data *d = self;
-    if (!d) return VH_STATUS_ERR_INVALID_ARG;
-    vh_host *host = d->host;
-    if (split != VH_SPLIT_TRAIN && split != VH_SPLIT_EVAL)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "idx: unknown split %d",
-                               (int)split);
-    if (split == VH_SPLIT_TRAIN) {
-        d->train_suspended = 0;
-    } else if (d->active && d->split == VH_SPLIT_TRAIN) {
-        /* An eval pass inside a training pass: the training pass waits. */
-        int64_t at = vh_prefetch_position(d->prefetch);
-        if (at < vh_sampler_batches(d->samplers[VH_SPLIT_TRAIN])) {
-            d->train_suspended = 1;
-            d->train_cursor = at;
-        }
-    }
-    vh_prefetch_stop(d->prefetch); /* no worker reads the sampler while it changes */
-    d->active = 0;
-    vh_status st = vh_sampler_start(d->samplers[split], epoch);
-    if (st != VH_STATUS_OK) return st;
-    return begin_pass(d, split, 0);
-}
-
-static vh_status idx_next(void *self, vh_batch *out, int *has_batch) {
-    idx_data *d = self;
-    if (!d || !out || !has_batch) return VH_STATUS_ERR_INVALID_ARG;
-    *has_batch = 0;
-    if (!d->active)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "idx: next called before start_epoch");
-    const vh_prefetch_slot *slot;
-    int has;
-    vh_status st = vh_prefetch_next(d->prefetch, &slot, &has);
-    if (st != VH_STATUS_OK) return st;
-    if (!has) {
-        if (d->split == VH_SPLIT_EVAL && d->train_suspended) {
-            /* The eval pass is over: the training pass it interrupted goes on. */
-            d->train_suspended = 0;
-            return begin_pass(d, VH_SPLIT_TRAIN, d->train_cursor);
-        }
-        return VH_STATUS_OK;
-    }
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->images = (vh_tensor){.data = slot->images, .dtype = VH_DTYPE_F32,
-                              .device = VH_DEVICE_KIND_CPU, .ndim = 4,
-                              .shape = {slot->size, 1, d->rows, d->cols}};
-    out->labels = (vh_tensor){.data = slot->labels, .dtype = VH_DTYPE_I32,
-                              .device = VH_DEVICE_KIND_CPU, .ndim = 1, .shape = {slot->size}};
-    out->size = slot->size;
-    *has_batch = 1;
-    return VH_STATUS_OK;
-}
-
-/* ---- resumable position ----------------------------------------------------
- * The training pass's, as vh_data.h asks: whether one is in progress, its
- * epoch and cursor (a 16-byte header, then the training sampler's state). An
- * eval pass in between is not recorded; after state_load, next continues the
- * training pass where it stood. */
-
-#define STATE_MAGIC 0x58444956u /* "VIDX" */
-#define STATE_VERSION 1u
-#define STATE_HEADER 16
-#define STATE_BYTES (STATE_HEADER + VH_SAMPLER_STATE_BYTES)
-
-static vh_status idx_state_size(void *self, size_t *bytes) {
-    if (!self || !bytes) return VH_STATUS_ERR_INVALID_ARG;
-    *bytes = STATE_BYTES;
-    return VH_STATUS_OK;
-}
-
-static vh_status idx_state_save(void *self, void *buf, size_t bytes) {
-    idx_data *d = self;
-    if (!d || !buf) return VH_STATUS_ERR_INVALID_ARG;
-    if (bytes < STATE_BYTES)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "idx: state buffer of %zu bytes, %d needed", bytes,
-                                  STATE_BYTES);
-    uint32_t in_progress = 0;
-    int64_t cursor = 0;
-    if (d->active && d->split == VH_SPLIT_TRAIN) {
-        in_progress = 1;
-        cursor = vh_prefetch_position(d->prefetch);
-    } else if (d->train_suspended) {
-        in_progress = 1;
-        cursor = d->train_cursor;
-    }
-    uint32_t h[4] = {STATE_MAGIC, STATE_VERSION, in_progress, 0};
-    memcpy(buf, h, sizeof h);
-    return vh_sampler_state_save(d->samplers[VH_SPLIT_TRAIN], cursor,
-                                 (unsigned char *)buf + STATE_HEADER, VH_SAMPLER_STATE_BYTES);
-}
-
-static vh_status idx_state_load(void *self, const void *buf, size_t bytes) {
-    idx_data *d = self;
-    if (!d || !buf) return VH_STATUS_ERR_INVALID_ARG;
-    vh_host *host = d->host;
-    uint32_t h[4];
-    if (bytes != STATE_BYTES)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "idx: state of %zu bytes, expected %d", bytes, STATE_BYTES);
-    memcpy(h, buf, sizeof h);
-    if (h[0] != STATE_MAGIC || h[1] != STATE_VERSION || h[2] > 1)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT, "not a idx data state");
-    vh_prefetch_stop(d->prefetch);
-    d->active = 0;
-    d->train_suspended = 0;
-    int64_t cursor;
-    int started;
-    vh_status st = vh_sampler_state_load(d->samplers[VH_SPLIT_TRAIN],
-                                         (const unsigned char *)buf + STATE_HEADER,
-                                         VH_SAMPLER_STATE_BYTES, &cursor, &started);
-    if (st != VH_STATUS_OK || !h[2]) return st;
-    if (!started)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "idx: corrupt state (a pass in progress, never started)");
-    return begin_pass(d, VH_SPLIT_TRAIN, cursor);
-}
-
-static const vh_data_vtable vtable = {
-    .struct_size = sizeof(vh_data_vtable),
-    .create = idx_create,
-    .destroy = idx_destroy,
-    .info = idx_info,
-    .start_epoch = idx_start_epoch,
-    .next = idx_next,
-    .state_size = idx_state_size,
-    .state_save = idx_state_save,
-    .state_load = idx_state_load,
-};
+static const vh_data_vtable vtable = {VH_DATA_PASS_VTABLE, .create = idx_create,
+                                      .destroy = idx_destroy};
 
 VH_PLUGIN_DEFINE(VH_ROLE_DATA, "idx", "0.1.0",
                  "MNIST-format IDX files (MNIST, Fashion-MNIST), gzipped or not", schema, vtable);

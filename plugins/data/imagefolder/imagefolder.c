@@ -5,10 +5,11 @@
  *
  * reads root/train/<class>/<image> and root/val/<class>/<image>.
  *
- * This file is the glue: schema and config, the scan (scan.c), the per-rank
- * order (vh_sampler), the worker threads (vh_prefetch) whose fill decodes
- * (decode.c) and transforms (transform.c) each sample of a batch straight
- * into the prefetch slot, which `next` hands out without a copy.
+ * This file is the glue: schema and config, the scan (scan.c), and the fill
+ * that decodes (decode.c) and transforms (transform.c) each sample of a batch
+ * straight into its prefetch slot. The passes (per-rank order, worker
+ * threads, batches handed out without a copy, the resumable position) are
+ * vh_data_pass's.
  *
  * Each worker fills whole batches, so up to `workers` batches are decoded at
  * once; the random draws of a sample come from vh_sampler_sample_key (seed,
@@ -27,9 +28,9 @@
 #include "transform.h"
 #include "vithost/vh_config.h"
 #include "vithost/vh_data.h"
+#include "vithost/vh_data_pass.h"
 #include "vithost/vh_host.h"
 #include "vithost/vh_plugin.h"
-#include "vithost/vh_prefetch.h"
 #include "vithost/vh_sampler.h"
 
 #define PATH_CAP 4096
@@ -73,10 +74,8 @@ typedef struct imf_worker {
 } imf_worker;
 
 typedef struct imagefolder {
+    vh_data_pass *pass; /* first: the VH_DATA_PASS_VTABLE entries find it here */
     vh_host *host;
-    int32_t rank, world;
-    int64_t batch_size;
-    uint64_t seed;
 
     imf_transform tf;
     int32_t workers, depth;
@@ -84,19 +83,10 @@ typedef struct imagefolder {
     imf_split train, eval;
     int has_eval;
     char eval_path[PATH_CAP];
+    char no_eval[PATH_CAP + 32]; /* why there is no evaluation split */
 
-    vh_sampler *train_sampler, *eval_sampler;
     imf_worker *scratch; /* max(workers, 1) */
     int32_t num_scratch;
-    vh_prefetch *prefetch;
-
-    /* The pass: set before vh_prefetch_start, read by the workers' fills. */
-    int active;
-    vh_split split;
-    vh_sampler *pass_sampler;
-    const imf_split *pass_split;
-    int64_t cursor; /* batches of the pass handed out */
-    int finished;   /* the pass is over: next says so again */
 } imagefolder;
 
 /* ---- config ------------------------------------------------------------ */
@@ -211,6 +201,7 @@ static vh_status scan(imagefolder *d, const char *root, const char *train_dir,
     if ((st = imf_scan_split(host, path, &d->classes, &d->train)) != VH_STATUS_OK) return st;
 
     d->has_eval = 0;
+    snprintf(d->no_eval, sizeof d->no_eval, "(eval_dir is empty)");
     if (*eval_dir) {
         if (snprintf(d->eval_path, sizeof d->eval_path, "%s/%s", root, eval_dir) >=
             (int)sizeof d->eval_path)
@@ -220,6 +211,7 @@ static vh_status scan(imagefolder *d, const char *root, const char *train_dir,
             if (st != VH_STATUS_OK) return st;
             d->has_eval = 1;
         } else {
+            snprintf(d->no_eval, sizeof d->no_eval, "%s does not exist", d->eval_path);
             host->api->log(host, VH_LOG_LEVEL_WARN,
                            "no evaluation split: %s does not exist (evaluation will fail)",
                            d->eval_path);
@@ -259,45 +251,37 @@ static double plan_crop(void *ctx, int32_t width, int32_t height) {
     return imf_crop_min_scale(pc->tf, &pc->crop);
 }
 
-static vh_status fill_batch(void *ctx, int64_t batch, vh_prefetch_slot *slot, int worker,
-                            char *err, size_t err_len) {
+static vh_status fill_batch(void *ctx, const vh_data_pass_batch *b, char *err, size_t err_len) {
     imagefolder *d = ctx;
-    const int64_t *idx;
-    int64_t count;
-    if (vh_sampler_batch(d->pass_sampler, batch, &idx, &count) != VH_STATUS_OK) {
-        snprintf(err, err_len, "imagefolder: batch %lld is not in the pass", (long long)batch);
-        return VH_STATUS_ERR_INTERNAL;
-    }
-    imf_worker *w = &d->scratch[worker];
-    const imf_split *split = d->pass_split;
+    imf_worker *w = &d->scratch[b->worker];
+    const int train = b->split == VH_SPLIT_TRAIN;
+    const imf_split *split = train ? &d->train : &d->eval;
     const size_t chw = (size_t)3 * (size_t)d->tf.size * (size_t)d->tf.size;
-    for (int64_t j = 0; j < count; j++) {
-        int64_t i = idx[j];
+    for (int64_t j = 0; j < b->count; j++) {
+        int64_t i = b->samples[j];
         const char *rel = split->paths.text + split->path_at[i];
         if (snprintf(w->path, sizeof w->path, "%s/%s", split->dir, rel) >= (int)sizeof w->path) {
             snprintf(err, err_len, "%s/%s: path too long", split->dir, rel);
             return VH_STATUS_ERR_IO;
         }
-        plan_ctx pc = {&d->tf, split == &d->train, vh_sampler_sample_key(d->pass_sampler, i),
-                       {0, 0, 0, 0}, 0};
+        plan_ctx pc = {&d->tf, train, vh_sampler_sample_key(b->sampler, i), {0, 0, 0, 0}, 0};
         imf_image img;
         vh_status st = imf_decode(&w->dec, w->path, plan_crop, &pc, &img);
         if (st != VH_STATUS_OK) {
             snprintf(err, err_len, "%s", w->dec.error);
             return st;
         }
-        imf_resample(&d->tf, &img, &pc.crop, pc.flip, slot->images + (size_t)j * chw);
-        slot->labels[j] = split->label[i];
+        imf_resample(&d->tf, &img, &pc.crop, pc.flip, b->images + (size_t)j * chw);
+        b->labels[j] = split->label[i];
     }
-    slot->size = count;
     return VH_STATUS_OK;
 }
 
 /* ---- the vtable ---------------------------------------------------------- */
 
-/* Stops the workers' pass and logs the JPEG warnings they counted. */
-static void stop_pass(imagefolder *d) {
-    vh_prefetch_stop(d->prefetch);
+/* The workers are stopped: log the JPEG warnings they counted. */
+static void log_warnings(void *ctx) {
+    imagefolder *d = ctx;
     for (int32_t k = 0; k < d->num_scratch; k++) {
         imf_decoder *dec = &d->scratch[k].dec;
         if (dec->warnings)
@@ -308,13 +292,19 @@ static void stop_pass(imagefolder *d) {
     }
 }
 
+/* What a resumable position must match beyond the sampler's setup. */
+static uint32_t data_set_tag(const imagefolder *d) {
+    const int64_t v[3] = {d->classes.count, d->train.count, d->eval.count};
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over the three counts */
+    for (int k = 0; k < 3; k++) h = (h ^ (uint64_t)v[k]) * 0x100000001b3ull;
+    return (uint32_t)(h ^ (h >> 32)) | 1u;
+}
+
 static void data_destroy(void *self) {
     imagefolder *d = self;
     if (!d) return;
     vh_host *host = d->host;
-    vh_prefetch_free(d->prefetch); /* joins the workers first */
-    vh_sampler_free(d->train_sampler);
-    vh_sampler_free(d->eval_sampler);
+    vh_data_pass_free(d->pass); /* joins the workers first */
     for (int32_t k = 0; k < d->num_scratch; k++) imf_decoder_free(&d->scratch[k].dec);
     host->api->free(host, d->scratch);
     imf_split_free(host, &d->train);
@@ -323,22 +313,12 @@ static void data_destroy(void *self) {
     host->api->free(host, d);
 }
 
-static vh_status create_parts(imagefolder *d) {
+static vh_status create_parts(imagefolder *d, const vh_data_setup *setup) {
     vh_host *host = d->host;
     const char *root, *train_dir, *eval_dir;
     vh_status st = read_config(d, &root, &train_dir, &eval_dir);
     if (st != VH_STATUS_OK) return st;
     if ((st = scan(d, root, train_dir, eval_dir)) != VH_STATUS_OK) return st;
-
-    vh_sampler_setup su = {.struct_size = sizeof su, .size = d->train.count, .rank = d->rank,
-                           .world_size = d->world, .batch_size = d->batch_size,
-                           .split = VH_SPLIT_TRAIN, .seed = d->seed};
-    if ((st = vh_sampler_init(host, &su, &d->train_sampler)) != VH_STATUS_OK) return st;
-    if (d->has_eval) {
-        su.size = d->eval.count;
-        su.split = VH_SPLIT_EVAL;
-        if ((st = vh_sampler_init(host, &su, &d->eval_sampler)) != VH_STATUS_OK) return st;
-    }
 
     int32_t n = d->workers > 0 ? d->workers : 1;
     d->scratch = host->api->alloc(host, (size_t)n * sizeof *d->scratch);
@@ -346,15 +326,16 @@ static vh_status create_parts(imagefolder *d) {
     for (int32_t k = 0; k < n; k++) imf_decoder_init(&d->scratch[k].dec, host);
     d->num_scratch = n;
 
-    int64_t side = d->tf.size;
-    if ((uint64_t)d->batch_size > (uint64_t)INT64_MAX / (uint64_t)(3 * side * side))
-        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "batch size %lld is too large",
-                               (long long)d->batch_size);
-    vh_prefetch_setup ps = {.struct_size = sizeof ps, .workers = d->workers, .depth = d->depth,
-                            .max_batch = d->batch_size,
-                            .image_floats = d->batch_size * 3 * side * side,
-                            .fill = fill_batch, .ctx = d};
-    return vh_prefetch_init(host, &ps, &d->prefetch);
+    vh_data_pass_setup ps = {.struct_size = sizeof ps, .name = "imagefolder",
+                             .state_magic = 0x53464d49u /* "IMFS" */,
+                             .state_tag = data_set_tag(d), .data = setup,
+                             .train_size = d->train.count,
+                             .eval_size = d->has_eval ? d->eval.count : 0,
+                             .eval_missing = d->no_eval, .channels = 3, .height = d->tf.size,
+                             .width = d->tf.size, .num_classes = d->classes.count,
+                             .workers = d->workers, .depth = d->depth, .fill = fill_batch,
+                             .stopped = log_warnings, .ctx = d};
+    return vh_data_pass_init(host, &ps, &d->pass);
 }
 
 static vh_status data_create(vh_host *host, const vh_data_setup *setup, void **self) {
@@ -372,11 +353,7 @@ static vh_status data_create(vh_host *host, const vh_data_setup *setup, void **s
     if (!d) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory");
     memset(d, 0, sizeof *d);
     d->host = host;
-    d->rank = setup->rank;
-    d->world = setup->world_size;
-    d->batch_size = setup->batch_size;
-    d->seed = setup->seed;
-    vh_status st = create_parts(d);
+    vh_status st = create_parts(d, setup);
     if (st != VH_STATUS_OK) {
         data_destroy(d);
         return st;
@@ -385,188 +362,8 @@ static vh_status data_create(vh_host *host, const vh_data_setup *setup, void **s
     return VH_STATUS_OK;
 }
 
-static vh_status data_info(void *self, vh_data_info *out) {
-    imagefolder *d = self;
-    if (!d || !out) return VH_STATUS_ERR_INVALID_ARG;
-    if (out->struct_size < sizeof *out)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG, "data info struct too small");
-    out->channels = 3;
-    out->height = out->width = d->tf.size;
-    out->num_classes = d->classes.count;
-    out->train_size = d->train.count;
-    out->eval_size = d->has_eval ? d->eval.count : 0;
-    return VH_STATUS_OK;
-}
-
-/* The sampler and file list of a split; fails naming the missing eval folder. */
-static vh_status split_parts(imagefolder *d, vh_split split, vh_sampler **sampler,
-                             const imf_split **list) {
-    if (split == VH_SPLIT_TRAIN) {
-        *sampler = d->train_sampler;
-        *list = &d->train;
-        return VH_STATUS_OK;
-    }
-    if (split != VH_SPLIT_EVAL)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG, "unknown split %d",
-                                  (int)split);
-    if (!d->has_eval)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_CONFIG,
-                                  "no evaluation split: %s does not exist",
-                                  d->eval_path[0] ? d->eval_path : "(eval_dir is empty)");
-    *sampler = d->eval_sampler;
-    *list = &d->eval;
-    return VH_STATUS_OK;
-}
-
-static vh_status begin_pass(imagefolder *d, vh_split split, vh_sampler *sampler,
-                            const imf_split *list, int64_t cursor) {
-    d->active = 1;
-    d->split = split;
-    d->pass_sampler = sampler;
-    d->pass_split = list;
-    d->cursor = cursor;
-    d->finished = 0;
-    vh_status st = vh_prefetch_start(d->prefetch, cursor, vh_sampler_batches(sampler));
-    if (st != VH_STATUS_OK) d->active = 0;
-    return st;
-}
-
-static vh_status data_start_epoch(void *self, vh_split split, int64_t epoch) {
-    imagefolder *d = self;
-    if (!d) return VH_STATUS_ERR_INVALID_ARG;
-    if (epoch < 0)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG, "epoch %lld is negative",
-                                  (long long)epoch);
-    stop_pass(d);
-    d->active = 0;
-    vh_sampler *sampler;
-    const imf_split *list;
-    vh_status st = split_parts(d, split, &sampler, &list);
-    if (st != VH_STATUS_OK) return st;
-    if ((st = vh_sampler_start(sampler, epoch)) != VH_STATUS_OK) return st;
-    return begin_pass(d, split, sampler, list, 0);
-}
-
-static vh_status data_next(void *self, vh_batch *out, int *has_batch) {
-    imagefolder *d = self;
-    if (!d || !out || !has_batch) return VH_STATUS_ERR_INVALID_ARG;
-    *has_batch = 0;
-    if (!d->active)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "next called before start_epoch");
-    if (d->finished) return VH_STATUS_OK;
-    const vh_prefetch_slot *slot;
-    int has;
-    vh_status st = vh_prefetch_next(d->prefetch, &slot, &has);
-    if (st != VH_STATUS_OK) return st; /* the prefetcher reported the fill's message */
-    if (!has) {
-        stop_pass(d);
-        d->finished = 1;
-        return VH_STATUS_OK;
-    }
-    d->cursor++;
-    const int64_t b = slot->size, s = d->tf.size;
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->images.data = slot->images;
-    out->images.dtype = VH_DTYPE_F32;
-    out->images.device = VH_DEVICE_KIND_CPU;
-    out->images.ndim = 4;
-    out->images.shape[0] = b;
-    out->images.shape[1] = 3;
-    out->images.shape[2] = s;
-    out->images.shape[3] = s;
-    out->labels.data = slot->labels;
-    out->labels.dtype = VH_DTYPE_I32;
-    out->labels.device = VH_DEVICE_KIND_CPU;
-    out->labels.ndim = 1;
-    out->labels.shape[0] = b;
-    out->size = b;
-    *has_batch = 1;
-    return VH_STATUS_OK;
-}
-
-/* ---- resumable position ---------------------------------------------------
- * A small header (which split, the data set's sizes) and the sampler's blob,
- * which holds the epoch, the cursor and the setup (seed, ranks, batch). */
-
-#define STATE_MAGIC 0x53464d49u /* "IMFS" */
-#define STATE_VERSION 1u
-
-typedef struct state_head {
-    uint32_t magic, version;
-    int32_t split, num_classes;
-    int64_t train_size, eval_size;
-} state_head;
-
-#define STATE_BYTES (sizeof(state_head) + VH_SAMPLER_STATE_BYTES)
-
-static vh_status data_state_size(void *self, size_t *bytes) {
-    if (!self || !bytes) return VH_STATUS_ERR_INVALID_ARG;
-    *bytes = STATE_BYTES;
-    return VH_STATUS_OK;
-}
-
-static vh_status data_state_save(void *self, void *buf, size_t bytes) {
-    imagefolder *d = self;
-    if (!d || !buf) return VH_STATUS_ERR_INVALID_ARG;
-    if (bytes < STATE_BYTES)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "state buffer of %zu bytes, %zu needed", bytes,
-                                  (size_t)STATE_BYTES);
-    state_head h = {STATE_MAGIC, STATE_VERSION, d->active ? (int32_t)d->split : VH_SPLIT_TRAIN,
-                    d->classes.count, d->train.count, d->eval.count};
-    memcpy(buf, &h, sizeof h);
-    const vh_sampler *s = d->active ? d->pass_sampler : d->train_sampler;
-    return vh_sampler_state_save(s, d->active ? d->cursor : 0, (char *)buf + sizeof h,
-                                 VH_SAMPLER_STATE_BYTES);
-}
-
-static vh_status data_state_load(void *self, const void *buf, size_t bytes) {
-    imagefolder *d = self;
-    if (!d || !buf) return VH_STATUS_ERR_INVALID_ARG;
-    vh_host *host = d->host;
-    state_head h;
-    if (bytes != STATE_BYTES)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT, "state of %zu bytes, expected %zu",
-                               bytes, (size_t)STATE_BYTES);
-    memcpy(&h, buf, sizeof h);
-    if (h.magic != STATE_MAGIC || h.version != STATE_VERSION)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT, "not an imagefolder state (version %u)",
-                               (unsigned)h.version);
-    if (h.num_classes != d->classes.count || h.train_size != d->train.count ||
-        h.eval_size != d->eval.count)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "state of another data set (%d classes, %lld + %lld images; this "
-                               "one has %d, %lld + %lld)",
-                               (int)h.num_classes, (long long)h.train_size,
-                               (long long)h.eval_size, (int)d->classes.count,
-                               (long long)d->train.count, (long long)d->eval.count);
-    stop_pass(d);
-    d->active = 0;
-    vh_sampler *sampler;
-    const imf_split *list;
-    vh_status st = split_parts(d, (vh_split)h.split, &sampler, &list);
-    if (st != VH_STATUS_OK) return st;
-    int64_t cursor;
-    int started;
-    st = vh_sampler_state_load(sampler, (const char *)buf + sizeof h, VH_SAMPLER_STATE_BYTES,
-                               &cursor, &started);
-    if (st != VH_STATUS_OK || !started) return st;
-    return begin_pass(d, (vh_split)h.split, sampler, list, cursor);
-}
-
-static const vh_data_vtable vtable = {
-    .struct_size = sizeof(vh_data_vtable),
-    .create = data_create,
-    .destroy = data_destroy,
-    .info = data_info,
-    .start_epoch = data_start_epoch,
-    .next = data_next,
-    .state_size = data_state_size,
-    .state_save = data_state_save,
-    .state_load = data_state_load,
-};
+static const vh_data_vtable vtable = {VH_DATA_PASS_VTABLE, .create = data_create,
+                                      .destroy = data_destroy};
 
 VH_PLUGIN_DEFINE(VH_ROLE_DATA, "imagefolder", "0.1.0",
                  "ImageNet-style class folders of JPEG/PNG images, decoded and augmented",

@@ -10,21 +10,15 @@
  * from the run's seed.
  *
  * Sizes: channels x height x width, with height and width defaulting to
- * image_size. Order and per-rank split: vh_sampler, as every data plugin.
- *
- * Passes: start_epoch(EVAL) in the middle of a training pass (the host's
- * eval_every_steps) suspends that pass; once the eval pass has ended (next
- * said has_batch = 0), next continues the training pass where it stood.
+ * image_size. Order, per-rank split, prefetching, batches and the resumable
+ * position: vh_data_pass, as every data plugin.
  */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "vithost/vithost.h"
-#include "vithost/vh_prefetch.h"
-#include "vithost/vh_sampler.h"
 
 static const vh_config_key schema[] = {
     {"channels", VH_CONFIG_TYPE_INT, "3", "image channels", NULL, 1, 64, 0},
@@ -47,23 +41,13 @@ static const vh_config_key schema[] = {
 };
 
 typedef struct synth_data {
+    vh_data_pass *pass; /* first: the VH_DATA_PASS_VTABLE entries find it here */
     vh_host *host;
     uint64_t seed;
-    int64_t batch_size;
     int32_t channels, height, width, classes;
     int64_t chw, pool_size;
     int64_t sizes[2]; /* by vh_split */
     float *pool;      /* (pool_size, chw) */
-
-    vh_sampler *samplers[2];
-    vh_prefetch *prefetch;
-    /* The current pass (`split`; read by the workers, changed only while
-     * the prefetcher is stopped), and a training pass an eval pass
-     * interrupted, which goes on at train_cursor once the eval pass ends. */
-    int active;
-    vh_split split;
-    int train_suspended;
-    int64_t train_cursor;
 } synth_data;
 
 static uint64_t mix64(uint64_t x) {
@@ -79,22 +63,14 @@ static int64_t pool_entry(const synth_data *d, vh_split split, int64_t i) {
     return (int64_t)(h % (uint64_t)d->pool_size);
 }
 
-static vh_status fill_batch(void *ctx, int64_t batch, vh_prefetch_slot *slot, int worker,
-                            char *err, size_t err_len) {
-    (void)worker;
+static vh_status fill_batch(void *ctx, const vh_data_pass_batch *b, char *err, size_t err_len) {
+    (void)err, (void)err_len;
     const synth_data *d = ctx;
-    const int64_t *indices;
-    int64_t count;
-    if (vh_sampler_batch(d->samplers[d->split], batch, &indices, &count) != VH_STATUS_OK) {
-        snprintf(err, err_len, "synthetic: batch %lld is outside the pass", (long long)batch);
-        return VH_STATUS_ERR_INTERNAL;
+    for (int64_t j = 0; j < b->count; j++) {
+        int64_t e = pool_entry(d, b->split, b->samples[j]);
+        memcpy(b->images + j * d->chw, d->pool + e * d->chw, (size_t)d->chw * sizeof(float));
+        b->labels[j] = (int32_t)(e % d->classes);
     }
-    for (int64_t j = 0; j < count; j++) {
-        int64_t e = pool_entry(d, d->split, indices[j]);
-        memcpy(slot->images + j * d->chw, d->pool + e * d->chw, (size_t)d->chw * sizeof(float));
-        slot->labels[j] = (int32_t)(e % d->classes);
-    }
-    slot->size = count;
     return VH_STATUS_OK;
 }
 
@@ -102,9 +78,7 @@ static void synth_destroy(void *self) {
     synth_data *d = self;
     if (!d) return;
     vh_host *host = d->host;
-    vh_prefetch_free(d->prefetch);
-    vh_sampler_free(d->samplers[0]);
-    vh_sampler_free(d->samplers[1]);
+    vh_data_pass_free(d->pass); /* joins the workers before the pool goes */
     host->api->free(host, d->pool);
     host->api->free(host, d);
 }
@@ -164,19 +138,19 @@ static vh_status synth_create(vh_host *host, const vh_data_setup *setup, void **
     memset(d, 0, sizeof *d);
     d->host = host;
     d->seed = setup->seed;
-    d->batch_size = setup->batch_size;
 
     int64_t workers, depth;
     vh_status st = read_config(d, &workers, &depth);
-    for (int k = 0; k < 2 && st == VH_STATUS_OK; k++) {
-        vh_sampler_setup su = {.struct_size = sizeof su, .size = d->sizes[k], .rank = setup->rank,
-                               .world_size = setup->world_size, .batch_size = setup->batch_size,
-                               .split = (vh_split)k, .seed = setup->seed};
-        st = vh_sampler_init(host, &su, &d->samplers[k]);
+    if (st == VH_STATUS_OK) {
+        vh_data_pass_setup ps = {.struct_size = sizeof ps, .name = "synthetic",
+                                 .state_magic = 0x4e595356u /* "VSYN" */, .data = setup,
+                                 .train_size = d->sizes[VH_SPLIT_TRAIN],
+                                 .eval_size = d->sizes[VH_SPLIT_EVAL], .channels = d->channels,
+                                 .height = d->height, .width = d->width, .num_classes = d->classes,
+                                 .workers = (int32_t)workers, .depth = (int32_t)depth,
+                                 .fill = fill_batch, .ctx = d};
+        st = vh_data_pass_init(host, &ps, &d->pass); /* workers idle until start_epoch */
     }
-    if (st == VH_STATUS_OK && (uint64_t)d->batch_size > (uint64_t)INT64_MAX / 8 / (uint64_t)d->chw)
-        st = host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                             "synthetic: batch size %lld is too large", (long long)d->batch_size);
     if (st == VH_STATUS_OK) {
         d->pool = host->api->alloc(host, (size_t)d->pool_size * (size_t)d->chw * sizeof(float));
         if (!d->pool)
@@ -193,14 +167,6 @@ static vh_status synth_create(vh_host *host, const vh_data_setup *setup, void **
             for (int64_t k = 0; k < d->chw; k++)
                 img[k] = (float)(vh_sampler_rng_next(&rng) >> 40) * scale - shift;
         }
-        vh_prefetch_setup ps = {.struct_size = sizeof ps,
-                                .workers = (int32_t)workers,
-                                .depth = (int32_t)depth,
-                                .max_batch = d->batch_size,
-                                .image_floats = d->batch_size * d->chw,
-                                .fill = fill_batch,
-                                .ctx = d};
-        st = vh_prefetch_init(host, &ps, &d->prefetch);
     }
     if (st != VH_STATUS_OK) {
         synth_destroy(d);
@@ -210,162 +176,8 @@ static vh_status synth_create(vh_host *host, const vh_data_setup *setup, void **
     return VH_STATUS_OK;
 }
 
-static vh_status synth_info(void *self, vh_data_info *out) {
-    synth_data *d = self;
-    if (!d || !out) return VH_STATUS_ERR_INVALID_ARG;
-#define COVERS(m) (out->struct_size >= offsetof(vh_data_info, m) + sizeof out->m)
-    if (COVERS(channels)) out->channels = d->channels;
-    if (COVERS(height)) out->height = d->height;
-    if (COVERS(width)) out->width = d->width;
-    if (COVERS(num_classes)) out->num_classes = d->classes;
-    if (COVERS(train_size)) out->train_size = d->sizes[VH_SPLIT_TRAIN];
-    if (COVERS(eval_size)) out->eval_size = d->sizes[VH_SPLIT_EVAL];
-#undef COVERS
-    return VH_STATUS_OK;
-}
-
-/* Makes `split` the current pass from batch `first` on. */
-static vh_status begin_pass(synth_data *d, vh_split split, int64_t first) {
-    vh_prefetch_stop(d->prefetch);
-    d->active = 0;
-    d->split = split;
-    vh_status st = vh_prefetch_start(d->prefetch, first, vh_sampler_batches(d->samplers[split]));
-    if (st != VH_STATUS_OK) return st;
-    d->active = 1;
-    return VH_STATUS_OK;
-}
-
-static vh_status synth_start_epoch(void *self, vh_split split, int64_t epoch) {
-    synth_data *d = self;
-    if (!d) return VH_STATUS_ERR_INVALID_ARG;
-    vh_host *host = d->host;
-    if (split != VH_SPLIT_TRAIN && split != VH_SPLIT_EVAL)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "synthetic: unknown split %d",
-                               (int)split);
-    if (split == VH_SPLIT_TRAIN) {
-        d->train_suspended = 0;
-    } else if (d->active && d->split == VH_SPLIT_TRAIN) {
-        /* An eval pass inside a training pass: the training pass waits. */
-        int64_t at = vh_prefetch_position(d->prefetch);
-        if (at < vh_sampler_batches(d->samplers[VH_SPLIT_TRAIN])) {
-            d->train_suspended = 1;
-            d->train_cursor = at;
-        }
-    }
-    vh_prefetch_stop(d->prefetch); /* no worker reads the sampler while it changes */
-    d->active = 0;
-    vh_status st = vh_sampler_start(d->samplers[split], epoch);
-    if (st != VH_STATUS_OK) return st;
-    return begin_pass(d, split, 0);
-}
-
-static vh_status synth_next(void *self, vh_batch *out, int *has_batch) {
-    synth_data *d = self;
-    if (!d || !out || !has_batch) return VH_STATUS_ERR_INVALID_ARG;
-    *has_batch = 0;
-    if (!d->active)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "synthetic: next called before start_epoch");
-    const vh_prefetch_slot *slot;
-    int has;
-    vh_status st = vh_prefetch_next(d->prefetch, &slot, &has);
-    if (st != VH_STATUS_OK) return st;
-    if (!has) {
-        if (d->split == VH_SPLIT_EVAL && d->train_suspended) {
-            /* The eval pass is over: the training pass it interrupted goes on. */
-            d->train_suspended = 0;
-            return begin_pass(d, VH_SPLIT_TRAIN, d->train_cursor);
-        }
-        return VH_STATUS_OK;
-    }
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->images = (vh_tensor){.data = slot->images, .dtype = VH_DTYPE_F32,
-                              .device = VH_DEVICE_KIND_CPU, .ndim = 4,
-                              .shape = {slot->size, d->channels, d->height, d->width}};
-    out->labels = (vh_tensor){.data = slot->labels, .dtype = VH_DTYPE_I32,
-                              .device = VH_DEVICE_KIND_CPU, .ndim = 1, .shape = {slot->size}};
-    out->size = slot->size;
-    *has_batch = 1;
-    return VH_STATUS_OK;
-}
-
-/* ---- resumable position ----------------------------------------------------
- * The training pass's, as vh_data.h asks: whether one is in progress, its
- * epoch and cursor (a 16-byte header, then the training sampler's state). An
- * eval pass in between is not recorded; after state_load, next continues the
- * training pass where it stood. */
-
-#define STATE_MAGIC 0x4e595356u /* "VSYN" */
-#define STATE_VERSION 1u
-#define STATE_HEADER 16
-#define STATE_BYTES (STATE_HEADER + VH_SAMPLER_STATE_BYTES)
-
-static vh_status synth_state_size(void *self, size_t *bytes) {
-    if (!self || !bytes) return VH_STATUS_ERR_INVALID_ARG;
-    *bytes = STATE_BYTES;
-    return VH_STATUS_OK;
-}
-
-static vh_status synth_state_save(void *self, void *buf, size_t bytes) {
-    synth_data *d = self;
-    if (!d || !buf) return VH_STATUS_ERR_INVALID_ARG;
-    if (bytes < STATE_BYTES)
-        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "synthetic: state buffer of %zu bytes, %d needed", bytes,
-                                  STATE_BYTES);
-    uint32_t in_progress = 0;
-    int64_t cursor = 0;
-    if (d->active && d->split == VH_SPLIT_TRAIN) {
-        in_progress = 1;
-        cursor = vh_prefetch_position(d->prefetch);
-    } else if (d->train_suspended) {
-        in_progress = 1;
-        cursor = d->train_cursor;
-    }
-    uint32_t h[4] = {STATE_MAGIC, STATE_VERSION, in_progress, 0};
-    memcpy(buf, h, sizeof h);
-    return vh_sampler_state_save(d->samplers[VH_SPLIT_TRAIN], cursor,
-                                 (unsigned char *)buf + STATE_HEADER, VH_SAMPLER_STATE_BYTES);
-}
-
-static vh_status synth_state_load(void *self, const void *buf, size_t bytes) {
-    synth_data *d = self;
-    if (!d || !buf) return VH_STATUS_ERR_INVALID_ARG;
-    vh_host *host = d->host;
-    uint32_t h[4];
-    if (bytes != STATE_BYTES)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "synthetic: state of %zu bytes, expected %d", bytes, STATE_BYTES);
-    memcpy(h, buf, sizeof h);
-    if (h[0] != STATE_MAGIC || h[1] != STATE_VERSION || h[2] > 1)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT, "not a synthetic data state");
-    vh_prefetch_stop(d->prefetch);
-    d->active = 0;
-    d->train_suspended = 0;
-    int64_t cursor;
-    int started;
-    vh_status st = vh_sampler_state_load(d->samplers[VH_SPLIT_TRAIN],
-                                         (const unsigned char *)buf + STATE_HEADER,
-                                         VH_SAMPLER_STATE_BYTES, &cursor, &started);
-    if (st != VH_STATUS_OK || !h[2]) return st;
-    if (!started)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "synthetic: corrupt state (a pass in progress, never started)");
-    return begin_pass(d, VH_SPLIT_TRAIN, cursor);
-}
-
-static const vh_data_vtable vtable = {
-    .struct_size = sizeof(vh_data_vtable),
-    .create = synth_create,
-    .destroy = synth_destroy,
-    .info = synth_info,
-    .start_epoch = synth_start_epoch,
-    .next = synth_next,
-    .state_size = synth_state_size,
-    .state_save = synth_state_save,
-    .state_load = synth_state_load,
-};
+static const vh_data_vtable vtable = {VH_DATA_PASS_VTABLE, .create = synth_create,
+                                      .destroy = synth_destroy};
 
 VH_PLUGIN_DEFINE(VH_ROLE_DATA, "synthetic", "0.1.0",
                  "random images and labels of any shape, for benchmarks", schema, vtable);

@@ -5,6 +5,7 @@
 #include "vh_comm.h"
 #include "vh_config.h"
 #include "vh_data.h"
+#include "vh_data_pass.h"
 #include "vh_device.h"
 #include "vh_host.h"
 #include "vh_model.h"

@@ -23,22 +23,13 @@
 #include "vithost/vh_data.h"
 #include "vithost/vh_host.h"
 #include "vithost/vh_plugin.h"
+#include "vithost/vh_random.h"
 
-/* ---- a small self-contained PRNG (splitmix64) ------------------------- */
-
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+/* ---- random numbers: the SDK's splitmix64 ------------------------------ */
 
 static uint64_t rng_next(uint64_t *state) {
-    *state += 0x9e3779b97f4a7c15ull;
-    uint64_t x = *state;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
+    *state += VH_SPLITMIX64_GAMMA;
+    return vh_splitmix64_mix(*state);
 }
 
 /* Uniform in [-1, 1): 24 random bits, exact in fp32. */
@@ -50,7 +41,7 @@ static float rng_sym(uint64_t *state) {
 enum { STREAM_LABEL = 1, STREAM_PATTERN = 2, STREAM_NOISE = 3, STREAM_SHUFFLE = 4 };
 
 static uint64_t label_of(vh_split split, int64_t i, int32_t classes) {
-    uint64_t h = mix64(mix64(((uint64_t)STREAM_LABEL << 56) ^ (uint64_t)split) ^ (uint64_t)i);
+    uint64_t h = vh_splitmix64(vh_splitmix64(((uint64_t)STREAM_LABEL << 56) ^ (uint64_t)split) ^ (uint64_t)i);
     return h % (uint64_t)classes;
 }
 
@@ -214,7 +205,7 @@ static vh_status data_create(vh_host *host, const vh_data_setup *setup, void **s
 
     /* Class patterns: independent of the run's seed, so every run learns the same task. */
     for (int32_t c = 0; c < d->classes; c++) {
-        uint64_t s = mix64(((uint64_t)STREAM_PATTERN << 56) ^ (uint64_t)c);
+        uint64_t s = vh_splitmix64(((uint64_t)STREAM_PATTERN << 56) ^ (uint64_t)c);
         float *p = d->patterns + (int64_t)c * d->chw;
         for (int64_t k = 0; k < d->chw; k++) p[k] = rng_sym(&s);
     }
@@ -240,7 +231,7 @@ static vh_status data_info(void *self, vh_data_info *out) {
 static void build_order(test_data *d, int64_t epoch) {
     if (d->order_epoch == epoch) return;
     for (int64_t i = 0; i < d->train_size; i++) d->order[i] = i;
-    uint64_t s = mix64(mix64(((uint64_t)STREAM_SHUFFLE << 56) ^ d->seed) ^ (uint64_t)epoch);
+    uint64_t s = vh_splitmix64(vh_splitmix64(((uint64_t)STREAM_SHUFFLE << 56) ^ d->seed) ^ (uint64_t)epoch);
     for (int64_t i = d->train_size - 1; i > 0; i--) {
         int64_t j = (int64_t)(rng_next(&s) % (uint64_t)(i + 1));
         int64_t t = d->order[i];
@@ -271,7 +262,7 @@ static void make_sample(const test_data *d, vh_split split, int64_t i, float *im
                         int32_t *label) {
     int32_t c = (int32_t)label_of(split, i, d->classes);
     const float *p = d->patterns + (int64_t)c * d->chw;
-    uint64_t s = mix64(mix64(mix64(((uint64_t)STREAM_NOISE << 56) ^ d->seed) ^ (uint64_t)split) ^
+    uint64_t s = vh_splitmix64(vh_splitmix64(vh_splitmix64(((uint64_t)STREAM_NOISE << 56) ^ d->seed) ^ (uint64_t)split) ^
                        (uint64_t)i);
     for (int64_t k = 0; k < d->chw; k++) image[k] = p[k] + d->noise * rng_sym(&s);
     *label = c;

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "vithost/vithost.h"
+#include "vithost/vh_random.h"
 
 static const vh_config_key schema[] = {
     {"channels", VH_CONFIG_TYPE_INT, "3", "image channels", NULL, 1, 64, 0},
@@ -50,16 +51,10 @@ typedef struct synth_data {
     float *pool;      /* (pool_size, chw) */
 } synth_data;
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 static int64_t pool_entry(const synth_data *d, vh_split split, int64_t i) {
     uint64_t h =
-        mix64(mix64(mix64(d->seed ^ 0x5359000000000000ull) ^ (uint64_t)split) ^ (uint64_t)i);
+        vh_splitmix64(vh_splitmix64(vh_splitmix64(d->seed ^ 0x5359000000000000ull) ^ (uint64_t)split) ^ (uint64_t)i);
     return (int64_t)(h % (uint64_t)d->pool_size);
 }
 
@@ -162,7 +157,7 @@ static vh_status synth_create(vh_host *host, const vh_data_setup *setup, void **
     if (st == VH_STATUS_OK) {
         const float scale = (float)(2.0 * sqrt(3.0) / 16777216.0), shift = (float)sqrt(3.0);
         for (int64_t e = 0; e < d->pool_size; e++) {
-            uint64_t rng = mix64(mix64(d->seed ^ 0x504f000000000000ull) ^ (uint64_t)e);
+            uint64_t rng = vh_splitmix64(vh_splitmix64(d->seed ^ 0x504f000000000000ull) ^ (uint64_t)e);
             float *img = d->pool + e * d->chw;
             for (int64_t k = 0; k < d->chw; k++)
                 img[k] = (float)(vh_sampler_rng_next(&rng) >> 40) * scale - shift;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "vithost/vh_random.h"
 
 static const vh_config_key schema[] = {
     {"variant", VH_CONFIG_TYPE_ENUM, NULL,
@@ -227,13 +228,6 @@ static void vit_destroy(void *self) {
 
 static const vh_param_table *vit_param_table(void *self) { return &((vit *)self)->table; }
 
-/* splitmix64: a seed per parameter from (seed, unit, index). */
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 static vh_status vit_init_unit(void *self, int32_t unit, float *values, uint64_t seed) {
     vit *m = self;
@@ -243,7 +237,7 @@ static vh_status vit_init_unit(void *self, int32_t unit, float *values, uint64_t
     const vh_unit_desc *u = &m->units[unit];
     for (int32_t p = 0; p < u->num_params; p++) {
         const vh_param_desc *d = &u->params[p];
-        vh_param_init(d, values + d->offset, mix64(m->init_seed ^ mix64((uint64_t)unit << 16 | (uint64_t)p)));
+        vh_param_init(d, values + d->offset, vh_splitmix64(m->init_seed ^ vh_splitmix64((uint64_t)unit << 16 | (uint64_t)p)));
     }
     return VH_STATUS_OK;
 }

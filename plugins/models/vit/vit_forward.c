@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <string.h>
+#include "vithost/vh_random.h"
 
 #include "vit.h"
 #include "vit_ops.h"
@@ -70,22 +71,16 @@ float vit_drop_path_rate(const vit *m, int64_t l) {
     return m->drop_path * (float)l / (float)(m->depth - 1);
 }
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 uint64_t vit_site_seed(const vit *m, uint64_t step, uint64_t site) {
-    return mix64(m->dropout_seed ^ mix64(step * 1024u + site));
+    return vh_splitmix64(m->dropout_seed ^ vh_splitmix64(step * 1024u + site));
 }
 
 /* Draws one keep/drop factor per sample and applies it to a branch. */
 static vh_status drop_path(vit *m, float *branch, float *scale, float rate, int64_t batch,
                            uint64_t seed) {
     for (int64_t b = 0; b < batch; b++) {
-        double u = (double)(mix64(seed + (uint64_t)b) >> 11) * 0x1.0p-53;
+        double u = (double)(vh_splitmix64(seed + (uint64_t)b) >> 11) * 0x1.0p-53;
         m->dp_host[b] = u < rate ? 0.0f : 1.0f / (1.0f - rate);
     }
     const vh_device_ops *d = m->dev;

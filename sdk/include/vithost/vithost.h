@@ -14,6 +14,7 @@
 #include "vh_plugin.h"
 #include "vh_precision.h"
 #include "vh_prefetch.h"
+#include "vh_random.h"
 #include "vh_sampler.h"
 #include "vh_sharding.h"
 #include "vh_status.h"

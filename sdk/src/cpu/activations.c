@@ -163,7 +163,7 @@ vh_status vh_cpu_dropout_forward(vh_device *dev, float *out, float *mask, const 
     (void)dev;
     if (n < 0 || !(p >= 0.0f && p <= 1.0f)) return VH_STATUS_ERR_INVALID_ARG;
     if (n > 0 && (!out || !mask || !x)) return VH_STATUS_ERR_INVALID_ARG;
-    const uint64_t key = vh_rng_mix64(seed);
+    const uint64_t key = vh_splitmix64_mix(seed);
     const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
 #pragma omp parallel for simd schedule(static) PAR(n)
     for (int64_t i = 0; i < n; i++) {

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "vithost/vh_device.h"
+#include "vithost/vh_random.h"
 
 #define VH_CPU_HIDDEN __attribute__((visibility("hidden")))
 
@@ -24,20 +25,13 @@
 #define VH_CPU_PAR_ELEMS ((int64_t)1 << 15)
 
 /* ---- random numbers: a pure function of (key, counter) -------------------
- * mix64 is splitmix64's finaliser. The u-th value of stream `key` is
- * mix64(key + (u + 1) * VH_RNG_GAMMA); a stream's key is mix64(seed).
+ * vh_random.h's splitmix64: the u-th value of stream `key` is
+ * vh_splitmix64_mix(key + (u + 1) * GAMMA); a stream's key is that of the seed.
  * Nothing depends on thread count or call order, and the CUDA device can
  * compute the very same numbers. */
-#define VH_RNG_GAMMA UINT64_C(0x9E3779B97F4A7C15)
-
-static inline uint64_t vh_rng_mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
 
 static inline uint64_t vh_rng_bits(uint64_t key, uint64_t counter) {
-    return vh_rng_mix64(key + (counter + 1) * VH_RNG_GAMMA);
+    return vh_splitmix64_mix(key + (counter + 1) * VH_SPLITMIX64_GAMMA);
 }
 
 /* Uniform in [0, 1) with 24 random bits: exact in float. */

@@ -30,7 +30,7 @@ void vh_param_init(const vh_param_desc *param, float *values, uint64_t seed) {
     if (!param || !values || param->ndim < 0 || param->ndim > VH_TENSOR_MAX_DIMS) return;
     const int64_t n = vh_param_desc_numel(param);
     if (n <= 0) return;
-    const uint64_t key = vh_rng_mix64(seed);
+    const uint64_t key = vh_splitmix64_mix(seed);
     const double std = (double)param->init_std;
     const vh_init_kind kind = param->init;
 

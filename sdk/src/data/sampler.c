@@ -1,5 +1,6 @@
 /* sampler.c - the per-epoch sample order of one rank (see vh_sampler.h). */
 #include "vithost/vh_sampler.h"
+#include "vithost/vh_random.h"
 
 #include <string.h>
 
@@ -23,18 +24,12 @@ struct vh_sampler {
  * never share keys. */
 enum { STREAM_SHUFFLE = 0x53, STREAM_SAMPLE = 0x41 };
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 /* The key of (seed, stream, split, epoch). */
 static uint64_t key_of(uint64_t seed, uint64_t stream, vh_split split, int64_t epoch) {
-    uint64_t k = mix64(seed ^ (stream << 56));
-    k = mix64(k ^ (uint64_t)split);
-    return mix64(k ^ (uint64_t)epoch);
+    uint64_t k = vh_splitmix64(seed ^ (stream << 56));
+    k = vh_splitmix64(k ^ (uint64_t)split);
+    return vh_splitmix64(k ^ (uint64_t)epoch);
 }
 
 /* Uniform in [0, n), n >= 1, unbiased: draw c of the stream `key`, with
@@ -42,7 +37,7 @@ static uint64_t key_of(uint64_t seed, uint64_t stream, vh_split split, int64_t e
 static uint64_t draw_below(uint64_t key, uint64_t *counter, uint64_t n) {
     uint64_t reject = (0 - n) % n; /* 2^64 mod n */
     for (;;) {
-        uint64_t r = mix64(key ^ mix64((*counter)++));
+        uint64_t r = vh_splitmix64(key ^ vh_splitmix64((*counter)++));
         if (r >= reject) return r % n;
     }
 }
@@ -184,7 +179,7 @@ vh_status vh_sampler_batch(const vh_sampler *s, int64_t i, const int64_t **indic
 uint64_t vh_sampler_sample_key(const vh_sampler *s, int64_t sample) {
     if (!s) return 0;
     int64_t epoch = s->epoch < 0 ? 0 : s->epoch;
-    return mix64(key_of(s->seed, STREAM_SAMPLE, s->split, epoch) ^ mix64((uint64_t)sample));
+    return vh_splitmix64(key_of(s->seed, STREAM_SAMPLE, s->split, epoch) ^ vh_splitmix64((uint64_t)sample));
 }
 
 /* ---- state ---------------------------------------------------------------- */

@@ -312,6 +312,33 @@ static void test_decay_flags_and_units(void **state) {
     vh_fixture_free(&fx);
 }
 
+/* Opens a run whose model section is `model` (test plugins for the other
+ * roles) and creates the model for square images; returns create's status,
+ * the model in *model, the vtable in *vt. */
+static vh_status create_model(vh_run *run, const char *model_yaml, int32_t side,
+                              int32_t classes, int64_t batch, const vh_model_vtable **vt,
+                              void **model) {
+    char recipe[1024];
+    snprintf(recipe, sizeof recipe,
+             "model: %s\nprecision: {plugin: test_precision}\n"
+             "sharding: {plugin: test_sharding}\noptim: {plugin: test_optim}\n"
+             "data: {plugin: test_data}\n",
+             model_yaml);
+    setenv("VITHOST_PLUGIN_PATH", VH_TEST_PLUGIN_DIR, 1);
+    vh_diag d = {{0}};
+    vh_run_options opts = {.out = stdout};
+    if (run_open_text(run, "model.yaml", recipe, &opts, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
+    *vt = run->plugins[VH_ROLE_MODEL].desc->vtable;
+    vh_model_setup setup = {.struct_size = sizeof setup, .channels = 3, .height = side,
+                            .width = side, .num_classes = classes, .max_batch = batch,
+                            .policy = {sizeof(vh_precision_policy), VH_DTYPE_F32,
+                                       VH_DTYPE_F32, VH_DTYPE_F32, VH_DTYPE_F32,
+                                       VH_DTYPE_F32}};
+    *model = NULL;
+    return (*vt)->create(&run->hosts[VH_ROLE_MODEL].pub, &setup, model);
+}
+
 /* Published sizes: parameter counts of timm's vit_*_224 models (1000 classes). */
 static void test_variant_parameter_counts(void **state) {
     (void)state;
@@ -320,26 +347,12 @@ static void test_variant_parameter_counts(void **state) {
         int64_t params;
     } known[] = {{"s16", 22050664}, {"b16", 86567656}, {"l16", 304326632}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
-        char recipe[1024];
-        snprintf(recipe, sizeof recipe,
-                 "model: {plugin: vit, variant: %s}\nprecision: {plugin: test_precision}\n"
-                 "sharding: {plugin: test_sharding}\noptim: {plugin: test_optim}\n"
-                 "data: {plugin: test_data}\n",
-                 known[i].variant);
-        setenv("VITHOST_PLUGIN_PATH", VH_TEST_PLUGIN_DIR, 1);
+        char model_yaml[128];
+        snprintf(model_yaml, sizeof model_yaml, "{plugin: vit, variant: %s}", known[i].variant);
         vh_run run;
-        vh_diag d = {{0}};
-        vh_run_options opts = {.out = stdout};
-        if (run_open_text(&run, "variant.yaml", recipe, &opts, &d) != VH_STATUS_OK)
-            fail_msg("%s", d.text);
-        const vh_model_vtable *vt = run.plugins[VH_ROLE_MODEL].desc->vtable;
-        vh_model_setup setup = {.struct_size = sizeof setup, .channels = 3, .height = 224,
-                                .width = 224, .num_classes = 1000, .max_batch = 1,
-                                .policy = {sizeof(vh_precision_policy), VH_DTYPE_F32,
-                                           VH_DTYPE_F32, VH_DTYPE_F32, VH_DTYPE_F32,
-                                           VH_DTYPE_F32}};
-        void *model = NULL;
-        if (vt->create(&run.hosts[VH_ROLE_MODEL].pub, &setup, &model) != VH_STATUS_OK)
+        const vh_model_vtable *vt;
+        void *model;
+        if (create_model(&run, model_yaml, 224, 1000, 1, &vt, &model) != VH_STATUS_OK)
             fail_msg("%s", run.hosts[VH_ROLE_MODEL].error);
         assert_int_equal(vt->param_table(model)->numel, known[i].params);
         /* pycls convention, ViT-B/16: about 17.6 GFLOPs forward, x3 for training */
@@ -365,26 +378,10 @@ static void test_bad_configs(void **state) {
         {"{plugin: vit, variant: s16, image_size: 32}", "data plugin yields"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char recipe[1024];
-        snprintf(recipe, sizeof recipe,
-                 "model: %s\nprecision: {plugin: test_precision}\n"
-                 "sharding: {plugin: test_sharding}\noptim: {plugin: test_optim}\n"
-                 "data: {plugin: test_data}\n",
-                 cases[i].model);
-        setenv("VITHOST_PLUGIN_PATH", VH_TEST_PLUGIN_DIR, 1);
         vh_run run;
-        vh_diag d = {{0}};
-        vh_run_options opts = {.out = stdout};
-        if (run_open_text(&run, "bad.yaml", recipe, &opts, &d) != VH_STATUS_OK)
-            fail_msg("%s", d.text);
-        const vh_model_vtable *vt = run.plugins[VH_ROLE_MODEL].desc->vtable;
-        vh_model_setup setup = {.struct_size = sizeof setup, .channels = 3, .height = 16,
-                                .width = 16, .num_classes = 10, .max_batch = 2,
-                                .policy = {sizeof(vh_precision_policy), VH_DTYPE_F32,
-                                           VH_DTYPE_F32, VH_DTYPE_F32, VH_DTYPE_F32,
-                                           VH_DTYPE_F32}};
-        void *model = NULL;
-        assert_int_equal(vt->create(&run.hosts[VH_ROLE_MODEL].pub, &setup, &model),
+        const vh_model_vtable *vt;
+        void *model;
+        assert_int_equal(create_model(&run, cases[i].model, 16, 10, 2, &vt, &model),
                          VH_STATUS_ERR_CONFIG);
         if (!strstr(run.hosts[VH_ROLE_MODEL].error, cases[i].expect))
             fail_msg("case %zu: '%s' lacks '%s'", i, run.hosts[VH_ROLE_MODEL].error,

@@ -1,7 +1,6 @@
 /* host_api.c - the services the host hands each plugin instance. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,35 +133,19 @@ static vh_status host_config_origin(vh_host *host, const char *key, vh_config_or
     return VH_STATUS_OK;
 }
 
-/* Host allocations carry a 64-byte header holding their size, so free can
- * keep the memory counters exact without a table. */
-enum { ALLOC_HEADER = 64 };
-
-static void count_alloc(vh_run *run, size_t bytes) {
-    size_t now = atomic_fetch_add(&run->mem_current, bytes) + bytes;
-    size_t seen = atomic_load(&run->mem_peak);
-    while (now > seen && !atomic_compare_exchange_weak(&run->mem_peak, &seen, now)) {
-    }
-}
-
+/* The run's peak memory is the process's peak resident set (metrics.c),
+ * which host allocations are part of: no bookkeeping is needed here. */
 static void *host_alloc(vh_host *host, size_t bytes) {
-    vh_host_impl *h = impl_of(host);
-    if (bytes > SIZE_MAX - 2 * ALLOC_HEADER) return NULL;
-    size_t total = (ALLOC_HEADER + bytes + 63u) & ~(size_t)63u;
-    unsigned char *p = aligned_alloc(64, total);
-    if (!p) return NULL;
-    memcpy(p, &bytes, sizeof bytes);
-    count_alloc(h->run, bytes);
-    return p + ALLOC_HEADER;
+    (void)host;
+    if (bytes > SIZE_MAX - 63u) return NULL;
+    /* aligned_alloc needs a size that is a multiple of the alignment. */
+    size_t rounded = (bytes + 63u) & ~(size_t)63u;
+    return aligned_alloc(64, rounded ? rounded : 64);
 }
 
 static void host_free(vh_host *host, void *ptr) {
-    if (!ptr) return;
-    unsigned char *p = (unsigned char *)ptr - ALLOC_HEADER;
-    size_t bytes;
-    memcpy(&bytes, p, sizeof bytes);
-    atomic_fetch_sub(&impl_of(host)->run->mem_current, bytes);
-    free(p);
+    (void)host;
+    free(ptr);
 }
 
 static const vh_device_ops *host_device(vh_host *host) { return impl_of(host)->run->device; }

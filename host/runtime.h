@@ -9,7 +9,6 @@
 #ifndef VITHOST_HOST_RUNTIME_H
 #define VITHOST_HOST_RUNTIME_H
 
-#include <stdatomic.h>
 #include <stdio.h>
 
 #include "config.h"
@@ -51,7 +50,6 @@ struct vh_run {
     void *cuda_lib;          /* dlopen handle of libvh_cuda.so */
     vh_comm comm;
     int load_failed;         /* run_open failed while loading a plugin */
-    _Atomic size_t mem_current, mem_peak; /* host memory through the host API */
 };
 
 /* The schema of the `run` section, owned by the host. */

@@ -87,7 +87,6 @@ typedef struct vit {
 
     /* the last forward in train mode */
     int64_t batch;
-    const float *images;
     const int32_t *labels;
     int has_forward;
     uint64_t train_forwards; /* draws fresh dropout / drop-path masks per step */

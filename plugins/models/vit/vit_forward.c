@@ -235,7 +235,6 @@ vh_status vit_forward(void *self, const vh_batch *batch, vh_mode mode,
     out->logits.shape[1] = m->classes;
     if (train) {
         m->batch = B;
-        m->images = batch->images.data;
         m->labels = batch->labels.data;
         m->has_forward = 1;
         m->train_forwards++;

@@ -75,8 +75,9 @@ typedef struct vh_host_api {
     vh_status (*config_origin)(vh_host *host, const char *key,
                                vh_config_origin *out);
 
-    /* Host memory, 64-byte aligned, counted in the run's peak-memory metric.
-     * Device memory goes through device()->alloc. */
+    /* Host memory, 64-byte aligned, freed with free below (part of the run's
+     * peak memory, the process's peak resident set). Device memory goes
+     * through device()->alloc. */
     void *(*alloc)(vh_host *host, size_t bytes);
     void (*free)(vh_host *host, void *ptr);
 

@@ -249,7 +249,7 @@ typedef struct loop_state {
     double flops, peak_tflops;
     progress prog;
     vh_eval_result last_eval;
-    int evaluated_at_end;
+    int64_t last_eval_step; /* -1: none yet */
 } loop_state;
 
 /* Time spent on evaluation and checkpoints is not training time: the
@@ -285,6 +285,7 @@ static vh_status run_eval(loop_state *ls, int inside_pass, vh_diag *d) {
                                : trainer_evaluate(t, &ls->last_eval, d);
     pause_window(ls, t0);
     if (st != VH_STATUS_OK) return st;
+    ls->last_eval_step = t->step;
     progress_clear(&ls->prog);
     fprintf(t->out,
             "eval  step %lld epoch %lld: top1 %.2f%% top5 %.2f%% loss %.4f (%lld images)\n",
@@ -387,24 +388,23 @@ static vh_status train_loop(loop_state *ls, vh_diag *d) {
         if (st != VH_STATUS_OK) return st;
         int finished_pass = t->step < ls->total || t->step % ls->steps_per_epoch == 0;
         int last = t->step >= ls->total;
-        if (ls->eval_every > 0 && ((t->epoch + 1) % ls->eval_every == 0 || last)) {
+        /* (not again when eval_every_steps just evaluated these weights) */
+        if (ls->eval_every > 0 && ((t->epoch + 1) % ls->eval_every == 0 || last) &&
+            ls->last_eval_step != t->step) {
             st = run_eval(ls, 0, d);
             if (st != VH_STATUS_OK) return st;
-            ls->evaluated_at_end = last;
         }
         if (finished_pass) {
             t->epoch++;
             t->epoch_in_progress = 0;
         }
     }
-    if (ls->eval_every == 0 && ls->eval_every_steps > 0 && t->step % ls->eval_every_steps == 0)
-        ls->evaluated_at_end = 1;
     vh_status st = save_checkpoint(ls, d);
     if (st != VH_STATUS_OK) return st;
     progress_clear(&ls->prog);
     fprintf(t->out, "vithost: finished %lld steps", (long long)t->step);
     if (isfinite(loss)) fprintf(t->out, "; final loss %.4f", (double)loss);
-    if (ls->evaluated_at_end) fprintf(t->out, "; eval top1 %.2f%%", 100.0 * ls->last_eval.top1);
+    if (ls->last_eval_step == t->step) fprintf(t->out, "; eval top1 %.2f%%", 100.0 * ls->last_eval.top1);
     fprintf(t->out, "; peak memory %.1f MiB; run folder %s\n",
             (double)metrics_peak_rss_bytes() / 1048576.0, ls->dir);
     fflush(t->out);
@@ -417,6 +417,7 @@ static vh_status setup_loop(loop_state *ls, vh_trainer *t, const char *dir,
     memset(ls, 0, sizeof *ls);
     ls->t = t;
     ls->dir = dir;
+    ls->last_eval_step = -1;
     ls->log_every = run_config_int(run, "log_every");
     ls->eval_every = run_config_int(run, "eval_every");
     ls->eval_every_steps = run_config_int(run, "eval_every_steps");

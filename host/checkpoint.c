@@ -5,11 +5,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "optim_state.h"
 #include "weights.h"
 
 #define STATE_FORMAT 1
@@ -28,32 +30,32 @@ typedef vh_status (*state_size_fn)(void *, size_t *);
 typedef vh_status (*state_save_fn)(void *, void *, size_t);
 typedef vh_status (*state_load_fn)(void *, const void *, size_t);
 
-static void state_fns(vh_trainer *t, vh_role role, state_size_fn *size, state_save_fn *save,
+static void state_fns(vh_session *s, vh_role role, state_size_fn *size, state_save_fn *save,
                       state_load_fn *load) {
     switch (role) {
-    case VH_ROLE_MODEL: *size = t->model->state_size, *save = t->model->state_save, *load = t->model->state_load; break;
-    case VH_ROLE_PRECISION: *size = t->precision->state_size, *save = t->precision->state_save, *load = t->precision->state_load; break;
-    case VH_ROLE_OPTIM: *size = t->optim->state_size, *save = t->optim->state_save, *load = t->optim->state_load; break;
-    case VH_ROLE_DATA: *size = t->data->state_size, *save = t->data->state_save, *load = t->data->state_load; break;
+    case VH_ROLE_MODEL: *size = s->model->state_size, *save = s->model->state_save, *load = s->model->state_load; break;
+    case VH_ROLE_PRECISION: *size = s->precision->state_size, *save = s->precision->state_save, *load = s->precision->state_load; break;
+    case VH_ROLE_OPTIM: *size = s->optim->state_size, *save = s->optim->state_save, *load = s->optim->state_load; break;
+    case VH_ROLE_DATA: *size = s->data->state_size, *save = s->data->state_save, *load = s->data->state_load; break;
     default: *size = NULL, *save = NULL, *load = NULL; break;
     }
 }
 
 static const vh_role blob_roles[] = {VH_ROLE_MODEL, VH_ROLE_PRECISION, VH_ROLE_OPTIM, VH_ROLE_DATA};
 
-static vh_status take_blob(vh_trainer *t, vh_role role, blob *b, vh_diag *d) {
+static vh_status take_blob(vh_session *s, vh_role role, blob *b, vh_diag *d) {
     state_size_fn size;
     state_save_fn save;
     state_load_fn load;
-    state_fns(t, role, &size, &save, &load);
+    state_fns(s, role, &size, &save, &load);
     b->role = role;
     b->key = vh_role_name(role);
-    vh_status st = size(t->self[role], &b->size);
-    if (st != VH_STATUS_OK) return trainer_plugin_error(t, role, st, "state_size", d);
+    vh_status st = size(s->self[role], &b->size);
+    if (st != VH_STATUS_OK) return session_plugin_error(s, role, st, "state_size", d);
     b->bytes = malloc(b->size ? b->size : 1);
     if (!b->bytes) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
-    st = save(t->self[role], b->bytes, b->size);
-    if (st != VH_STATUS_OK) return trainer_plugin_error(t, role, st, "state_save", d);
+    st = save(s->self[role], b->bytes, b->size);
+    if (st != VH_STATUS_OK) return session_plugin_error(s, role, st, "state_save", d);
     return VH_STATUS_OK;
 }
 
@@ -74,7 +76,7 @@ static int write_file_sync(const char *path, const char *text) {
     return close(fd) == 0 && ok;
 }
 
-static vh_status write_state_json(vh_trainer *t, const char *path, blob *blobs, int n,
+static vh_status write_state_json(vh_session *s, const char *path, blob *blobs, int n,
                                   vh_diag *d) {
     size_t len = 512;
     for (int i = 0; i < n; i++) len += 2 * blobs[i].size + 64;
@@ -83,8 +85,8 @@ static vh_status write_state_json(vh_trainer *t, const char *path, blob *blobs, 
     size_t used = (size_t)snprintf(text, len,
                                    "{\n  \"format\": %d,\n  \"step\": %lld,\n  \"epoch\": %lld,\n"
                                    "  \"epoch_in_progress\": %d",
-                                   STATE_FORMAT, (long long)t->step, (long long)t->epoch,
-                                   t->epoch_in_progress);
+                                   STATE_FORMAT, (long long)s->step, (long long)s->epoch,
+                                   s->epoch_in_progress);
     for (int i = 0; i < n; i++) {
         used += (size_t)snprintf(text + used, len - used, ",\n  \"%s_state\": \"", blobs[i].key);
         for (size_t k = 0; k < blobs[i].size; k++) {
@@ -153,11 +155,11 @@ static void rotate(const char *ckpt_root, int64_t keep) {
     }
 }
 
-vh_status checkpoint_save(vh_trainer *t, const char *run_dir, int64_t keep, vh_diag *d) {
+vh_status checkpoint_save(vh_session *s, const char *run_dir, int64_t keep, vh_diag *d) {
     char root[4200], tmp[4300], final[4300], path[4400];
     snprintf(root, sizeof root, "%s/checkpoints", run_dir);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08lld", root, (long long)t->step);
-    snprintf(final, sizeof final, "%s/step-%08lld", root, (long long)t->step);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08lld", root, (long long)s->step);
+    snprintf(final, sizeof final, "%s/step-%08lld", root, (long long)s->step);
     vh_status st = make_dir(root, d);
     if (st != VH_STATUS_OK) return st;
     remove_tree(tmp); /* a leftover of a crash */
@@ -166,16 +168,16 @@ vh_status checkpoint_save(vh_trainer *t, const char *run_dir, int64_t keep, vh_d
     memset(blobs, 0, sizeof blobs);
     if (st == VH_STATUS_OK) {
         snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-        st = weights_save_model(t, path, d);
+        st = weights_save_model(s, path, d);
     }
-    if (st == VH_STATUS_OK && t->state_slots > 0) {
+    if (st == VH_STATUS_OK && s->state_slots > 0) {
         snprintf(path, sizeof path, "%s/optim.safetensors", tmp);
-        st = weights_save_optim(t, path, d);
+        st = optim_state_save(s, path, d);
     }
-    for (int i = 0; st == VH_STATUS_OK && i < 4; i++) st = take_blob(t, blob_roles[i], &blobs[i], d);
+    for (int i = 0; st == VH_STATUS_OK && i < 4; i++) st = take_blob(s, blob_roles[i], &blobs[i], d);
     if (st == VH_STATUS_OK) {
         snprintf(path, sizeof path, "%s/state.json", tmp);
-        st = write_state_json(t, path, blobs, 4, d);
+        st = write_state_json(s, path, blobs, 4, d);
     }
     for (int i = 0; i < 4; i++) free(blobs[i].bytes);
     if (st == VH_STATUS_OK) {
@@ -189,7 +191,7 @@ vh_status checkpoint_save(vh_trainer *t, const char *run_dir, int64_t keep, vh_d
         char latest[4300], latest_tmp[4400], text[64];
         snprintf(latest, sizeof latest, "%s/latest", root);
         snprintf(latest_tmp, sizeof latest_tmp, "%s/.latest.tmp", root);
-        snprintf(text, sizeof text, "step-%08lld\n", (long long)t->step);
+        snprintf(text, sizeof text, "step-%08lld\n", (long long)s->step);
         if (!write_file_sync(latest_tmp, text) || rename(latest_tmp, latest) != 0)
             st = diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", latest, strerror(errno));
         sync_dir(root);
@@ -270,13 +272,13 @@ static int json_blob(const char *text, const char *key, unsigned char **out, siz
     return 1;
 }
 
-vh_status checkpoint_load(vh_trainer *t, const char *ckpt_dir, vh_diag *d) {
+vh_status checkpoint_load(vh_session *s, const char *ckpt_dir, vh_diag *d) {
     char path[4400];
     snprintf(path, sizeof path, "%s/model.safetensors", ckpt_dir);
-    vh_status st = weights_load_model(t, path, VH_WEIGHTS_MODE_STRICT, d);
-    if (st == VH_STATUS_OK && t->state_slots > 0) {
+    vh_status st = weights_load_model(s, path, VH_WEIGHTS_MODE_STRICT, d);
+    if (st == VH_STATUS_OK && s->state_slots > 0) {
         snprintf(path, sizeof path, "%s/optim.safetensors", ckpt_dir);
-        st = weights_load_optim(t, path, d);
+        st = optim_state_load(s, path, d);
     }
     if (st != VH_STATUS_OK) return st;
     snprintf(path, sizeof path, "%s/state.json", ckpt_dir);
@@ -303,19 +305,23 @@ vh_status checkpoint_load(vh_trainer *t, const char *ckpt_dir, vh_diag *d) {
         state_size_fn sz;
         state_save_fn save;
         state_load_fn load;
-        state_fns(t, role, &sz, &save, &load);
-        st = load(t->self[role], bytes, size);
+        state_fns(s, role, &sz, &save, &load);
+        st = load(s->self[role], bytes, size);
         free(bytes);
         if (st != VH_STATUS_OK) {
             vh_diag why;
-            trainer_plugin_error(t, role, st, "state_load", &why);
+            session_plugin_error(s, role, st, "state_load", &why);
             st = diag_set(d, st, "%s: %s", path, why.text);
         }
     }
     free(text);
     if (st != VH_STATUS_OK) return st;
-    t->step = step;
-    t->epoch = epoch;
-    t->epoch_in_progress = (int)in_progress;
+    s->step = step;
+    s->epoch = epoch;
+    s->epoch_in_progress = (int)in_progress;
+    /* A data plugin that keeps no position cannot continue a pass: the pass
+     * of `epoch` starts over (the steps already done stay counted). */
+    if (!loader_plugin_has(&s->run->plugins[VH_ROLE_DATA], offsetof(vh_data_vtable, state_load)))
+        s->epoch_in_progress = 0;
     return VH_STATUS_OK;
 }

@@ -1,7 +1,9 @@
 /* checkpoint.h - checkpoints of a run folder.
  *
  *   DIR/checkpoints/step-00001200/model.safetensors   weights, timm names
- *                                 optim.safetensors   optimizer state slots
+ *                                 optim.safetensors   optimizer state slots, saved
+ *                                                     by the sharding plugin
+ *                                                     (optim_state.h)
  *                                 state.json          step, epoch, and the
  *                                                     plugins' state blobs (hex)
  *   DIR/checkpoints/latest                            "step-00001200"
@@ -13,11 +15,11 @@
 #ifndef VITHOST_HOST_CHECKPOINT_H
 #define VITHOST_HOST_CHECKPOINT_H
 
-#include "trainer.h"
+#include "session.h"
 
-/* Writes a checkpoint of the trainer's current state; keeps the newest
+/* Writes a checkpoint of the session's current state; keeps the newest
  * `keep` checkpoints (0: all). */
-vh_status checkpoint_save(vh_trainer *t, const char *run_dir, int64_t keep, vh_diag *d);
+vh_status checkpoint_save(vh_session *s, const char *run_dir, int64_t keep, vh_diag *d);
 
 /* The folder of the newest complete checkpoint of a run folder, or an
  * error that says there is none. */
@@ -25,6 +27,6 @@ vh_status checkpoint_latest(const char *run_dir, char *out, size_t len, vh_diag 
 
 /* Restores parameters, optimizer, precision, model and data state, step and
  * epoch from a checkpoint folder. */
-vh_status checkpoint_load(vh_trainer *t, const char *ckpt_dir, vh_diag *d);
+vh_status checkpoint_load(vh_session *s, const char *ckpt_dir, vh_diag *d);
 
 #endif

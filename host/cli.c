@@ -8,7 +8,8 @@
 
 #include "loader.h"
 #include "runtime.h"
-#include "train.h"
+#include "eval_command.h"
+#include "train_loop.h"
 
 #ifndef VITHOST_VERSION
 #define VITHOST_VERSION "0.0.0"
@@ -52,7 +53,8 @@ static const char help_text[] =
     "\n"
     "exit codes:\n"
     "  0  success\n"
-    "  1  the run failed (a plugin, the device or the data reported an error)\n"
+    "  1  the run failed (a plugin, the device, the communicator or the data reported\n"
+    "     an error)\n"
     "  2  usage error on the command line\n"
     "  3  the recipe or a --set is invalid\n"
     "  4  a plugin could not be found, loaded or accepted\n"
@@ -205,7 +207,7 @@ static int cmd_eval(const cli_args *a, FILE *out, FILE *err) {
         run_close(&run);
         return code;
     }
-    st = train_eval(&run, a->checkpoint, out, &d);
+    st = eval_command(&run, a->checkpoint, out, &d);
     run_close(&run);
     if (st != VH_STATUS_OK) fprintf(err, "vithost: %s\n", d.text);
     return run_exit_code(st);

@@ -197,8 +197,8 @@ static int schema_index(const vh_config_key *schema, const char *key) {
     return -1;
 }
 
-/* skip_key is a comma-separated list of keys the host owns ("plugin",
- * "plugin,pretrained"): fills keys[] with up to max of them, NUL-terminated
+/* skip_key is a comma-separated list of keys the host owns (today only
+ * "plugin"): fills keys[] with up to max of them, NUL-terminated
  * copies in store. */
 static int split_skip(const char *skip_key, char store[][32], int max) {
     int n = 0;

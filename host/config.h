@@ -7,9 +7,9 @@
  * required key with no default is an error naming the section. The result
  * keeps each value's origin for `vithost check` and for plugins' config_fail.
  *
- * Keys the host owns in a role section ("plugin", and "pretrained" in the
- * model's) are not part of the plugin's schema: the caller passes them as
- * skip_key, comma-separated ("plugin,pretrained"; at most 4).
+ * Keys the host owns in a role section ("plugin") are not part of the
+ * plugin's schema: the caller passes them as skip_key, comma-separated (at
+ * most 4).
  */
 #ifndef VITHOST_HOST_CONFIG_H
 #define VITHOST_HOST_CONFIG_H

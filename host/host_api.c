@@ -156,6 +156,12 @@ static uint64_t host_seed(vh_host *host) {
     return (uint64_t)run_config_int(impl_of(host)->run, "seed");
 }
 
+/* No host extensions yet: every name is unknown. */
+static const void *host_get_extension(vh_host *host, const char *name) {
+    (void)host, (void)name;
+    return NULL;
+}
+
 const vh_host_api vh_host_api_table = {
     .struct_size = sizeof(vh_host_api),
     .abi_major = VH_ABI_MAJOR,
@@ -174,6 +180,7 @@ const vh_host_api vh_host_api_table = {
     .device = host_device,
     .comm = host_comm,
     .seed = host_seed,
+    .get_extension = host_get_extension,
 };
 
 void host_impl_init(vh_host_impl *h, vh_run *run, vh_role role,

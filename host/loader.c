@@ -1,10 +1,13 @@
 /* loader.c - finding plugins on the search path and opening them safely.
  *
  * loader_open is the only place a plugin file is dlopen'd. It reads the
- * descriptor's fixed header first (magic, ABI major/minor, struct_size), then
- * the ABI 1.0 fields, and refuses with one message naming the file before
- * anything of the plugin is used. Scanning and resolving by name are built on
- * it: they open every *.so of a directory, copy what they need and close it.
+ * descriptor's fixed header (magic, ABI major/minor) from the file before
+ * loading it, then, loaded, the members the descriptor's struct_size covers
+ * and the role's vtable (vtables.c: size, required calls), and refuses with
+ * one message naming the file before anything of the plugin is used. The
+ * host keeps full-size copies of both. Scanning and resolving by name are
+ * built on it: they open every *.so of a directory, copy what they need and
+ * close it.
  */
 #define _GNU_SOURCE /* dladdr1, realpath, readlink, strdup */
 #include "loader.h"
@@ -22,12 +25,9 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "elf_symbol.h"
 #include "recipe.h"
-#include "vithost/vh_data.h"
-#include "vithost/vh_model.h"
-#include "vithost/vh_optim.h"
-#include "vithost/vh_precision.h"
-#include "vithost/vh_sharding.h"
+#include "vtables.h"
 
 #ifndef VH_INSTALL_PLUGIN_DIR
 #define VH_INSTALL_PLUGIN_DIR "/usr/local/lib/vithost/plugins"
@@ -51,18 +51,10 @@ _Static_assert(offsetof(vh_plugin_descriptor, magic) == offsetof(desc_header, ma
                "the descriptor header's layout is fixed");
 _Static_assert(sizeof(vh_role) == sizeof(int), "vh_role is read as an int");
 
-/* The size of the ABI 1.0 descriptor and of each role's ABI 1.0 vtable: the
- * least a plugin of major 1 may ship. 1.0 is the current version, so these
- * are the sizeofs; when a minor version appends members, keep these numbers
- * and compare against the new sizes only where the new members are used. */
-#define VH_DESCRIPTOR_SIZE_1_0 ((uint32_t)sizeof(vh_plugin_descriptor))
-static const uint32_t vtable_size_1_0[VH_ROLE_COUNT] = {
-    [VH_ROLE_MODEL] = (uint32_t)sizeof(vh_model_vtable),
-    [VH_ROLE_PRECISION] = (uint32_t)sizeof(vh_precision_vtable),
-    [VH_ROLE_SHARDING] = (uint32_t)sizeof(vh_sharding_vtable),
-    [VH_ROLE_OPTIM] = (uint32_t)sizeof(vh_optim_vtable),
-    [VH_ROLE_DATA] = (uint32_t)sizeof(vh_data_vtable),
-};
+/* The least an ABI 2 descriptor holds: every member before get_extension.
+ * get_extension, and whatever later minors append, may be missing (an older
+ * plugin) and then reads as NULL in the host's copy. */
+#define VH_DESCRIPTOR_MIN_SIZE ((uint32_t)offsetof(vh_plugin_descriptor, get_extension))
 
 /* ---- small helpers ---------------------------------------------------- */
 
@@ -133,19 +125,18 @@ static int name_is_valid(const char *name) {
 
 /* ---- loader_open ------------------------------------------------------ */
 
-/* Checks the descriptor at `sym` (exported by `path`, `sym_size` bytes or 0
- * when unknown). Reads the header before anything else. */
-static vh_status check_descriptor(const char *path, const void *sym, size_t sym_size,
-                                  int expected_role, vh_diag *d) {
+/* The fixed header: magic and versions. Read from the file before it is
+ * loaded, and again from the loaded symbol. sym_size: the symbol's size, or
+ * 0 when unknown. */
+static vh_status check_header(const char *path, const desc_header *hp, size_t sym_size,
+                              vh_diag *d) {
     if (sym_size != 0 && sym_size < sizeof(desc_header))
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s is not a vithost plugin: its symbol '%s' is %zu bytes, too "
                         "small even for a descriptor header (%zu bytes); define it with "
                         "VH_PLUGIN_DEFINE",
                         path, VH_PLUGIN_SYMBOL, sym_size, sizeof(desc_header));
-
-    desc_header h;
-    memcpy(&h, sym, sizeof h);
+    desc_header h = *hp;
     if (h.magic != VH_PLUGIN_MAGIC)
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s is not a vithost plugin: its symbol '%s' does not start with "
@@ -165,21 +156,34 @@ static vh_status check_descriptor(const char *path, const void *sym, size_t sym_
                         "%d.%d: update vithost (or rebuild the plugin against this SDK)",
                         path, (unsigned)h.abi_major, (unsigned)h.abi_minor, VH_ABI_MAJOR,
                         VH_ABI_MINOR);
-    if (h.struct_size < VH_DESCRIPTOR_SIZE_1_0)
+    return VH_STATUS_OK;
+}
+
+/* Checks the descriptor at `sym` (exported by `path`, `sym_size` bytes or 0
+ * when unknown). Reads the header before anything else, then only the
+ * members the plugin's struct_size covers. */
+static vh_status check_descriptor(const char *path, const void *sym, size_t sym_size,
+                                  int expected_role, vh_diag *d) {
+    desc_header h;
+    memcpy(&h, sym, sizeof h);
+    vh_status hst = check_header(path, &h, sym_size, d);
+    if (hst != VH_STATUS_OK) return hst;
+    if (h.struct_size < VH_DESCRIPTOR_MIN_SIZE)
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s has a broken descriptor: struct_size is %u bytes, smaller than "
-                        "the %u bytes of an ABI %d.0 descriptor (define it with "
+                        "the %u bytes every ABI %d descriptor has (define it with "
                         "VH_PLUGIN_DEFINE and rebuild)",
-                        path, (unsigned)h.struct_size, (unsigned)VH_DESCRIPTOR_SIZE_1_0,
+                        path, (unsigned)h.struct_size, (unsigned)VH_DESCRIPTOR_MIN_SIZE,
                         VH_ABI_MAJOR);
-    if (sym_size != 0 && sym_size < VH_DESCRIPTOR_SIZE_1_0)
+    if (sym_size != 0 && sym_size < h.struct_size)
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s has a broken descriptor: its symbol '%s' is %zu bytes but "
                         "claims %u (define it with VH_PLUGIN_DEFINE and rebuild)",
                         path, VH_PLUGIN_SYMBOL, sym_size, (unsigned)h.struct_size);
 
-    /* The header says ABI 1.x with a full 1.0 descriptor: the 1.0 fields are
-     * there. The role is read as an int: the plugin may hold any value. */
+    /* The header says ABI 2.x and a descriptor holding every member up to
+     * get_extension: those are there. The role is read as an int: the plugin
+     * may hold any value. */
     const vh_plugin_descriptor *desc = sym;
     int role;
     memcpy(&role, &desc->role, sizeof role);
@@ -196,12 +200,18 @@ static vh_status check_descriptor(const char *path, const void *sym, size_t sym_
                         "%s declares a '%s' plugin without a vtable (pass the "
                         "vh_%s_vtable to VH_PLUGIN_DEFINE)",
                         path, role_name, role_name);
-    if (desc->vtable_size < vtable_size_1_0[role])
+    const vh_role_vtable *vt = vtable_info((vh_role)role);
+    if (desc->vtable_size < vt->required_size) {
+        const vh_vtable_member *last = NULL;
+        for (int i = 0; i < vt->count; i++)
+            if (vt->members[i].required) last = &vt->members[i];
         return diag_set(d, VH_STATUS_ERR_FORMAT,
-                        "%s has a '%s' vtable of %u bytes, smaller than the %u bytes of "
-                        "vh_%s_vtable in ABI %d.0 (rebuild the plugin against this SDK)",
-                        path, role_name, (unsigned)desc->vtable_size,
-                        (unsigned)vtable_size_1_0[role], role_name, VH_ABI_MAJOR);
+                        "%s has a '%s' vtable of %u bytes, smaller than the %zu bytes that "
+                        "hold the role's required calls (%s up to '%s' in ABI %d; rebuild "
+                        "the plugin against this SDK)",
+                        path, role_name, (unsigned)desc->vtable_size, vt->required_size,
+                        vt->type_name, last ? last->name : "?", VH_ABI_MAJOR);
+    }
     uint32_t vt_struct_size;
     memcpy(&vt_struct_size, desc->vtable, sizeof vt_struct_size);
     if (vt_struct_size != desc->vtable_size)
@@ -245,6 +255,14 @@ static vh_status check_descriptor(const char *path, const void *sym, size_t sym_
         return st;
     }
 
+    const vh_vtable_member *missing =
+        vtable_missing_required((vh_role)role, desc->vtable, desc->vtable_size);
+    if (missing)
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s: %s plugin '%s' has no '%s' (a required call of the %s role; "
+                        "set it in the plugin's %s)",
+                        path, role_name, desc->name, missing->name, role_name, vt->type_name);
+
     if (expected_role >= 0 && role != expected_role) {
         const char *want = vh_role_name((vh_role)expected_role);
         return diag_set(d, VH_STATUS_ERR_CONFIG,
@@ -279,6 +297,18 @@ vh_status loader_open(vh_plugin *out, const char *path, int expected_role, vh_di
                         "plugin file %s is not a regular file (give the path of a plugin's "
                         ".so file)",
                         path);
+
+    /* The versions first, from the file: a plugin the host refuses never
+     * runs a line of its code, not even a constructor. A file whose symbol
+     * cannot be read this way is left for dlopen and dlsym to judge. */
+    desc_header early;
+    memset(&early, 0, sizeof early);
+    size_t early_size = 0;
+    if (elf_read_symbol(path, VH_PLUGIN_SYMBOL, &early, sizeof early, &early_size) &&
+        early_size > 0) {
+        vh_status hst = check_header(path, &early, early_size, d);
+        if (hst != VH_STATUS_OK) return hst;
+    }
 
     /* dlopen searches the library path for a name without '/': make a bare
      * file name relative to the current directory, as the user meant. */
@@ -318,21 +348,50 @@ vh_status loader_open(vh_plugin *out, const char *path, int expected_role, vh_di
         dlclose(handle);
         return status;
     }
+    /* The host's copies: the descriptor as this host's struct (members past
+     * the plugin's struct_size zero), pointing at the upgraded vtable. */
+    const vh_plugin_descriptor *plugin_desc = sym;
+    vh_plugin_descriptor *desc = calloc(1, sizeof *desc);
+    void *vtable = NULL;
+    if (desc) {
+        memcpy(desc, sym, plugin_desc->struct_size < sizeof *desc ? plugin_desc->struct_size
+                                                                  : sizeof *desc);
+        vtable = vtable_upgrade(desc->role, plugin_desc->vtable, plugin_desc->vtable_size);
+    }
     out->path = strdup(path);
-    if (!out->path) {
+    if (!desc || !vtable || !out->path) {
+        free(desc);
+        free(vtable);
+        free(out->path);
+        out->path = NULL;
         dlclose(handle);
         return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory opening %s", path);
     }
+    out->plugin_struct_size = plugin_desc->struct_size;
+    out->plugin_vtable_size = plugin_desc->vtable_size;
+    out->plugin_vtable = plugin_desc->vtable;
+    desc->struct_size = (uint32_t)sizeof *desc;
+    desc->vtable = vtable;
+    desc->vtable_size = (uint32_t)vtable_info(desc->role)->size;
     out->handle = handle;
-    out->desc = sym;
+    out->desc = desc;
     return VH_STATUS_OK;
 }
 
 void loader_close(vh_plugin *p) {
     if (!p) return;
+    if (p->desc) free((void *)p->desc->vtable);
+    free((void *)p->desc);
     if (p->handle) dlclose(p->handle);
     free(p->path);
     memset(p, 0, sizeof *p);
+}
+
+int loader_plugin_has(const vh_plugin *p, size_t offset) {
+    if (!p || !p->plugin_vtable || offset + sizeof(void *) > p->plugin_vtable_size) return 0;
+    void *member;
+    memcpy(&member, (const char *)p->plugin_vtable + offset, sizeof member);
+    return member != NULL;
 }
 
 /* ---- the search path --------------------------------------------------- */

@@ -1,17 +1,19 @@
-/* runtime.c - opening a run: recipe, --set, schemas, plugins, device. */
+/* runtime.c - opening a run: recipe, --set, schemas, plugins; printing the
+ * resolved recipe. The device and the communicator: backends.c. */
 #define _POSIX_C_SOURCE 200809L
 #include "runtime.h"
 
-#include <dlfcn.h>
-#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "vithost/vh_runtime.h"
 
 const vh_config_key vh_run_schema[] = {
     {"device", VH_CONFIG_TYPE_ENUM, "cpu", "where to compute", "cpu|cuda", 0, 0, 0},
+    {"comm", VH_CONFIG_TYPE_ENUM, "self",
+     "communicator between ranks: self (one process), mpi (libvh_comm_mpi.so), nccl "
+     "(libvh_comm_nccl.so)",
+     "self|mpi|nccl", 0, 0, 0},
     {"seed", VH_CONFIG_TYPE_INT, "0", "seed of every random draw (init, shuffles, dropout)",
      NULL, 0, 2147483647.0, 0},
     {"epochs", VH_CONFIG_TYPE_INT, "1", "passes over the training split", NULL, 1, 1e6, 0},
@@ -68,8 +70,8 @@ static vh_status open_role(vh_run *run, vh_role role, vh_diag *d) {
                                  why.text);
     }
     const vh_plugin_descriptor *desc = run->plugins[role].desc;
-    st = config_resolve(&run->configs[role], &run->recipe, section_name, desc->schema,
-                        role == VH_ROLE_MODEL ? "plugin,pretrained" : "plugin", d);
+    st = config_resolve(&run->configs[role], &run->recipe, section_name, desc->schema, "plugin",
+                        d);
     if (st != VH_STATUS_OK) return st;
     host_impl_init(&run->hosts[role], run, role, &run->configs[role]);
     return VH_STATUS_OK;
@@ -122,64 +124,11 @@ void run_close(vh_run *run) {
         config_free(&run->configs[r]);
         loader_close(&run->plugins[r]);
     }
-    if (run->cuda_lib) dlclose(run->cuda_lib);
+    run_close_backends(run);
     plugin_path_free(&run->path);
     config_free(&run->run_config);
     recipe_free(&run->recipe);
     memset(run, 0, sizeof *run);
-}
-
-/* libvh_cuda.so sits in <exe dir>/lib in the build tree and in the libdir
- * once installed; only a run that asks for cuda ever loads it. */
-static void *open_cuda_lib(char *why, size_t why_len) {
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    char candidates[2][4200];
-    int count = 0;
-    if (n > 0) {
-        exe[n] = '\0';
-        snprintf(candidates[count++], sizeof candidates[0], "%s/lib/libvh_cuda.so",
-                 dirname(exe));
-    }
-#ifdef VH_INSTALL_LIB_DIR
-    snprintf(candidates[count++], sizeof candidates[0], "%s/libvh_cuda.so", VH_INSTALL_LIB_DIR);
-#endif
-    why[0] = '\0';
-    for (int i = 0; i < count; i++) {
-        if (access(candidates[i], F_OK) != 0) continue;
-        void *lib = dlopen(candidates[i], RTLD_NOW | RTLD_LOCAL);
-        if (lib) return lib;
-        snprintf(why, why_len, "%s", dlerror());
-    }
-    if (!why[0])
-        snprintf(why, why_len, "libvh_cuda.so is not installed (this vithost was built "
-                               "without the CUDA toolkit)");
-    return NULL;
-}
-
-vh_status run_open_device(vh_run *run, vh_diag *d) {
-    const char *device = run_config_string(run, "device");
-    if (strcmp(device, "cpu") == 0) {
-        run->device = vh_cpu_device_ops();
-        return VH_STATUS_OK;
-    }
-    char why[1024];
-    run->cuda_lib = open_cuda_lib(why, sizeof why);
-    if (!run->cuda_lib)
-        return diag_set(d, VH_STATUS_ERR_DEVICE,
-                        "run.device is cuda, but the CUDA device library cannot be loaded: %s "
-                        "(use `--set run.device=cpu` to train on the CPU)",
-                        why);
-    vh_cuda_device_open_fn open_fn;
-    *(void **)&open_fn = dlsym(run->cuda_lib, VH_CUDA_OPEN_SYMBOL);
-    if (!open_fn)
-        return diag_set(d, VH_STATUS_ERR_DEVICE, "libvh_cuda.so lacks %s: rebuild vithost",
-                        VH_CUDA_OPEN_SYMBOL);
-    vh_status st = open_fn(0, &run->cuda_ops, why, sizeof why);
-    if (st != VH_STATUS_OK)
-        return diag_set(d, st, "run.device is cuda: %s (use `--set run.device=cpu`)", why);
-    run->device = &run->cuda_ops;
-    return VH_STATUS_OK;
 }
 
 /* Quotes a scalar when plain YAML would read it differently. */
@@ -244,16 +193,6 @@ void run_print_resolved(const vh_run *run, FILE *out) {
         if (v) print_origin(out, &v->origin);
         fprintf(out, " -> %s %s (%s, ABI %u.%u)\n", p->desc->name, p->desc->version, p->path,
                 p->desc->abi_major, p->desc->abi_minor);
-        const vh_recipe_value *pre =
-            r == VH_ROLE_MODEL
-                ? recipe_find_value(recipe_find_section(&run->recipe, section), "pretrained")
-                : NULL;
-        if (pre) {
-            fputs("  pretrained: ", out);
-            print_scalar(out, pre->text);
-            print_origin(out, &pre->origin);
-            fputc('\n', out);
-        }
         print_section(out, &run->configs[r]);
     }
 }

@@ -4,7 +4,8 @@
  * run_open does everything `vithost check` promises (read the recipe, apply
  * --set, check the run section against the host's schema, load each role's
  * plugin, check its section against the plugin's schema) and nothing that
- * trains. `vithost run` then hands the opened run to train.c.
+ * trains. `vithost run` then hands the opened run to train_loop.c, which
+ * opens the device and the communicator (backends.c) when it starts.
  */
 #ifndef VITHOST_HOST_RUNTIME_H
 #define VITHOST_HOST_RUNTIME_H
@@ -48,7 +49,14 @@ struct vh_run {
     const vh_device_ops *device;
     vh_device_ops cuda_ops;  /* filled when run.device is cuda */
     void *cuda_lib;          /* dlopen handle of libvh_cuda.so */
+    /* The communicator plugins see (host_api comm()): the one-process one
+     * until run_open_comm opens run.comm's backend, whose vh_comm is then
+     * copied here (a backend keeps its state behind `impl`; tests may put
+     * their own ops here after run_open). */
     vh_comm comm;
+    vh_comm *comm_opened;    /* the backend's own object, for its close */
+    void *comm_lib;          /* dlopen handle of libvh_comm_<name>.so */
+    vh_comm_close_fn comm_close;
     int load_failed;         /* run_open failed while loading a plugin */
 };
 
@@ -61,8 +69,16 @@ vh_status run_open_text(vh_run *run, const char *name, const char *text,
                         const vh_run_options *opts, vh_diag *d);
 void run_close(vh_run *run);
 
+/* ---- backends.c ---- */
 /* Opens run.device: the CPU table, or libvh_cuda.so for cuda. */
 vh_status run_open_device(vh_run *run, vh_diag *d);
+/* Opens run.comm after the device: self is built in; mpi and nccl come from
+ * libvh_comm_<name>.so next to the executable (<exe dir>/lib) or in the
+ * install libdir. A missing backend is VH_STATUS_ERR_COMM with one message
+ * saying so and what to use instead. */
+vh_status run_open_comm(vh_run *run, vh_diag *d);
+/* Closes what the two opened (run_close calls it). */
+void run_close_backends(vh_run *run);
 
 /* Prints the resolved recipe as YAML, each value commented with its origin. */
 void run_print_resolved(const vh_run *run, FILE *out);

@@ -1,4 +1,5 @@
-/* weights.c - parameters and optimizer state <-> safetensors. */
+/* weights.c - model parameters <-> safetensors, behind the model's own
+ * load_weights (see weights.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "weights.h"
 
@@ -8,51 +9,114 @@
 
 #include "safetensors.h"
 
-/* Full fp32 values of one unit, from the sharding plugin. */
-static vh_status fetch_unit(vh_trainer *t, int32_t u, float **out, vh_diag *d) {
-    size_t n = (size_t)t->table->units[u].numel;
-    *out = malloc((n ? n : 1) * sizeof(float));
-    if (!*out) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for unit %d", (int)u);
-    vh_status st = t->sharding->store_unit(t->self[VH_ROLE_SHARDING], u, *out);
-    if (st != VH_STATUS_OK) {
-        free(*out);
-        *out = NULL;
-        return trainer_plugin_error(t, VH_ROLE_SHARDING, st, "sharding.store_unit", d);
+/* ---- the file as a vh_weights_source --------------------------------------- */
+
+typedef struct weights_file {
+    vh_st_file f;
+    float **values;       /* per tensor: its f32 copy, made when first looked up */
+    unsigned char *found; /* per tensor: looked up by a parameter */
+    vh_diag problem;      /* the first tensor that could not be read as weights */
+} weights_file;
+
+/* A host-memory f32 view of a tensor (F16 and BF16 converted). A tensor
+ * that is no float (or has too many dims) is "not there" for the model, and
+ * the reason is kept for the error that follows. */
+static int source_find(void *ctx, const char *name, vh_tensor *out) {
+    weights_file *w = ctx;
+    const vh_st_tensor *t = st_find(&w->f, name);
+    if (!t) return 0;
+    int i = (int)(t - w->f.tensors);
+    w->found[i] = 1;
+    if (t->ndim > VH_TENSOR_MAX_DIMS) {
+        if (!w->problem.text[0])
+            diag_set(&w->problem, VH_STATUS_ERR_FORMAT, "tensor '%s' has %d dims (at most %d)",
+                     name, (int)t->ndim, VH_TENSOR_MAX_DIMS);
+        return 0;
     }
+    if (!w->values[i]) {
+        float *v = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *v);
+        vh_diag why;
+        if (!v || st_read_f32(&w->f, t, v, t->numel, &why) != VH_STATUS_OK) {
+            if (!w->problem.text[0])
+                diag_set(&w->problem, VH_STATUS_ERR_FORMAT, "%s",
+                         v ? why.text : "out of memory reading a tensor");
+            free(v);
+            return 0;
+        }
+        w->values[i] = v;
+    }
+    memset(out, 0, sizeof *out);
+    out->data = w->values[i];
+    out->dtype = VH_DTYPE_F32;
+    out->device = VH_DEVICE_KIND_CPU;
+    out->ndim = t->ndim;
+    for (int32_t k = 0; k < t->ndim; k++) out->shape[k] = t->shape[k];
+    return 1;
+}
+
+static vh_status weights_file_open(weights_file *w, const char *path, vh_diag *d) {
+    memset(w, 0, sizeof *w);
+    vh_status st = st_read(&w->f, path, d);
+    if (st != VH_STATUS_OK) return st;
+    w->values = calloc((size_t)w->f.count + 1, sizeof *w->values);
+    w->found = calloc((size_t)w->f.count + 1, 1);
+    if (!w->values || !w->found) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
     return VH_STATUS_OK;
 }
 
-vh_status weights_save_model(vh_trainer *t, const char *path, vh_diag *d) {
-    vh_st_writer w;
-    st_writer_init(&w);
-    float **units = calloc((size_t)t->table->num_units, sizeof *units);
-    vh_status st = units ? VH_STATUS_OK : diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
-    const vh_plugin_descriptor *model = t->run->plugins[VH_ROLE_MODEL].desc;
-    char who[256];
-    snprintf(who, sizeof who, "%s %s", model->name, model->version);
-    if (st == VH_STATUS_OK) st = st_writer_meta(&w, "format", "pt", d);
-    if (st == VH_STATUS_OK) st = st_writer_meta(&w, "vithost_model", who, d);
-    for (int32_t u = 0; st == VH_STATUS_OK && u < t->table->num_units; u++) {
-        st = fetch_unit(t, u, &units[u], d);
-        const vh_unit_desc *unit = &t->table->units[u];
-        for (int32_t p = 0; st == VH_STATUS_OK && p < unit->num_params; p++) {
-            const vh_param_desc *pd = &unit->params[p];
-            st = st_writer_add(&w, pd->name, pd->ndim, pd->shape, units[u] + pd->offset, d);
-        }
-    }
-    if (st == VH_STATUS_OK) st = st_writer_save(&w, path, d);
-    for (int32_t u = 0; units && u < t->table->num_units; u++) free(units[u]);
-    free(units);
-    st_writer_free(&w);
-    return st;
+static void weights_file_close(weights_file *w) {
+    for (int i = 0; w->values && i < w->f.count; i++) free(w->values[i]);
+    free(w->values);
+    free(w->found);
+    st_free(&w->f);
 }
 
-static int same_shape(const vh_st_tensor *t, const vh_param_desc *p) {
-    if (t->ndim != p->ndim) return 0;
-    for (int32_t i = 0; i < p->ndim; i++)
-        if (t->shape[i] != p->shape[i]) return 0;
-    return 1;
+/* ---- what the model did: a vh_weights_report -------------------------------- */
+
+#define LIST_CAP 1024
+#define LIST_NAMES 8 /* names printed before "and N more" */
+
+typedef struct weights_report {
+    int loaded;
+    int reinitialised;
+    char reinit_text[LIST_CAP]; /* "a, b (why); c (why)" */
+    char last_why[256];
+    size_t last_why_at;         /* where the last " (why)" starts in reinit_text */
+} weights_report;
+
+static void append(char *buf, const char *text) {
+    size_t used = strlen(buf);
+    if (used < LIST_CAP - 1) snprintf(buf + used, LIST_CAP - used, "%s", text);
 }
+
+/* Consecutive parameters with one reason share it: "head.weight, head.bias
+ * (file has 1000 classes, the data 10)". */
+static void report_record(void *ctx, const char *name, vh_weights_action action,
+                          const char *why) {
+    weights_report *r = ctx;
+    if (action == VH_WEIGHTS_ACTION_LOADED) {
+        r->loaded++;
+        return;
+    }
+    r->reinitialised++;
+    if (!why) why = "no reason given";
+    if (r->reinitialised > LIST_NAMES) return;
+    size_t len = strlen(r->reinit_text);
+    if (len && strcmp(why, r->last_why) == 0) {
+        r->reinit_text[r->last_why_at] = '\0'; /* the name goes before " (why)" */
+        append(r->reinit_text, ", ");
+    } else if (len) {
+        append(r->reinit_text, "; ");
+    }
+    append(r->reinit_text, name);
+    r->last_why_at = strlen(r->reinit_text);
+    append(r->reinit_text, " (");
+    append(r->reinit_text, why);
+    append(r->reinit_text, ")");
+    snprintf(r->last_why, sizeof r->last_why, "%s", why);
+}
+
+/* ---- loading ----------------------------------------------------------------- */
 
 static void shape_text(char *buf, size_t len, int32_t ndim, const int64_t *shape) {
     size_t used = (size_t)snprintf(buf, len, "(");
@@ -62,147 +126,180 @@ static void shape_text(char *buf, size_t len, int32_t ndim, const int64_t *shape
     if (used < len) snprintf(buf + used, len - used, ")");
 }
 
-/* The classifier: the last unit's parameters, the only ones allowed to
- * change shape when fine-tuning on another class count. */
-static int is_head_param(const vh_trainer *t, int32_t unit, const vh_param_desc *p) {
-    return unit == t->table->num_units - 1 && strncmp(p->name, "head.", 5) == 0;
+/* The host's loader for a model without load_weights: every parameter by
+ * its name, with its exact shape, whatever the mode. */
+static vh_status default_load_unit(vh_session *s, weights_file *w, int32_t u, float *values,
+                                   weights_report *r, vh_diag *d) {
+    const vh_unit_desc *unit = &s->table->units[u];
+    for (int32_t p = 0; p < unit->num_params; p++) {
+        const vh_param_desc *pd = &unit->params[p];
+        vh_tensor t;
+        char want[128], got[128];
+        shape_text(want, sizeof want, pd->ndim, pd->shape);
+        if (!source_find(w, pd->name, &t))
+            return diag_set(d, VH_STATUS_ERR_FORMAT,
+                            "%s has no tensor '%s' %s that the %s model needs (is it a "
+                            "checkpoint of this model?)%s%s",
+                            w->f.path, pd->name, want, s->run->plugins[VH_ROLE_MODEL].desc->name,
+                            w->problem.text[0] ? "; " : "", w->problem.text);
+        int same = t.ndim == pd->ndim;
+        for (int32_t k = 0; same && k < pd->ndim; k++) same = t.shape[k] == pd->shape[k];
+        if (!same) {
+            shape_text(got, sizeof got, t.ndim, t.shape);
+            return diag_set(d, VH_STATUS_ERR_FORMAT,
+                            "%s: tensor '%s' is %s, the model has %s (image size, patch size, "
+                            "width or class count differ; the %s model does not adapt weights)",
+                            w->f.path, pd->name, got, want,
+                            s->run->plugins[VH_ROLE_MODEL].desc->name);
+        }
+        memcpy(values + pd->offset, t.data, (size_t)pd->numel * sizeof(float));
+        report_record(r, pd->name, VH_WEIGHTS_ACTION_LOADED, NULL);
+    }
+    return VH_STATUS_OK;
 }
 
-vh_status weights_load_model(vh_trainer *t, const char *path, vh_weights_mode mode, vh_diag *d) {
-    vh_st_file f;
-    vh_status st = st_read(&f, path, d);
-    int used = 0, new_head = 0;
-    for (int32_t u = 0; st == VH_STATUS_OK && u < t->table->num_units; u++) {
-        float *values = NULL;
-        st = fetch_unit(t, u, &values, d); /* fresh init stays where the file has nothing */
-        const vh_unit_desc *unit = &t->table->units[u];
-        for (int32_t p = 0; st == VH_STATUS_OK && p < unit->num_params; p++) {
-            const vh_param_desc *pd = &unit->params[p];
-            const vh_st_tensor *ft = st_find(&f, pd->name);
-            char want[128], got[128];
-            shape_text(want, sizeof want, pd->ndim, pd->shape);
-            if (!ft) {
-                st = diag_set(d, VH_STATUS_ERR_FORMAT,
-                              "%s has no tensor '%s' %s that the %s model needs (is it a "
-                              "checkpoint of this model?)",
-                              path, pd->name, want, t->run->plugins[VH_ROLE_MODEL].desc->name);
-                break;
-            }
-            used++;
-            if (!same_shape(ft, pd)) {
-                shape_text(got, sizeof got, ft->ndim, ft->shape);
-                if (mode == VH_WEIGHTS_MODE_PRETRAINED && is_head_param(t, u, pd)) {
-                    new_head = 1;
-                    continue;
-                }
-                st = diag_set(d, VH_STATUS_ERR_FORMAT,
-                              "%s: tensor '%s' is %s, the model has %s (image size, patch "
-                              "size or width differ; resizing is not supported)",
-                              path, pd->name, got, want);
-                break;
-            }
-            st = st_read_f32(&f, ft, values + pd->offset, pd->numel, d);
+/* One unit: init rules, the file (when there is one), the sharding plugin. */
+static vh_status load_unit(vh_session *s, weights_file *w, vh_weights_mode mode, int32_t u,
+                           float *values, weights_report *r, vh_diag *d) {
+    uint64_t seed = (uint64_t)run_config_int(s->run, "seed");
+    void *model = s->self[VH_ROLE_MODEL];
+    char call[96];
+    snprintf(call, sizeof call, "model.init_unit unit=%d", (int)u);
+    session_trace(s, "%s", call);
+    vh_status st = s->model->init_unit(model, u, values, seed);
+    if (st != VH_STATUS_OK) return session_plugin_error(s, VH_ROLE_MODEL, st, call, d);
+    if (w && s->model->load_weights) {
+        vh_weights_source src = {.struct_size = sizeof src, .ctx = w, .path = w->f.path,
+                                 .find = source_find};
+        vh_weights_report rep = {.struct_size = sizeof rep, .ctx = r, .record = report_record};
+        snprintf(call, sizeof call, "model.load_weights unit=%d", (int)u);
+        session_trace(s, "%s", call);
+        st = s->model->load_weights(model, u, &src, mode, values, &rep);
+        if (st != VH_STATUS_OK) {
+            session_plugin_error(s, VH_ROLE_MODEL, st, call, d);
+            if (w->problem.text[0]) diag_prefix(d, "%s: %s; ", w->f.path, w->problem.text);
+            return st;
         }
-        if (st == VH_STATUS_OK) {
-            st = t->sharding->load_unit(t->self[VH_ROLE_SHARDING], u, values);
-            if (st != VH_STATUS_OK)
-                st = trainer_plugin_error(t, VH_ROLE_SHARDING, st, "sharding.load_unit", d);
+    } else if (w) {
+        st = default_load_unit(s, w, u, values, r, d);
+        if (st != VH_STATUS_OK) return st;
+    }
+    snprintf(call, sizeof call, "sharding.load_unit unit=%d", (int)u);
+    session_trace(s, "%s", call);
+    st = s->sharding->load_unit(s->self[VH_ROLE_SHARDING], u, values);
+    if (st != VH_STATUS_OK) return session_plugin_error(s, VH_ROLE_SHARDING, st, call, d);
+    return VH_STATUS_OK;
+}
+
+/* "a, b, c and 4 more": the file's tensors no parameter looked up. */
+static int ignored_text(const weights_file *w, char *buf) {
+    int n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < w->f.count; i++) {
+        if (w->found[i]) continue;
+        if (n < LIST_NAMES) {
+            if (n) append(buf, ", ");
+            append(buf, w->f.tensors[i].name);
         }
+        n++;
+    }
+    if (n > LIST_NAMES) {
+        char more[64];
+        snprintf(more, sizeof more, " and %d more", n - LIST_NAMES);
+        append(buf, more);
+    }
+    return n;
+}
+
+/* After every unit: what STRICT forbids, then the one report line. */
+static vh_status finish_report(vh_session *s, const weights_file *w, vh_weights_mode mode,
+                               const weights_report *r, vh_diag *d) {
+    char ignored[LIST_CAP];
+    int n_ignored = ignored_text(w, ignored);
+    const char *model = s->run->plugins[VH_ROLE_MODEL].desc->name;
+    if (mode == VH_WEIGHTS_MODE_STRICT && r->reinitialised > 0)
+        return diag_set(d, VH_STATUS_ERR_INTERNAL,
+                        "model plugin '%s' re-initialised %s while loading %s strictly (only "
+                        "pretrained weights may be adapted)",
+                        model, r->reinit_text, w->f.path);
+    if (mode == VH_WEIGHTS_MODE_STRICT && n_ignored > 0)
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s holds %d tensor(s) the %s model does not have: %s (is it a "
+                        "checkpoint of another configuration?)",
+                        w->f.path, n_ignored, model, ignored);
+    fprintf(s->out, "vithost: weights from %s: loaded %d tensor(s)", w->f.path, r->loaded);
+    if (r->reinitialised > 0) {
+        fprintf(s->out, "; re-initialised %d: %s", r->reinitialised, r->reinit_text);
+        if (r->reinitialised > LIST_NAMES)
+            fprintf(s->out, " and %d more", r->reinitialised - LIST_NAMES);
+    }
+    if (n_ignored > 0) fprintf(s->out, "; ignored %d the model does not use: %s", n_ignored, ignored);
+    fputc('\n', s->out);
+    fflush(s->out);
+    return VH_STATUS_OK;
+}
+
+vh_status weights_load_model(vh_session *s, const char *path, vh_weights_mode mode,
+                             vh_diag *d) {
+    weights_file file, *w = NULL;
+    vh_status st = VH_STATUS_OK;
+    if (path) {
+        w = &file;
+        st = weights_file_open(w, path, d);
+    }
+    weights_report report;
+    memset(&report, 0, sizeof report);
+    float *values = NULL;
+    for (int32_t u = 0; st == VH_STATUS_OK && u < s->table->num_units; u++) {
+        size_t n = (size_t)s->table->units[u].numel;
+        values = malloc((n ? n : 1) * sizeof *values);
+        if (!values) st = diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for unit %d", (int)u);
+        if (st == VH_STATUS_OK) st = load_unit(s, w, mode, u, values, &report, d);
         free(values);
+        values = NULL;
     }
-    if (st == VH_STATUS_OK && used < f.count) {
-        if (mode == VH_WEIGHTS_MODE_STRICT) {
-            st = diag_set(d, VH_STATUS_ERR_FORMAT,
-                          "%s holds %d tensors the model does not have (is it a checkpoint "
-                          "of another configuration?)",
-                          path, f.count - used);
-        } else {
-            fprintf(t->out, "vithost: %s: ignoring %d tensor(s) the model does not have\n",
-                    path, f.count - used);
-        }
-    }
-    if (st == VH_STATUS_OK && new_head)
-        fprintf(t->out, "vithost: %s: the head was trained for another class count; it starts "
-                        "fresh (%d classes)\n",
-                path, (int)t->info.num_classes);
-    st_free(&f);
+    if (st == VH_STATUS_OK && w) st = finish_report(s, w, mode, &report, d);
+    if (w) weights_file_close(w);
     return st;
 }
 
-/* Visits each slice of each slot: copies between the slices' state and a
- * per-parameter buffer. to_slices: buffer -> state. */
-static void copy_state(vh_trainer *t, int32_t unit, int32_t param, int32_t slot, float *buf,
-                       int to_slices) {
-    for (int32_t i = 0; i < t->slices.count; i++) {
-        vh_param_slice *s = vh_param_slices_at(&t->slices, i);
-        if (s->unit != unit || s->param != param) continue;
-        float *state = s->state[slot];
-        if (to_slices) memcpy(state, buf + s->offset, (size_t)s->count * sizeof(float));
-        else memcpy(buf + s->offset, state, (size_t)s->count * sizeof(float));
+/* ---- saving ----------------------------------------------------------------- */
+
+/* Full fp32 values of one unit, from the sharding plugin. */
+static vh_status fetch_unit(vh_session *s, int32_t u, float **out, vh_diag *d) {
+    size_t n = (size_t)s->table->units[u].numel;
+    *out = malloc((n ? n : 1) * sizeof(float));
+    if (!*out) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for unit %d", (int)u);
+    vh_status st = s->sharding->store_unit(s->self[VH_ROLE_SHARDING], u, *out);
+    if (st != VH_STATUS_OK) {
+        free(*out);
+        *out = NULL;
+        return session_plugin_error(s, VH_ROLE_SHARDING, st, "sharding.store_unit", d);
     }
+    return VH_STATUS_OK;
 }
 
-static void state_name(char *buf, size_t len, const char *param, int32_t slot) {
-    snprintf(buf, len, "%s.optim_state.%d", param, (int)slot);
-}
-
-vh_status weights_save_optim(vh_trainer *t, const char *path, vh_diag *d) {
+vh_status weights_save_model(vh_session *s, const char *path, vh_diag *d) {
     vh_st_writer w;
     st_writer_init(&w);
-    int64_t total = t->table->numel * t->state_slots;
-    float *all = malloc((size_t)(total ? total : 1) * sizeof(float));
-    vh_status st = all ? VH_STATUS_OK : diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
-    if (st == VH_STATUS_OK) st = st_writer_meta(&w, "format", "vithost-optim", d);
-    float *next = all;
-    for (int32_t u = 0; st == VH_STATUS_OK && u < t->table->num_units; u++) {
-        const vh_unit_desc *unit = &t->table->units[u];
+    float **units = calloc((size_t)s->table->num_units, sizeof *units);
+    vh_status st = units ? VH_STATUS_OK : diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
+    const vh_plugin_descriptor *model = s->run->plugins[VH_ROLE_MODEL].desc;
+    char who[256];
+    snprintf(who, sizeof who, "%s %s", model->name, model->version);
+    if (st == VH_STATUS_OK) st = st_writer_meta(&w, "format", "pt", d);
+    if (st == VH_STATUS_OK) st = st_writer_meta(&w, "vithost_model", who, d);
+    for (int32_t u = 0; st == VH_STATUS_OK && u < s->table->num_units; u++) {
+        st = fetch_unit(s, u, &units[u], d);
+        const vh_unit_desc *unit = &s->table->units[u];
         for (int32_t p = 0; st == VH_STATUS_OK && p < unit->num_params; p++) {
             const vh_param_desc *pd = &unit->params[p];
-            for (int32_t k = 0; st == VH_STATUS_OK && k < t->state_slots; k++) {
-                copy_state(t, u, p, k, next, 0);
-                char name[512];
-                state_name(name, sizeof name, pd->name, k);
-                st = st_writer_add(&w, name, pd->ndim, pd->shape, next, d);
-                next += pd->numel;
-            }
+            st = st_writer_add(&w, pd->name, pd->ndim, pd->shape, units[u] + pd->offset, d);
         }
     }
-    if (st == VH_STATUS_OK) st = st_writer_save(&w, path, d);
-    free(all);
+    if (st == VH_STATUS_OK && s->run->comm.rank == 0) st = st_writer_save(&w, path, d);
+    for (int32_t u = 0; units && u < s->table->num_units; u++) free(units[u]);
+    free(units);
     st_writer_free(&w);
-    return st;
-}
-
-vh_status weights_load_optim(vh_trainer *t, const char *path, vh_diag *d) {
-    vh_st_file f;
-    vh_status st = st_read(&f, path, d);
-    int expected = 0;
-    for (int32_t u = 0; st == VH_STATUS_OK && u < t->table->num_units; u++) {
-        const vh_unit_desc *unit = &t->table->units[u];
-        for (int32_t p = 0; st == VH_STATUS_OK && p < unit->num_params; p++) {
-            const vh_param_desc *pd = &unit->params[p];
-            float *buf = malloc((size_t)pd->numel * sizeof(float));
-            if (!buf) st = diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
-            for (int32_t k = 0; st == VH_STATUS_OK && k < t->state_slots; k++) {
-                char name[512];
-                state_name(name, sizeof name, pd->name, k);
-                const vh_st_tensor *ft = st_find(&f, name);
-                expected++;
-                if (!ft)
-                    st = diag_set(d, VH_STATUS_ERR_FORMAT,
-                                  "%s has no optimizer state '%s' (was the optimizer changed?)",
-                                  path, name);
-                else st = st_read_f32(&f, ft, buf, pd->numel, d);
-                if (st == VH_STATUS_OK) copy_state(t, u, p, k, buf, 1);
-            }
-            free(buf);
-        }
-    }
-    if (st == VH_STATUS_OK && expected != f.count)
-        st = diag_set(d, VH_STATUS_ERR_FORMAT,
-                      "%s holds %d optimizer tensors, this optimizer keeps %d (was the "
-                      "optimizer changed?)",
-                      path, f.count, expected);
-    st_free(&f);
     return st;
 }

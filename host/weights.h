@@ -1,26 +1,28 @@
-/* weights.h - the model's parameters and the optimizer's per-element state
- * as safetensors files under the model's own (timm) names, so a checkpoint
- * opens in PyTorch and a PyTorch/timm file can start a run. */
+/* weights.h - the model's parameters as safetensors files under the model's
+ * own (timm) names, so a checkpoint opens in PyTorch and a PyTorch/timm file
+ * can start a run.
+ *
+ * The host reads the file and never interprets a name: per unit, the model
+ * writes its init values (init_unit), then takes from the file what it wants
+ * (load_weights, through a vh_weights_source) and says what it did with each
+ * parameter (a vh_weights_report); a model without load_weights gets the
+ * host's loader, which takes every parameter by name and exact shape. The
+ * sharding plugin then keeps the unit's values (load_unit).
+ */
 #ifndef VITHOST_HOST_WEIGHTS_H
 #define VITHOST_HOST_WEIGHTS_H
 
-#include "trainer.h"
+#include "session.h"
 
-typedef enum vh_weights_mode {
-    /* Every parameter must be in the file with its exact shape. */
-    VH_WEIGHTS_MODE_STRICT = 0,
-    /* Fine-tuning: a head of another class count keeps its fresh init, and
-     * tensors the model does not have are reported and ignored. */
-    VH_WEIGHTS_MODE_PRETRAINED = 1,
-} vh_weights_mode;
+/* Sets every unit's parameters, once per run: the model's init rules from
+ * run.seed, then, when path is not NULL, the file's tensors in `mode`.
+ * Prints one line (loaded, re-initialised and why, ignored). In STRICT mode
+ * a tensor of the file that no parameter looked up is an error. */
+vh_status weights_load_model(vh_session *s, const char *path, vh_weights_mode mode,
+                             vh_diag *d);
 
-vh_status weights_save_model(vh_trainer *t, const char *path, vh_diag *d);
-vh_status weights_load_model(vh_trainer *t, const char *path, vh_weights_mode mode, vh_diag *d);
-
-/* The optimizer's state slots, one tensor per parameter and slot, named
- * "<param>.optim_state.<slot>". Needs the whole of every parameter on this
- * rank (true without sharding of optimizer state). */
-vh_status weights_save_optim(vh_trainer *t, const char *path, vh_diag *d);
-vh_status weights_load_optim(vh_trainer *t, const char *path, vh_diag *d);
+/* Writes every parameter (sharding.store_unit, collective) as F32; rank 0
+ * writes the file. */
+vh_status weights_save_model(vh_session *s, const char *path, vh_diag *d);
 
 #endif

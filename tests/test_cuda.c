@@ -27,11 +27,11 @@ static void test_copy_and_convert(void **state) {
     void *d32 = NULL, *d16 = NULL;
     assert_int_equal(ops.alloc(ops.device, sizeof src, &d32), VH_STATUS_OK);
     assert_int_equal(ops.alloc(ops.device, 1000 * 2, &d16), VH_STATUS_OK);
-    assert_int_equal(ops.copy(ops.device, d32, src, sizeof src, VH_COPY_KIND_HOST_TO_DEVICE), VH_STATUS_OK);
-    assert_int_equal(ops.convert(ops.device, d16, VH_DTYPE_BF16, d32, VH_DTYPE_F32, 1000), VH_STATUS_OK);
-    assert_int_equal(ops.memset_zero(ops.device, d32, sizeof src), VH_STATUS_OK);
-    assert_int_equal(ops.convert(ops.device, d32, VH_DTYPE_F32, d16, VH_DTYPE_BF16, 1000), VH_STATUS_OK);
-    assert_int_equal(ops.copy(ops.device, back, d32, sizeof back, VH_COPY_KIND_DEVICE_TO_HOST), VH_STATUS_OK);
+    assert_int_equal(ops.copy(ops.device, d32, src, sizeof src, VH_COPY_KIND_HOST_TO_DEVICE, NULL), VH_STATUS_OK);
+    assert_int_equal(ops.convert(ops.device, d16, VH_DTYPE_BF16, d32, VH_DTYPE_F32, 1000, NULL), VH_STATUS_OK);
+    assert_int_equal(ops.memset_zero(ops.device, d32, sizeof src, NULL), VH_STATUS_OK);
+    assert_int_equal(ops.convert(ops.device, d32, VH_DTYPE_F32, d16, VH_DTYPE_BF16, 1000, NULL), VH_STATUS_OK);
+    assert_int_equal(ops.copy(ops.device, back, d32, sizeof back, VH_COPY_KIND_DEVICE_TO_HOST, NULL), VH_STATUS_OK);
     /* Same rounding as the CPU reference, element for element. */
     for (int i = 0; i < 1000; i++) assert_true(back[i] == vh_bf16_to_f32(vh_f32_to_bf16(src[i])));
     ops.free(ops.device, d32);
@@ -57,7 +57,9 @@ int main(void) {
         return 1; /* a broken build, not a missing GPU */
     }
     char err[512];
-    if (open_fn(0, &ops, err, sizeof err) != VH_STATUS_OK) {
+    vh_cuda_open_args oa = {.struct_size = sizeof oa, .abi_major = VH_ABI_MAJOR,
+                            .abi_minor = VH_ABI_MINOR, .ordinal = 0};
+    if (open_fn(&oa, &ops, sizeof ops, err, sizeof err) != VH_STATUS_OK) {
         printf("SKIPPED: test_cuda: no usable GPU here (%s)\n", err);
         dlclose(lib);
         return 0;

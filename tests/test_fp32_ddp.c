@@ -3,9 +3,11 @@
  * Both are loaded the way vithost loads them (a recipe naming them, run_open,
  * the build tree's plugin folder) and driven through their vtables with the
  * hosts the run built. The parameter table is the test's own, so every
- * offset is known. A fake communicator stands in for a second rank where the
- * world-size path needs one. The last test trains with `vithost run` and
- * compares the losses with those of the test plugins. */
+ * offset is known; the unit buffers follow vh_unit_layout_init, which the
+ * test computes too. A fake communicator stands in for a second rank where
+ * the world-size path needs one; its collectives finish only in `wait`, so
+ * the tests see what a plugin leaves in flight. The last test trains with
+ * `vithost run` and compares the losses with those of the test plugins. */
 #define _POSIX_C_SOURCE 200809L
 #include <float.h>
 #include <math.h>
@@ -29,19 +31,22 @@
 static const vh_param_desc embed_params[] = {
     {.name = "embed.weight", .ndim = 2, .shape = {4, 3}, .flags = VH_PARAM_FLAG_DECAY,
      .offset = 0, .numel = 12},
-    {.name = "embed.bias", .ndim = 1, .shape = {4}, .offset = 12, .numel = 4},
+    {.name = "embed.bias", .ndim = 1, .shape = {4}, .flags = VH_PARAM_FLAG_BIAS, .offset = 12,
+     .numel = 4},
 };
 static const vh_param_desc block_params[] = {
     {.name = "blocks.0.fc.weight", .ndim = 2, .shape = {5, 4}, .flags = VH_PARAM_FLAG_DECAY,
      .offset = 0, .numel = 20},
-    {.name = "blocks.0.norm.weight", .ndim = 1, .shape = {5}, .init = VH_INIT_KIND_ONES,
-     .offset = 20, .numel = 5},
-    {.name = "blocks.0.norm.bias", .ndim = 1, .shape = {5}, .offset = 25, .numel = 5},
+    {.name = "blocks.0.norm.weight", .ndim = 1, .shape = {5}, .flags = VH_PARAM_FLAG_NORM,
+     .init = VH_INIT_KIND_ONES, .offset = 20, .numel = 5},
+    {.name = "blocks.0.norm.bias", .ndim = 1, .shape = {5}, .flags = VH_PARAM_FLAG_NORM,
+     .offset = 25, .numel = 5},
 };
 static const vh_param_desc head_params[] = {
     {.name = "head.weight", .ndim = 2, .shape = {2, 5}, .flags = VH_PARAM_FLAG_DECAY,
      .offset = 0, .numel = 10},
-    {.name = "head.bias", .ndim = 1, .shape = {2}, .offset = 10, .numel = 2},
+    {.name = "head.bias", .ndim = 1, .shape = {2}, .flags = VH_PARAM_FLAG_BIAS, .offset = 10,
+     .numel = 2},
 };
 static const vh_unit_desc units[] = {
     {"embed", embed_params, 2, 16},
@@ -63,35 +68,116 @@ static int64_t unit_offset(int32_t u) {
 static float pattern(int32_t u, int64_t i) { return (float)(u + 1) * 1000.0f + (float)i * 0.25f; }
 
 static vh_precision_policy f32_policy(void) {
-    return (vh_precision_policy){sizeof(vh_precision_policy), VH_DTYPE_F32, VH_DTYPE_F32,
-                                 VH_DTYPE_F32, VH_DTYPE_F32, VH_DTYPE_F32};
+    vh_precision_policy p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.param_dtype = p.compute_dtype = p.grad_dtype = VH_DTYPE_F32;
+    p.comm_dtype = p.master_dtype = p.state_dtype = VH_DTYPE_F32;
+    p.master_weights = 1;
+    return p;
+}
+
+/* ---- layouts, as the plugin computes them ----------------------------------- */
+
+typedef struct layouts {
+    vh_unit_layout unit[NUM_UNITS];
+    size_t base[NUM_UNITS]; /* byte offset of each unit in the flat buffer */
+    size_t bytes;           /* the flat buffer */
+} layouts;
+
+/* grads: 0 for the compute copies (param dtypes), 1 for the gradients. */
+static void layouts_of(layouts *l, const vh_unit_desc *us, int32_t n,
+                       const vh_precision_policy *pol, int grads) {
+    memset(l, 0, sizeof *l);
+    for (int32_t u = 0; u < n; u++) {
+        assert_int_equal(vh_unit_layout_init(&l->unit[u], &us[u],
+                                             grads ? vh_policy_grad_dtype : vh_policy_param_dtype,
+                                             pol),
+                         VH_STATUS_OK);
+        l->base[u] = l->bytes;
+        l->bytes += l->unit[u].bytes;
+    }
+}
+
+static void layouts_free(layouts *l) {
+    for (int32_t u = 0; u < NUM_UNITS; u++) vh_unit_layout_free(&l->unit[u]);
+}
+
+/* Byte offset of element i of unit u (the table's numbering) in a unit buffer. */
+static size_t elem_at(const vh_unit_layout *l, const vh_unit_desc *ud, int64_t i) {
+    for (int32_t p = 0; p < ud->num_params; p++) {
+        const vh_param_desc *pd = &ud->params[p];
+        if (i < pd->offset + pd->numel)
+            return l->offsets[p] + (size_t)(i - pd->offset) * vh_dtype_size(l->dtypes[p]);
+    }
+    fail_msg("element %lld is past unit %s", (long long)i, ud->name);
+    return 0;
 }
 
 /* ---- a fake second rank --------------------------------------------------- */
 
-/* SUM adds the peer's values (every element fake_peer_grad), MAX takes the
- * peer's flag; calls are counted. */
+/* Collectives are kept as requests and done in wait: AVG takes the mean
+ * with the peer's values (every element fake.peer_grad, f32 or bf16), MAX
+ * the peer's flag (f32). Calls, requests in flight and the last count and
+ * dtype are recorded. */
+#define FAKE_MAX_REQUESTS 16
+typedef struct fake_request {
+    void *buf;
+    size_t count;
+    vh_dtype dtype;
+    vh_reduce_op op;
+    int used;
+} fake_request;
+
 static struct {
     float peer_grad, peer_flag;
-    int sums, maxes;
+    int avgs, maxes, waits;
+    int in_flight;
     size_t last_count;
+    vh_dtype last_dtype;
+    fake_request req[FAKE_MAX_REQUESTS];
 } fake;
 
 static vh_status fake_all_reduce(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
-                                 vh_reduce_op op) {
-    (void)c;
-    if (dtype != VH_DTYPE_F32) return VH_STATUS_ERR_UNSUPPORTED;
-    float *x = buf;
+                                 vh_reduce_op op, vh_stream *stream, vh_comm_request **req) {
+    (void)c, (void)stream;
+    if (dtype != VH_DTYPE_F32 && dtype != VH_DTYPE_BF16) return VH_STATUS_ERR_UNSUPPORTED;
+    if (op == VH_REDUCE_OP_AVG) fake.avgs++;
+    else if (op == VH_REDUCE_OP_MAX && dtype == VH_DTYPE_F32) fake.maxes++;
+    else return VH_STATUS_ERR_UNSUPPORTED;
     fake.last_count = count;
-    if (op == VH_REDUCE_OP_SUM) {
-        fake.sums++;
-        for (size_t i = 0; i < count; i++) x[i] += fake.peer_grad;
-    } else if (op == VH_REDUCE_OP_MAX) {
-        fake.maxes++;
-        for (size_t i = 0; i < count; i++) x[i] = fmaxf(x[i], fake.peer_flag);
-    } else {
-        return VH_STATUS_ERR_UNSUPPORTED;
+    fake.last_dtype = dtype;
+    for (int i = 0; i < FAKE_MAX_REQUESTS; i++) {
+        if (fake.req[i].used) continue;
+        fake.req[i] = (fake_request){buf, count, dtype, op, 1};
+        fake.in_flight++;
+        *req = (vh_comm_request *)&fake.req[i];
+        return VH_STATUS_OK;
     }
+    return VH_STATUS_ERR_NOMEM;
+}
+
+static vh_status fake_wait(vh_comm *c, vh_comm_request *req) {
+    (void)c;
+    if (!req) return VH_STATUS_OK;
+    fake_request *r = (fake_request *)req;
+    assert_true(r >= fake.req && r < fake.req + FAKE_MAX_REQUESTS && r->used);
+    for (size_t i = 0; i < r->count; i++) {
+        float x = r->dtype == VH_DTYPE_F32 ? ((float *)r->buf)[i]
+                                           : vh_bf16_to_f32(((uint16_t *)r->buf)[i]);
+        x = r->op == VH_REDUCE_OP_AVG ? (x + fake.peer_grad) / 2.0f : fmaxf(x, fake.peer_flag);
+        if (r->dtype == VH_DTYPE_F32) ((float *)r->buf)[i] = x;
+        else ((uint16_t *)r->buf)[i] = vh_f32_to_bf16(x);
+    }
+    r->used = 0;
+    fake.in_flight--;
+    fake.waits++;
+    return VH_STATUS_OK;
+}
+
+static vh_status fake_test(vh_comm *c, vh_comm_request *req, int *done) {
+    (void)c, (void)req;
+    *done = 0;
     return VH_STATUS_OK;
 }
 
@@ -104,13 +190,14 @@ typedef struct fx {
     const vh_sharding_vtable *sh;
     const vh_precision_vtable *pr;
     void *ddp, *fp32;
+    vh_precision_policy policy; /* the last setup's: setup keeps a pointer only for the call */
 } fx;
 
 static vh_host *host_of(fx *f, vh_role role) { return &f->run.hosts[role].pub; }
 static const char *error_of(fx *f, vh_role role) { return f->run.hosts[role].error; }
 
 /* The CPU's ops under another kind and name: the plugins must then treat the
- * buffers as device memory they reach only through copy. */
+ * buffers as device memory they reach only through the device's ops. */
 static vh_device_ops other_device;
 
 /* Opens the run; precision_keys go into the precision section. world > 1
@@ -136,7 +223,10 @@ static void fx_open_on(fx *f, const char *precision_keys, int32_t world, int oth
     assert_string_equal(f->run.plugins[VH_ROLE_PRECISION].desc->name, "fp32");
     if (world > 1) {
         memset(&fake, 0, sizeof fake);
-        fake_ops = (vh_comm_ops){.struct_size = sizeof fake_ops, .all_reduce = fake_all_reduce};
+        fake_ops = (vh_comm_ops){.struct_size = sizeof fake_ops,
+                                 .all_reduce_start = fake_all_reduce,
+                                 .wait = fake_wait,
+                                 .test = fake_test};
         f->run.comm.ops = &fake_ops;
         f->run.comm.world_size = world;
         f->run.comm.backend = "fake";
@@ -159,10 +249,16 @@ static void fx_open_with(fx *f, const char *precision_keys, int32_t world) {
     fx_open_on(f, precision_keys, world, 0);
 }
 
-static vh_status fx_setup_policy(fx *f, int32_t slots, vh_precision_policy policy) {
-    vh_sharding_setup s = {.struct_size = sizeof s, .table = &table, .policy = policy,
+static vh_status fx_setup_table(fx *f, const vh_param_table *t, int32_t slots,
+                                vh_precision_policy policy) {
+    f->policy = policy;
+    vh_sharding_setup s = {.struct_size = sizeof s, .table = t, .policy = &f->policy,
                            .state_slots = slots};
     return f->sh->setup(f->ddp, &s);
+}
+
+static vh_status fx_setup_policy(fx *f, int32_t slots, vh_precision_policy policy) {
+    return fx_setup_table(f, &table, slots, policy);
 }
 
 /* Opens a one-rank run and sets ddp up with fp32's own policy. */
@@ -188,19 +284,24 @@ static void expect_error(fx *f, vh_role role, vh_status got, vh_status want, con
     if (!strstr(msg, part)) fail_msg("message '%s' lacks '%s'", msg, part);
 }
 
-static float *grads_of(fx *f, int32_t u) {
+static char *grads_of(fx *f, int32_t u) {
     void *g = NULL;
     if (f->sh->grads(f->ddp, u, &g) != VH_STATUS_OK)
         fail_msg("grads(%d): %s", (int)u, error_of(f, VH_ROLE_SHARDING));
     return g;
 }
 
-static const float *gather_of(fx *f, int32_t u) {
+static const char *gather_of(fx *f, int32_t u) {
     const void *p = NULL;
     if (f->sh->gather(f->ddp, u, &p) != VH_STATUS_OK)
         fail_msg("gather(%d): %s", (int)u, error_of(f, VH_ROLE_SHARDING));
     assert_int_equal(f->sh->release(f->ddp, u), VH_STATUS_OK);
     return p;
+}
+
+/* f32 element i of unit u (the table's numbering) in a buffer of layout l. */
+static float *f32_elem(void *unit_buf, const vh_unit_layout *l, int32_t u, int64_t i) {
+    return (float *)(void *)((char *)unit_buf + elem_at(l, &units[u], i));
 }
 
 static void load_pattern(fx *f) {
@@ -213,63 +314,84 @@ static void load_pattern(fx *f) {
 
 /* ---- ddp ---------------------------------------------------------------- */
 
-/* One flat buffer each for params and grads, unit u at the sum of the earlier
- * units' numel; load_unit lands there and store_unit reads it back. */
+/* One flat buffer each for params and grads, unit after unit, each unit laid
+ * out by vh_unit_layout_init (parameters at 64-byte aligned offsets, the
+ * padding zero); load_unit lands there and store_unit reads it back as the
+ * parameters end to end. */
 static void test_ddp_layout(void **state) {
     (void)state;
     fx f;
     fx_open(&f, 0);
+    layouts pl;
+    layouts_of(&pl, units, NUM_UNITS, &f.policy, 0);
+    for (int32_t u = 0; u < NUM_UNITS; u++)
+        for (int32_t p = 0; p < units[u].num_params; p++)
+            assert_int_equal(pl.unit[u].offsets[p] % VH_UNIT_ALIGN, 0);
+    /* embed.weight's 12 floats (48 bytes) pad to 64: the bias starts there */
+    assert_int_equal(pl.unit[0].offsets[1], 64);
     load_pattern(&f);
-    const float *p0 = gather_of(&f, 0);
-    float *g0 = grads_of(&f, 0);
+    const char *p0 = gather_of(&f, 0);
+    char *g0 = grads_of(&f, 0);
     for (int32_t u = 0; u < NUM_UNITS; u++) {
-        const float *p = gather_of(&f, u);
-        assert_ptr_equal(p, p0 + unit_offset(u));
-        assert_ptr_equal(grads_of(&f, u), g0 + unit_offset(u));
-        for (int64_t i = 0; i < units[u].numel; i++) assert_true(p[i] == pattern(u, i));
+        const char *p = gather_of(&f, u);
+        assert_ptr_equal(p, p0 + pl.base[u]);
+        assert_ptr_equal(grads_of(&f, u), g0 + pl.base[u]); /* grads: the same layout in f32 */
+        for (int64_t i = 0; i < units[u].numel; i++)
+            assert_true(*f32_elem((void *)p, &pl.unit[u], u, i) == pattern(u, i));
         float out[64];
         memset(out, 0, sizeof out);
         assert_int_equal(f.sh->store_unit(f.ddp, u, out), VH_STATUS_OK);
-        assert_memory_equal(out, p, (size_t)units[u].numel * sizeof(float));
+        for (int64_t i = 0; i < units[u].numel; i++) assert_true(out[i] == pattern(u, i));
     }
+    /* The padding stays zero. */
+    const float *pad = (const float *)(const void *)(p0 + pl.base[0] + 48);
+    for (int i = 0; i < 4; i++) assert_true(pad[i] == 0.0f);
     /* load_unit of one unit leaves its neighbours alone. */
     float ones[30];
     for (int i = 0; i < 30; i++) ones[i] = 1.0f;
     assert_int_equal(f.sh->load_unit(f.ddp, 1, ones), VH_STATUS_OK);
-    assert_true(gather_of(&f, 0)[15] == pattern(0, 15));
-    assert_true(gather_of(&f, 1)[29] == 1.0f);
-    assert_true(gather_of(&f, 2)[0] == pattern(2, 0));
+    assert_true(*f32_elem((void *)gather_of(&f, 0), &pl.unit[0], 0, 15) == pattern(0, 15));
+    assert_true(*f32_elem((void *)gather_of(&f, 1), &pl.unit[1], 1, 29) == 1.0f);
+    assert_true(*f32_elem((void *)gather_of(&f, 2), &pl.unit[2], 2, 0) == pattern(2, 0));
     /* Under fp32 there is nothing to refresh. */
     assert_int_equal(f.sh->refresh(f.ddp), VH_STATUS_OK);
-    assert_true(gather_of(&f, 1)[0] == 1.0f);
+    assert_true(*f32_elem((void *)gather_of(&f, 1), &pl.unit[1], 1, 0) == 1.0f);
+    layouts_free(&pl);
     fx_close(&f);
 }
 
-/* Grads start at zero and zero_grads clears all of them. */
+/* Grads start at zero and zero_grads clears all of them, padding included. */
 static void test_ddp_zero_grads(void **state) {
     (void)state;
     fx f;
     fx_open(&f, 0);
-    const float *g0 = grads_of(&f, 0);
-    for (int64_t i = 0; i < TOTAL; i++) assert_true(g0[i] == 0.0f);
+    layouts gl;
+    layouts_of(&gl, units, NUM_UNITS, &f.policy, 1);
+    const float *g0 = (const float *)(const void *)grads_of(&f, 0);
+    const size_t n = gl.bytes / sizeof(float);
+    for (size_t i = 0; i < n; i++) assert_true(g0[i] == 0.0f);
     for (int32_t u = 0; u < NUM_UNITS; u++) {
-        float *g = grads_of(&f, u);
-        for (int64_t i = 0; i < units[u].numel; i++) g[i] = pattern(u, i);
+        float *g = (float *)(void *)grads_of(&f, u);
+        for (size_t i = 0; i < gl.unit[u].bytes / sizeof(float); i++) g[i] = pattern(u, (int64_t)i);
     }
     assert_int_equal(f.sh->zero_grads(f.ddp), VH_STATUS_OK);
-    for (int64_t i = 0; i < TOTAL; i++) assert_true(g0[i] == 0.0f);
+    for (size_t i = 0; i < n; i++) assert_true(g0[i] == 0.0f);
+    layouts_free(&gl);
     fx_close(&f);
 }
 
-/* On one rank the all-reduce is the identity and nothing is averaged. */
+/* On one rank the all-reduce is the identity. */
 static void test_ddp_reduce_world1(void **state) {
     (void)state;
     fx f;
     fx_open(&f, 0);
+    layouts gl;
+    layouts_of(&gl, units, NUM_UNITS, &f.policy, 1);
     assert_int_equal(f.sh->zero_grads(f.ddp), VH_STATUS_OK);
     for (int32_t u = NUM_UNITS - 1; u >= 0; u--) {
-        float *g = grads_of(&f, u);
-        for (int64_t i = 0; i < units[u].numel; i++) g[i] = -pattern(u, i);
+        char *g = grads_of(&f, u);
+        for (int64_t i = 0; i < units[u].numel; i++)
+            *f32_elem(g, &gl.unit[u], u, i) = -pattern(u, i);
         assert_int_equal(f.sh->reduce(f.ddp, u), VH_STATUS_OK);
     }
     assert_int_equal(f.sh->wait(f.ddp), VH_STATUS_OK);
@@ -279,18 +401,22 @@ static void test_ddp_reduce_world1(void **state) {
     for (int32_t s = 0; s < sl.count; s++) {
         const vh_param_slice *x = vh_param_slices_at(&sl, s);
         int64_t first = units[x->unit].params[x->param].offset;
+        assert_int_equal(x->grad_dtype, VH_DTYPE_F32);
         for (int64_t i = 0; i < x->count; i++)
-            assert_true(x->grad[i] == -pattern(x->unit, first + i));
+            assert_true(((const float *)x->grad)[i] == -pattern(x->unit, first + i));
     }
     /* The next step may reduce again. */
     assert_int_equal(f.sh->zero_grads(f.ddp), VH_STATUS_OK);
     assert_int_equal(f.sh->reduce(f.ddp, 2), VH_STATUS_OK);
+    layouts_free(&gl);
     fx_close(&f);
 }
 
-/* Two ranks (the second faked): the sum of both, divided by 2, for every
- * element of every unit, including one of several device rows (4096) and a
- * tail. */
+/* Two ranks (the second faked): reduce only STARTS each unit's all-reduce
+ * (AVG, one request per unit under fp32, over the unit's whole grad buffer)
+ * and keeps the request; wait finishes them all, after which every element
+ * of every unit is the mean of both ranks' values, including a unit of many
+ * thousand elements. */
 static const vh_param_desc big_params[] = {
     {.name = "big.weight", .ndim = 2, .shape = {100, 100}, .flags = VH_PARAM_FLAG_DECAY,
      .offset = 0, .numel = 10000},
@@ -306,40 +432,73 @@ static void test_ddp_reduce_averages(void **state) {
     (void)state;
     fx f;
     fx_open_with(&f, NULL, 2);
-    vh_sharding_setup setup = {.struct_size = sizeof setup, .table = &big_table,
-                               .policy = f32_policy(), .state_slots = 0};
-    assert_int_equal(f.sh->setup(f.ddp, &setup), VH_STATUS_OK);
+    assert_int_equal(fx_setup_table(&f, &big_table, 0, f32_policy()), VH_STATUS_OK);
+    layouts gl;
+    layouts_of(&gl, big_units, 2, &f.policy, 1);
     fake.peer_grad = 3.0f;
     assert_int_equal(f.sh->zero_grads(f.ddp), VH_STATUS_OK);
-    const float *g0 = grads_of(&f, 0);
+    char *g[2] = {grads_of(&f, 0), grads_of(&f, 1)};
     for (int32_t u = 1; u >= 0; u--) {
-        float *g = grads_of(&f, u);
-        for (int64_t i = 0; i < big_units[u].numel; i++) g[i] = pattern(u, i);
-        int before = fake.sums;
+        for (int64_t i = 0; i < big_units[u].numel; i++)
+            *(float *)(void *)(g[u] + elem_at(&gl.unit[u], &big_units[u], i)) = pattern(u, i);
+        int before = fake.avgs;
         assert_int_equal(f.sh->reduce(f.ddp, u), VH_STATUS_OK);
-        assert_int_equal(fake.sums, before + 1);
-        assert_int_equal(fake.last_count, (size_t)big_units[u].numel);
+        assert_int_equal(fake.avgs, before + 1);
+        assert_int_equal(fake.last_count, gl.unit[u].bytes / sizeof(float));
+        assert_int_equal(fake.last_dtype, VH_DTYPE_F32);
     }
+    /* Both requests are in flight and nothing is averaged yet. */
+    assert_int_equal(fake.in_flight, 2);
+    assert_int_equal(fake.waits, 0);
+    assert_true(*(float *)(void *)g[0] == pattern(0, 0));
     assert_int_equal(f.sh->wait(f.ddp), VH_STATUS_OK);
-    for (int32_t u = 0, at = 0; u < 2; u++)
-        for (int64_t i = 0; i < big_units[u].numel; i++, at++)
-            assert_true(g0[at] == (pattern(u, i) + 3.0f) / 2.0f);
+    assert_int_equal(fake.in_flight, 0);
+    assert_int_equal(fake.waits, 2);
+    for (int32_t u = 0; u < 2; u++)
+        for (int64_t i = 0; i < big_units[u].numel; i++)
+            assert_true(*(float *)(void *)(g[u] + elem_at(&gl.unit[u], &big_units[u], i)) ==
+                        (pattern(u, i) + 3.0f) / 2.0f);
+    /* A second wait has nothing left to finish. */
+    assert_int_equal(f.sh->wait(f.ddp), VH_STATUS_OK);
+    assert_int_equal(fake.waits, 2);
+    layouts_free(&gl);
+    fx_close(&f);
+}
+
+/* With the self backend a started reduction has finished already: reduce
+ * leaves a request, wait completes it (zero_grads before wait is refused). */
+static void test_ddp_reduce_leaves_request(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 0);
+    assert_int_equal(f.sh->zero_grads(f.ddp), VH_STATUS_OK);
+    for (int32_t u = NUM_UNITS - 1; u >= 0; u--)
+        assert_int_equal(f.sh->reduce(f.ddp, u), VH_STATUS_OK);
+    expect_error(&f, VH_ROLE_SHARDING, f.sh->zero_grads(f.ddp), VH_STATUS_ERR_INVALID_ARG,
+                 "3 reduction(s) not waited for");
+    assert_int_equal(f.sh->wait(f.ddp), VH_STATUS_OK);
+    assert_int_equal(f.sh->zero_grads(f.ddp), VH_STATUS_OK);
     fx_close(&f);
 }
 
 /* One slice per parameter, each exactly once, with the table's flags and
- * pointers into the flat buffers at unit offset + parameter offset. */
+ * pointers into the flat buffers: under fp32 the master is the compute copy
+ * and the grad the grad buffer, at the layout's offsets; the state slots are
+ * the parameters end to end, at unit offset + parameter offset. */
 static void test_ddp_slices(void **state) {
     (void)state;
     fx f;
     fx_open(&f, 2);
+    layouts pl;
+    layouts_of(&pl, units, NUM_UNITS, &f.policy, 0);
     load_pattern(&f);
-    vh_param_slices sl = {NULL, -1, 0};
+    vh_param_slices sl = {.items = NULL, .count = -1, .item_size = 0};
     assert_int_equal(f.sh->slices(f.ddp, &sl), VH_STATUS_OK);
     assert_int_equal(sl.count, NUM_PARAMS);
     assert_true(sl.item_size >= sizeof(vh_param_slice));
-    const float *p0 = gather_of(&f, 0);
-    const float *g0 = grads_of(&f, 0);
+    assert_int_equal(sl.replicated, 1); /* full replicas: sums over slices are local */
+    const char *p0 = gather_of(&f, 0);
+    const char *g0 = grads_of(&f, 0);
     const float *s0 = NULL, *s1 = NULL;
     int seen[NUM_UNITS][4] = {{0}};
     int64_t covered = 0;
@@ -349,19 +508,23 @@ static void test_ddp_slices(void **state) {
         assert_in_range(x->param, 0, units[x->unit].num_params - 1);
         const vh_param_desc *pd = &units[x->unit].params[x->param];
         seen[x->unit][x->param]++;
-        int64_t at = unit_offset(x->unit) + pd->offset;
+        size_t at = pl.base[x->unit] + pl.unit[x->unit].offsets[x->param];
+        int64_t st_at = unit_offset(x->unit) + pd->offset;
         assert_int_equal(x->offset, 0);
         assert_int_equal(x->count, pd->numel);
         assert_int_equal(x->flags, pd->flags);
+        assert_int_equal(x->master_dtype, VH_DTYPE_F32);
+        assert_int_equal(x->grad_dtype, VH_DTYPE_F32);
+        assert_int_equal(x->state_dtype, VH_DTYPE_F32);
         assert_ptr_equal(x->master, p0 + at); /* fp32: the master is the param */
-        assert_ptr_equal(x->grad, g0 + at);
-        assert_true(x->master[0] == pattern(x->unit, pd->offset));
+        assert_ptr_equal(x->grad, g0 + at);   /* and the grad layout is the same */
+        assert_true(((const float *)x->master)[0] == pattern(x->unit, pd->offset));
         if (!s0) {
-            s0 = x->state[0] - at;
-            s1 = x->state[1] - at;
+            s0 = (const float *)x->state[0] - st_at;
+            s1 = (const float *)x->state[1] - st_at;
         }
-        assert_ptr_equal(x->state[0], s0 + at);
-        assert_ptr_equal(x->state[1], s1 + at);
+        assert_ptr_equal(x->state[0], s0 + st_at);
+        assert_ptr_equal(x->state[1], s1 + st_at);
         assert_null(x->state[2]);
         assert_null(x->state[3]);
         covered += x->count;
@@ -373,6 +536,7 @@ static void test_ddp_slices(void **state) {
     vh_param_slices again;
     assert_int_equal(f.sh->slices(f.ddp, &again), VH_STATUS_OK);
     assert_ptr_equal(again.items, sl.items);
+    layouts_free(&pl);
     fx_close(&f);
 }
 
@@ -382,20 +546,26 @@ static void test_ddp_state_slots(void **state) {
     (void)state;
     fx f;
     fx_open(&f, VH_OPTIM_MAX_STATE_SLOTS);
+    layouts pl;
+    layouts_of(&pl, units, NUM_UNITS, &f.policy, 0);
     vh_param_slices sl;
     assert_int_equal(f.sh->slices(f.ddp, &sl), VH_STATUS_OK);
     const vh_param_slice *first = vh_param_slices_at(&sl, 0);
-    const float *bases[VH_OPTIM_MAX_STATE_SLOTS + 2] = {first->master, first->grad};
+    enum { NB = VH_OPTIM_MAX_STATE_SLOTS + 2 };
+    const char *bases[NB] = {first->master, first->grad};
+    size_t sizes[NB] = {pl.bytes, pl.bytes};
     for (int k = 0; k < VH_OPTIM_MAX_STATE_SLOTS; k++) {
         const float *s = first->state[k];
         assert_non_null(s);
         for (int64_t i = 0; i < TOTAL; i++) assert_true(s[i] == 0.0f);
-        bases[k + 2] = s;
+        bases[k + 2] = (const char *)s;
+        sizes[k + 2] = TOTAL * sizeof(float);
     }
     /* No two buffers overlap. */
-    for (int a = 0; a < VH_OPTIM_MAX_STATE_SLOTS + 2; a++)
-        for (int b = a + 1; b < VH_OPTIM_MAX_STATE_SLOTS + 2; b++)
-            assert_true(bases[a] + TOTAL <= bases[b] || bases[b] + TOTAL <= bases[a]);
+    for (int a = 0; a < NB; a++)
+        for (int b = a + 1; b < NB; b++)
+            assert_true(bases[a] + sizes[a] <= bases[b] || bases[b] + sizes[b] <= bases[a]);
+    layouts_free(&pl);
     fx_close(&f);
 
     fx_open(&f, 0);
@@ -406,22 +576,31 @@ static void test_ddp_state_slots(void **state) {
     fx_close(&f);
 }
 
-/* bf16 parameters: separate f32 masters, gather hands out bf16 values,
- * store_unit the unrounded masters, refresh converts the masters again. */
+/* bf16 parameters: separate f32 masters, gather hands out bf16 values at the
+ * bf16 layout's offsets, store_unit the unrounded masters, refresh converts
+ * the masters again. Parameters the policy keeps in f32 (fp32_param_flags:
+ * the norms here) are their own masters. */
 static void test_ddp_half_params(void **state) {
     (void)state;
     fx f;
     fx_open_with(&f, NULL, 1);
     vh_precision_policy pol = f32_policy();
     pol.param_dtype = VH_DTYPE_BF16;
+    pol.fp32_param_flags = VH_PARAM_FLAG_NORM;
     assert_int_equal(fx_setup_policy(&f, 1, pol), VH_STATUS_OK);
+    layouts pl;
+    layouts_of(&pl, units, NUM_UNITS, &pol, 0);
+    assert_int_equal(pl.unit[1].dtypes[0], VH_DTYPE_BF16);
+    assert_int_equal(pl.unit[1].dtypes[1], VH_DTYPE_F32); /* norm.weight */
     float v[30];
     for (int i = 0; i < 30; i++) v[i] = 1.0f + (float)i / 3.0f;
     assert_int_equal(f.sh->load_unit(f.ddp, 1, v), VH_STATUS_OK);
-    const uint16_t *p = (const uint16_t *)(const void *)gather_of(&f, 1);
-    const uint16_t *p0 = (const uint16_t *)(const void *)gather_of(&f, 0);
-    assert_ptr_equal(p, p0 + unit_offset(1));
-    for (int i = 0; i < 30; i++) assert_int_equal(p[i], vh_f32_to_bf16(v[i]));
+    const char *p = gather_of(&f, 1);
+    assert_ptr_equal(p, gather_of(&f, 0) + pl.base[1]);
+    const uint16_t *w = (const uint16_t *)(const void *)p; /* fc.weight, 20 bf16 */
+    const float *nw = (const float *)(const void *)(p + pl.unit[1].offsets[1]);
+    for (int i = 0; i < 20; i++) assert_int_equal(w[i], vh_f32_to_bf16(v[i]));
+    for (int i = 0; i < 5; i++) assert_true(nw[i] == v[20 + i]);
     float out[30];
     assert_int_equal(f.sh->store_unit(f.ddp, 1, out), VH_STATUS_OK);
     assert_memory_equal(out, v, sizeof v);
@@ -430,14 +609,126 @@ static void test_ddp_half_params(void **state) {
     assert_int_equal(f.sh->slices(f.ddp, &sl), VH_STATUS_OK);
     for (int32_t s = 0; s < sl.count; s++) {
         vh_param_slice *x = vh_param_slices_at(&sl, s);
-        assert_ptr_not_equal((const void *)x->master, (const void *)p);
-        if (x->unit == 1 && x->param == 2) x->master[0] = 42.5f; /* the optimizer's step */
+        assert_int_equal(x->master_dtype, VH_DTYPE_F32);
+        if (x->unit == 1 && x->param == 0) {
+            assert_ptr_not_equal(x->master, (const void *)w);
+            ((float *)x->master)[5] = 42.5f; /* the optimizer's step */
+        }
+        if (x->unit == 1 && x->param == 1) assert_ptr_equal(x->master, (const void *)nw);
     }
-    assert_int_equal(p[25], vh_f32_to_bf16(v[25]));
+    assert_int_equal(w[5], vh_f32_to_bf16(v[5]));
     assert_int_equal(f.sh->refresh(f.ddp), VH_STATUS_OK);
-    assert_int_equal(p[25], vh_f32_to_bf16(42.5f));
-    assert_int_equal(p[24], vh_f32_to_bf16(v[24]));
+    assert_int_equal(w[5], vh_f32_to_bf16(42.5f));
+    assert_int_equal(w[4], vh_f32_to_bf16(v[4]));
+    /* Memory: bf16 compute copies, f32 masters for the bf16 ones only. */
+    vh_sharding_memory m;
+    memset(&m, 0, sizeof m);
+    m.struct_size = sizeof m;
+    assert_int_equal(f.sh->memory(f.ddp, &m), VH_STATUS_OK);
+    assert_int_equal(m.params, (int64_t)pl.bytes);
+    assert_int_equal(m.masters, (int64_t)(TOTAL - 10) * 4);
+    assert_int_equal(m.optim_state, (int64_t)TOTAL * 4);
+    layouts_free(&pl);
     fx_close(&f);
+}
+
+/* Without master weights (full fp16) the optimizer updates the 16-bit
+ * compute copy itself: the slices say so, load/store go through f32. */
+static void test_ddp_no_master_weights(void **state) {
+    (void)state;
+    fx f;
+    fx_open_with(&f, NULL, 1);
+    vh_precision_policy pol = f32_policy();
+    pol.param_dtype = VH_DTYPE_F16;
+    pol.master_weights = 0;
+    assert_int_equal(fx_setup_policy(&f, 0, pol), VH_STATUS_OK);
+    float v[12] = {1.0f, 0.5f, -2.0f, 3.25f, 1e-3f, 7.0f, 0.1f, -0.1f, 65504.0f, 0.0f, 2.0f, 9.0f};
+    assert_int_equal(f.sh->load_unit(f.ddp, 2, v), VH_STATUS_OK);
+    const uint16_t *p = (const uint16_t *)(const void *)gather_of(&f, 2);
+    for (int i = 0; i < 10; i++) assert_int_equal(p[i], vh_f32_to_f16(v[i]));
+    float out[12];
+    assert_int_equal(f.sh->store_unit(f.ddp, 2, out), VH_STATUS_OK);
+    for (int i = 0; i < 12; i++) assert_true(out[i] == vh_f16_to_f32(vh_f32_to_f16(v[i])));
+    vh_param_slices sl;
+    assert_int_equal(f.sh->slices(f.ddp, &sl), VH_STATUS_OK);
+    for (int32_t s = 0; s < sl.count; s++) {
+        const vh_param_slice *x = vh_param_slices_at(&sl, s);
+        assert_int_equal(x->master_dtype, VH_DTYPE_F16);
+        if (x->unit == 2 && x->param == 0) assert_ptr_equal(x->master, (const void *)p);
+    }
+    vh_sharding_memory m = {.struct_size = sizeof m};
+    assert_int_equal(f.sh->memory(f.ddp, &m), VH_STATUS_OK);
+    assert_int_equal(m.masters, 0);
+    fx_close(&f);
+}
+
+/* 16-bit gradients reach the optimizer in f32. With comm_dtype f32 reduce
+ * converts them and all-reduces the f32 copy; with comm_dtype bf16 they are
+ * all-reduced in bf16 and wait converts them. f32 grads (the norms, kept in
+ * f32 by fp32_param_flags) are reduced in f32 either way. */
+static void half_grads(vh_dtype comm) {
+    fx f;
+    fx_open_with(&f, NULL, 2);
+    vh_precision_policy pol = f32_policy();
+    pol.param_dtype = pol.grad_dtype = VH_DTYPE_BF16;
+    pol.comm_dtype = comm;
+    pol.fp32_param_flags = VH_PARAM_FLAG_NORM;
+    assert_int_equal(fx_setup_policy(&f, 0, pol), VH_STATUS_OK);
+    layouts gl;
+    layouts_of(&gl, units, NUM_UNITS, &pol, 1);
+    fake.peer_grad = 1.0f;
+    assert_int_equal(f.sh->zero_grads(f.ddp), VH_STATUS_OK);
+    for (int32_t u = NUM_UNITS - 1; u >= 0; u--) {
+        char *g = grads_of(&f, u);
+        for (int32_t p = 0; p < units[u].num_params; p++) {
+            const vh_param_desc *pd = &units[u].params[p];
+            char *at = g + gl.unit[u].offsets[p];
+            for (int64_t i = 0; i < pd->numel; i++) {
+                float x = (float)(pd->offset + i) + 0.5f;
+                if (gl.unit[u].dtypes[p] == VH_DTYPE_F32) ((float *)(void *)at)[i] = x;
+                else ((uint16_t *)(void *)at)[i] = vh_f32_to_bf16(x);
+            }
+        }
+        int before = fake.avgs;
+        assert_int_equal(f.sh->reduce(f.ddp, u), VH_STATUS_OK);
+        /* blocks.0: fc.weight (bf16), then the two f32 norms: two runs */
+        assert_int_equal(fake.avgs - before, u == 1 ? 2 : 1);
+    }
+    assert_int_equal(f.sh->wait(f.ddp), VH_STATUS_OK);
+    assert_int_equal(fake.in_flight, 0);
+    vh_param_slices sl;
+    assert_int_equal(f.sh->slices(f.ddp, &sl), VH_STATUS_OK);
+    for (int32_t s = 0; s < sl.count; s++) {
+        const vh_param_slice *x = vh_param_slices_at(&sl, s);
+        const vh_param_desc *pd = &units[x->unit].params[x->param];
+        const int half = gl.unit[x->unit].dtypes[x->param] == VH_DTYPE_BF16;
+        assert_int_equal(x->grad_dtype, VH_DTYPE_F32);
+        for (int64_t i = 0; i < x->count; i++) {
+            float mine = (float)(pd->offset + i) + 0.5f;
+            float want = (mine + 1.0f) / 2.0f;
+            if (half && comm == VH_DTYPE_F32) /* rounded once to bf16 by backward */
+                want = (vh_bf16_to_f32(vh_f32_to_bf16(mine)) + 1.0f) / 2.0f;
+            else if (half) /* and once more on the bf16 wire */
+                want = vh_bf16_to_f32(
+                    vh_f32_to_bf16((vh_bf16_to_f32(vh_f32_to_bf16(mine)) + 1.0f) / 2.0f));
+            assert_true(((const float *)x->grad)[i] == want);
+        }
+    }
+    vh_sharding_memory m = {.struct_size = sizeof m};
+    assert_int_equal(f.sh->memory(f.ddp, &m), VH_STATUS_OK);
+    assert_int_equal(m.grads, (int64_t)gl.bytes + (TOTAL - 10) * 4); /* + the f32 copies */
+    layouts_free(&gl);
+    fx_close(&f);
+}
+
+static void test_ddp_half_grads_f32_wire(void **state) {
+    (void)state;
+    half_grads(VH_DTYPE_F32);
+}
+
+static void test_ddp_half_grads_bf16_wire(void **state) {
+    (void)state;
+    half_grads(VH_DTYPE_BF16);
 }
 
 /* Policies ddp cannot serve are refused as unsupported, with the reason. */
@@ -447,8 +738,9 @@ static void test_ddp_refuses_policies(void **state) {
     fx_open_with(&f, NULL, 1);
     vh_precision_policy pol = f32_policy();
     pol.grad_dtype = VH_DTYPE_F16;
+    pol.comm_dtype = VH_DTYPE_BF16;
     expect_error(&f, VH_ROLE_SHARDING, fx_setup_policy(&f, 0, pol), VH_STATUS_ERR_UNSUPPORTED,
-                 "amp/fp16");
+                 "own dtype or in f32");
     pol = f32_policy();
     pol.comm_dtype = VH_DTYPE_BF16;
     expect_error(&f, VH_ROLE_SHARDING, fx_setup_policy(&f, 0, pol), VH_STATUS_ERR_UNSUPPORTED,
@@ -458,9 +750,17 @@ static void test_ddp_refuses_policies(void **state) {
     expect_error(&f, VH_ROLE_SHARDING, fx_setup_policy(&f, 0, pol), VH_STATUS_ERR_UNSUPPORTED,
                  "master copies must be f32");
     pol = f32_policy();
+    pol.state_dtype = VH_DTYPE_BF16;
+    expect_error(&f, VH_ROLE_SHARDING, fx_setup_policy(&f, 0, pol), VH_STATUS_ERR_UNSUPPORTED,
+                 "optimizer state in f32");
+    pol = f32_policy();
     pol.param_dtype = VH_DTYPE_I32;
     expect_error(&f, VH_ROLE_SHARDING, fx_setup_policy(&f, 0, pol), VH_STATUS_ERR_UNSUPPORTED,
                  "i32");
+    pol = f32_policy();
+    pol.grad_dtype = VH_DTYPE_U8;
+    expect_error(&f, VH_ROLE_SHARDING, fx_setup_policy(&f, 0, pol), VH_STATUS_ERR_UNSUPPORTED,
+                 "u8");
     expect_error(&f, VH_ROLE_SHARDING, fx_setup_policy(&f, 5, f32_policy()),
                  VH_STATUS_ERR_INVALID_ARG, "state slots");
     /* A refused setup leaves the plugin ready for a good one. */
@@ -468,7 +768,8 @@ static void test_ddp_refuses_policies(void **state) {
     fx_close(&f);
 }
 
-/* Inconsistent tables are refused before anything is allocated. */
+/* Inconsistent tables are refused before anything is allocated; so are a
+ * missing setup and a setup without a policy. */
 static void test_ddp_refuses_bad_tables(void **state) {
     (void)state;
     fx f;
@@ -478,7 +779,8 @@ static void test_ddp_refuses_bad_tables(void **state) {
     vh_unit_desc bad_units[3] = {units[0], units[1], units[2]};
     bad_units[0].params = bad;
     vh_param_table t = {bad_units, 3, TOTAL};
-    vh_sharding_setup s = {.struct_size = sizeof s, .table = &t, .policy = f32_policy()};
+    vh_precision_policy pol = f32_policy();
+    vh_sharding_setup s = {.struct_size = sizeof s, .table = &t, .policy = &pol};
     expect_error(&f, VH_ROLE_SHARDING, f.sh->setup(f.ddp, &s), VH_STATUS_ERR_INVALID_ARG,
                  "embed.bias");
     t = (vh_param_table){units, 3, TOTAL + 1};
@@ -491,9 +793,200 @@ static void test_ddp_refuses_bad_tables(void **state) {
     expect_error(&f, VH_ROLE_SHARDING, f.sh->setup(f.ddp, &s), VH_STATUS_ERR_INVALID_ARG,
                  "empty");
     s.table = &table;
+    s.policy = NULL;
+    expect_error(&f, VH_ROLE_SHARDING, f.sh->setup(f.ddp, &s), VH_STATUS_ERR_INVALID_ARG,
+                 "without a precision policy");
+    /* A struct that holds nothing past struct_size has no table. */
+    s.policy = &pol;
     s.struct_size = 4;
     expect_error(&f, VH_ROLE_SHARDING, f.sh->setup(f.ddp, &s), VH_STATUS_ERR_INVALID_ARG,
-                 "too small");
+                 "empty");
+    expect_error(&f, VH_ROLE_SHARDING, f.sh->setup(f.ddp, NULL), VH_STATUS_ERR_INVALID_ARG,
+                 "missing");
+    fx_close(&f);
+}
+
+/* Older, smaller structs read with their missing members zero: a setup that
+ * ends before state_slots has none; a policy that ends before state_dtype
+ * has f32 state and no master weights (the optimizer then updates the f32
+ * compute copies, which are the masters anyway). */
+static void test_ddp_older_structs(void **state) {
+    (void)state;
+    fx f;
+    fx_open_with(&f, NULL, 1);
+    vh_precision_policy pol = f32_policy();
+    pol.struct_size = (uint32_t)offsetof(vh_precision_policy, state_dtype);
+    pol.state_dtype = VH_DTYPE_BF16; /* past its size: never read */
+    pol.master_weights = 7;
+    vh_sharding_setup s = {.struct_size = (uint32_t)offsetof(vh_sharding_setup, state_slots),
+                           .table = &table, .policy = &pol, .state_slots = 3};
+    assert_int_equal(f.sh->setup(f.ddp, &s), VH_STATUS_OK);
+    vh_param_slices sl;
+    assert_int_equal(f.sh->slices(f.ddp, &sl), VH_STATUS_OK);
+    for (int32_t i = 0; i < sl.count; i++) {
+        const vh_param_slice *x = vh_param_slices_at(&sl, i);
+        assert_null(x->state[0]);
+        assert_int_equal(x->master_dtype, VH_DTYPE_F32);
+    }
+    /* memory() into an older struct fills what it covers only. */
+    vh_sharding_memory m;
+    memset(&m, 0x5a, sizeof m);
+    m.struct_size = (uint32_t)offsetof(vh_sharding_memory, masters);
+    assert_int_equal(f.sh->memory(f.ddp, &m), VH_STATUS_OK);
+    assert_int_equal(m.struct_size, offsetof(vh_sharding_memory, masters));
+    assert_true(m.params > 0 && m.grads > 0);
+    int64_t untouched;
+    memset(&untouched, 0x5a, sizeof untouched);
+    assert_int_equal(m.masters, untouched);
+    assert_int_equal(m.comm_buffers, untouched);
+    fx_close(&f);
+}
+
+/* memory(): what this rank holds, by kind, as the table implies for fp32:
+ * params are the compute copies (their layouts, padding included), masters
+ * none (they are the params), grads the same layouts, optimizer state
+ * slots x numel f32, and no comm buffers (collectives run in place). */
+static void test_ddp_memory(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 2);
+    layouts pl;
+    layouts_of(&pl, units, NUM_UNITS, &f.policy, 0);
+    /* every parameter rounded up to 64 bytes */
+    size_t want = 0;
+    for (int32_t u = 0; u < NUM_UNITS; u++)
+        for (int32_t p = 0; p < units[u].num_params; p++)
+            want += ((size_t)units[u].params[p].numel * 4 + 63) / 64 * 64;
+    assert_int_equal(pl.bytes, want);
+    vh_sharding_memory m;
+    memset(&m, 0xff, sizeof m);
+    m.struct_size = sizeof m;
+    assert_int_equal(f.sh->memory(f.ddp, &m), VH_STATUS_OK);
+    assert_int_equal(m.struct_size, sizeof m);
+    assert_int_equal(m.params, (int64_t)want);
+    assert_int_equal(m.grads, (int64_t)want);
+    assert_int_equal(m.masters, 0);
+    assert_int_equal(m.optim_state, 2 * TOTAL * 4);
+    assert_int_equal(m.comm_buffers, 0);
+    assert_int_equal(m.params + m.grads + m.masters + m.optim_state,
+                     (int64_t)(2 * want + 2 * TOTAL * sizeof(float)));
+    assert_int_equal(f.sh->memory(f.ddp, NULL), VH_STATUS_ERR_INVALID_ARG);
+    layouts_free(&pl);
+    fx_close(&f);
+}
+
+/* ---- optimizer state through a vh_state_io --------------------------------- */
+
+/* The io of a checkpoint, in memory: one tensor per (unit, param, slot) of
+ * the full parameter's numel; every write and read is recorded, so a test
+ * can say each element went through exactly once. */
+typedef struct mem_io {
+    float values[NUM_UNITS][4][VH_OPTIM_MAX_STATE_SLOTS][32];
+    int touched[NUM_UNITS][4][VH_OPTIM_MAX_STATE_SLOTS][32];
+    int writes, reads;
+    vh_status fail_with; /* returned by every call when not OK */
+} mem_io;
+
+static vh_status mem_piece(mem_io *m, int32_t unit, int32_t param, int32_t slot, int64_t offset,
+                           int64_t count, vh_dtype dtype) {
+    assert_in_range(unit, 0, NUM_UNITS - 1);
+    assert_in_range(param, 0, units[unit].num_params - 1);
+    assert_in_range(slot, 0, VH_OPTIM_MAX_STATE_SLOTS - 1);
+    assert_int_equal(dtype, VH_DTYPE_F32);
+    assert_true(offset >= 0 && count >= 0 && offset + count <= units[unit].params[param].numel);
+    for (int64_t i = offset; i < offset + count; i++) m->touched[unit][param][slot][i]++;
+    return m->fail_with;
+}
+
+static vh_status mem_write(void *ctx, int32_t unit, int32_t param, int32_t slot, int64_t offset,
+                           int64_t count, vh_dtype dtype, const void *values) {
+    mem_io *m = ctx;
+    m->writes++;
+    vh_status st = mem_piece(m, unit, param, slot, offset, count, dtype);
+    if (st == VH_STATUS_OK)
+        memcpy(&m->values[unit][param][slot][offset], values, (size_t)count * sizeof(float));
+    return st;
+}
+
+static vh_status mem_read(void *ctx, int32_t unit, int32_t param, int32_t slot, int64_t offset,
+                          int64_t count, vh_dtype dtype, void *values) {
+    mem_io *m = ctx;
+    m->reads++;
+    vh_status st = mem_piece(m, unit, param, slot, offset, count, dtype);
+    if (st == VH_STATUS_OK)
+        memcpy(values, &m->values[unit][param][slot][offset], (size_t)count * sizeof(float));
+    return st;
+}
+
+/* Every element of every slot of every parameter went through once. */
+static void assert_each_once(const mem_io *m, int32_t slots) {
+    for (int32_t u = 0; u < NUM_UNITS; u++)
+        for (int32_t p = 0; p < units[u].num_params; p++)
+            for (int32_t k = 0; k < VH_OPTIM_MAX_STATE_SLOTS; k++)
+                for (int64_t i = 0; i < units[u].params[p].numel; i++)
+                    assert_int_equal(m->touched[u][p][k][i], k < slots ? 1 : 0);
+}
+
+static float state_value(int32_t u, int32_t p, int32_t k, int64_t i) {
+    return (float)(u * 1000 + p * 100 + k * 10) + (float)i * 0.125f;
+}
+
+/* state_save writes each slot of each slice whole (offset 0, count numel),
+ * f32; state_load into a fresh ddp reads every piece back: the values
+ * survive and every element is covered once each way. */
+static void test_ddp_state_round_trip(void **state) {
+    (void)state;
+    enum { SLOTS = 2 };
+    static mem_io m;
+    memset(&m, 0, sizeof m);
+    vh_state_io io = {.struct_size = sizeof io, .ctx = &m, .write = mem_write, .read = mem_read};
+    fx f;
+    fx_open(&f, SLOTS);
+    vh_param_slices sl;
+    assert_int_equal(f.sh->slices(f.ddp, &sl), VH_STATUS_OK);
+    for (int32_t s = 0; s < sl.count; s++) {
+        const vh_param_slice *x = vh_param_slices_at(&sl, s);
+        for (int32_t k = 0; k < SLOTS; k++)
+            for (int64_t i = 0; i < x->count; i++)
+                ((float *)x->state[k])[i] = state_value(x->unit, x->param, k, i);
+    }
+    assert_int_equal(f.sh->state_save(f.ddp, &io), VH_STATUS_OK);
+    assert_int_equal(m.writes, NUM_PARAMS * SLOTS);
+    assert_int_equal(m.reads, 0);
+    assert_each_once(&m, SLOTS);
+    fx_close(&f);
+
+    memset(m.touched, 0, sizeof m.touched);
+    fx_open(&f, SLOTS);
+    assert_int_equal(f.sh->state_load(f.ddp, &io), VH_STATUS_OK);
+    assert_int_equal(m.reads, NUM_PARAMS * SLOTS);
+    assert_each_once(&m, SLOTS);
+    assert_int_equal(f.sh->slices(f.ddp, &sl), VH_STATUS_OK);
+    for (int32_t s = 0; s < sl.count; s++) {
+        const vh_param_slice *x = vh_param_slices_at(&sl, s);
+        for (int32_t k = 0; k < SLOTS; k++)
+            for (int64_t i = 0; i < x->count; i++)
+                assert_true(((const float *)x->state[k])[i] ==
+                            state_value(x->unit, x->param, k, i));
+    }
+    /* The io's failure comes back with the piece named. */
+    m.fail_with = VH_STATUS_ERR_IO;
+    expect_error(&f, VH_ROLE_SHARDING, f.sh->state_load(f.ddp, &io), VH_STATUS_ERR_IO,
+                 "state slot 0 of unit 0 (embed) param 0");
+    m.fail_with = VH_STATUS_OK;
+    /* A missing io, or one without the call it needs, is refused. */
+    expect_error(&f, VH_ROLE_SHARDING, f.sh->state_save(f.ddp, NULL), VH_STATUS_ERR_INVALID_ARG,
+                 "no state io");
+    vh_state_io no_read = {.struct_size = sizeof no_read, .ctx = &m, .write = mem_write};
+    expect_error(&f, VH_ROLE_SHARDING, f.sh->state_load(f.ddp, &no_read),
+                 VH_STATUS_ERR_INVALID_ARG, "no read");
+    fx_close(&f);
+
+    /* Without state slots there is nothing to write. */
+    memset(&m, 0, sizeof m);
+    fx_open(&f, 0);
+    assert_int_equal(f.sh->state_save(f.ddp, &io), VH_STATUS_OK);
+    assert_int_equal(m.writes, 0);
     fx_close(&f);
 }
 
@@ -509,16 +1002,24 @@ static void test_ddp_misuse(void **state) {
     void *g = NULL;
     float v[64] = {0};
     vh_param_slices sl;
+    mem_io m;
+    memset(&m, 0, sizeof m);
+    vh_state_io io = {.struct_size = sizeof io, .ctx = &m, .write = mem_write, .read = mem_read};
+    vh_sharding_memory mem = {.struct_size = sizeof mem};
     expect_error(&f, R, f.sh->gather(f.ddp, 0, &p), VH_STATUS_ERR_INVALID_ARG, "before setup");
     expect_error(&f, R, f.sh->zero_grads(f.ddp), VH_STATUS_ERR_INVALID_ARG, "before setup");
     expect_error(&f, R, f.sh->slices(f.ddp, &sl), VH_STATUS_ERR_INVALID_ARG, "before setup");
     expect_error(&f, R, f.sh->wait(f.ddp), VH_STATUS_ERR_INVALID_ARG, "before setup");
     expect_error(&f, R, f.sh->refresh(f.ddp), VH_STATUS_ERR_INVALID_ARG, "before setup");
     expect_error(&f, R, f.sh->load_unit(f.ddp, 0, v), VH_STATUS_ERR_INVALID_ARG, "before setup");
+    expect_error(&f, R, f.sh->state_save(f.ddp, &io), VH_STATUS_ERR_INVALID_ARG, "before setup");
+    expect_error(&f, R, f.sh->state_load(f.ddp, &io), VH_STATUS_ERR_INVALID_ARG, "before setup");
+    /* memory before setup: nothing held yet */
+    assert_int_equal(f.sh->memory(f.ddp, &mem), VH_STATUS_OK);
+    assert_int_equal(mem.params + mem.grads + mem.masters + mem.optim_state, 0);
     assert_int_equal(fx_setup_policy(&f, 0, f32_policy()), VH_STATUS_OK);
     expect_error(&f, R, fx_setup_policy(&f, 0, f32_policy()), VH_STATUS_ERR_INVALID_ARG,
                  "setup called twice");
-
     /* Unit indices. */
     int32_t bad_units[] = {-1, NUM_UNITS, INT32_MAX};
     for (size_t i = 0; i < sizeof bad_units / sizeof *bad_units; i++) {
@@ -567,6 +1068,7 @@ static void test_ddp_misuse(void **state) {
     fx_close(&f);
 }
 
+
 /* ---- fp32 ----------------------------------------------------------------- */
 
 static void test_fp32_policy(void **state) {
@@ -575,6 +1077,7 @@ static void test_fp32_policy(void **state) {
     fx_open_with(&f, NULL, 1);
     vh_precision_policy pol;
     memset(&pol, 0xff, sizeof pol);
+    pol.struct_size = sizeof pol;
     assert_int_equal(f.pr->policy(f.fp32, &pol), VH_STATUS_OK);
     assert_int_equal(pol.struct_size, sizeof pol);
     assert_int_equal(pol.param_dtype, VH_DTYPE_F32);
@@ -582,34 +1085,57 @@ static void test_fp32_policy(void **state) {
     assert_int_equal(pol.grad_dtype, VH_DTYPE_F32);
     assert_int_equal(pol.comm_dtype, VH_DTYPE_F32);
     assert_int_equal(pol.master_dtype, VH_DTYPE_F32);
+    assert_int_equal(pol.state_dtype, VH_DTYPE_F32);
+    assert_int_equal(pol.fp32_param_flags, 0);
+    assert_int_equal(pol.master_weights, 1);
     assert_true(f.pr->loss_scale(f.fp32) == 1.0f);
     assert_int_equal(f.pr->policy(f.fp32, NULL), VH_STATUS_ERR_INVALID_ARG);
+
+    /* An older caller's struct (ending before state_dtype): what it covers
+     * is filled, nothing past it is written, its struct_size stays. */
+    memset(&pol, 0xff, sizeof pol);
+    pol.struct_size = (uint32_t)offsetof(vh_precision_policy, state_dtype);
+    assert_int_equal(f.pr->policy(f.fp32, &pol), VH_STATUS_OK);
+    assert_int_equal(pol.struct_size, offsetof(vh_precision_policy, state_dtype));
+    assert_int_equal(pol.master_dtype, VH_DTYPE_F32);
+    unsigned char past[sizeof pol - offsetof(vh_precision_policy, state_dtype)];
+    memset(past, 0xff, sizeof past);
+    assert_memory_equal((const unsigned char *)&pol + offsetof(vh_precision_policy, state_dtype),
+                        past, sizeof past);
+    /* A caller that set no size is refused. */
+    pol.struct_size = 0;
+    expect_error(&f, VH_ROLE_PRECISION, f.pr->policy(f.fp32, &pol), VH_STATUS_ERR_INVALID_ARG,
+                 "struct_size");
     fx_close(&f);
 }
 
-/* Writes v at one element of parameter `param` of unit `unit` in the grads,
- * runs unscale_and_check on ddp's slices and returns found_inf. The grads are
- * otherwise clean, and must come out unchanged (the scale is 1). */
+/* Writes v at element `at` (the table's numbering) of unit `unit` in the
+ * grads, runs unscale_and_check on ddp's slices and returns found_inf. The
+ * grads are otherwise clean, and must come out unchanged (the scale is 1). */
 static int found_inf_with(fx *f, int32_t unit, int64_t at, float v) {
+    layouts gl;
+    layouts_of(&gl, units, NUM_UNITS, &f->policy, 1);
     assert_int_equal(f->sh->zero_grads(f->ddp), VH_STATUS_OK);
     for (int32_t u = 0; u < NUM_UNITS; u++) {
-        float *g = grads_of(f, u);
-        for (int64_t i = 0; i < units[u].numel; i++) g[i] = pattern(u, i) - 1500.0f;
+        char *g = grads_of(f, u);
+        for (int64_t i = 0; i < units[u].numel; i++)
+            *f32_elem(g, &gl.unit[u], u, i) = pattern(u, i) - 1500.0f;
     }
-    if (unit >= 0) grads_of(f, unit)[at] = v;
+    if (unit >= 0) *f32_elem(grads_of(f, unit), &gl.unit[unit], unit, at) = v;
     vh_param_slices sl;
     assert_int_equal(f->sh->slices(f->ddp, &sl), VH_STATUS_OK);
     int found = -1;
     vh_status st = f->pr->unscale_and_check(f->fp32, &sl, &found);
     if (st != VH_STATUS_OK) fail_msg("unscale_and_check: %s", error_of(f, VH_ROLE_PRECISION));
     for (int32_t u = 0; u < NUM_UNITS; u++) {
-        const float *g = grads_of(f, u);
+        char *g = grads_of(f, u);
         for (int64_t i = 0; i < units[u].numel; i++) {
             if (u == unit && i == at) continue;
-            assert_true(g[i] == pattern(u, i) - 1500.0f);
+            assert_true(*f32_elem(g, &gl.unit[u], u, i) == pattern(u, i) - 1500.0f);
         }
     }
     assert_int_equal(f->pr->update(f->fp32, found), VH_STATUS_OK);
+    layouts_free(&gl);
     return found;
 }
 
@@ -632,13 +1158,22 @@ static void test_fp32_found_inf(void **state) {
     memset(&one, 0, sizeof one);
     one.count = 5000;
     one.grad = big;
-    vh_param_slices sl = {&one, 1, sizeof one};
+    vh_param_slices sl = {.items = &one, .count = 1, .item_size = sizeof one};
     int found = -1;
     assert_int_equal(f.pr->unscale_and_check(f.fp32, &sl, &found), VH_STATUS_OK);
     assert_int_equal(found, 0);
+    /* The same pass summed the squares (fp32 sums: a relative tolerance). */
+    double sum_sq = -1.0, want = 0.0;
+    int has = -1;
+    for (int i = 0; i < 5000; i++) want += (double)i * (double)i;
+    assert_int_equal(f.pr->grad_sum_sq(f.fp32, &sum_sq, &has), VH_STATUS_OK);
+    assert_int_equal(has, 1);
+    assert_true(fabs(sum_sq - want) <= 1e-5 * want);
     big[4999] = NAN;
     assert_int_equal(f.pr->unscale_and_check(f.fp32, &sl, &found), VH_STATUS_OK);
     assert_int_equal(found, 1);
+    /* The scale is 1: the values are left as they were. */
+    for (int i = 0; i < 4999; i++) assert_true(big[i] == (float)i);
     /* An empty list: nothing to scan, still agreed. */
     sl.count = 0;
     assert_int_equal(f.pr->unscale_and_check(f.fp32, &sl, &found), VH_STATUS_OK);
@@ -646,9 +1181,44 @@ static void test_fp32_found_inf(void **state) {
     fx_close(&f);
 }
 
-/* On a device that is not the CPU the grads are scanned through a host
- * buffer, in chunks: the Inf is found in the second chunk of a long slice. */
-static void test_fp32_found_inf_staged(void **state) {
+/* Grads of any storage dtype the device reads (bf16 here) are checked in
+ * the same pass; an integer dtype is refused by name. */
+static void test_fp32_found_inf_bf16(void **state) {
+    (void)state;
+    fx f;
+    fx_open(&f, 0);
+    uint16_t h[300];
+    float x[7] = {1.0f, -2.0f, 3.5f, 0.0f, 1e30f, -1e-30f, 65504.0f};
+    for (int i = 0; i < 300; i++) h[i] = vh_f32_to_bf16(x[i % 7]);
+    vh_param_slice two[2];
+    memset(two, 0, sizeof two);
+    two[0].count = 300;
+    two[0].grad = h;
+    two[0].grad_dtype = VH_DTYPE_BF16;
+    float ok[3] = {1.0f, 2.0f, 3.0f};
+    two[1].count = 3;
+    two[1].grad = ok;
+    vh_param_slices sl = {.items = two, .count = 2, .item_size = sizeof two[0]};
+    int found = -1;
+    assert_int_equal(f.pr->unscale_and_check(f.fp32, &sl, &found), VH_STATUS_OK);
+    assert_int_equal(found, 0);
+    h[123] = vh_f32_to_bf16(INFINITY);
+    assert_int_equal(f.pr->unscale_and_check(f.fp32, &sl, &found), VH_STATUS_OK);
+    assert_int_equal(found, 1);
+    h[123] = 0x7fc1; /* a bf16 NaN */
+    assert_int_equal(f.pr->unscale_and_check(f.fp32, &sl, &found), VH_STATUS_OK);
+    assert_int_equal(found, 1);
+    h[123] = vh_f32_to_bf16(1.0f);
+    two[0].grad_dtype = VH_DTYPE_I32;
+    expect_error(&f, VH_ROLE_PRECISION, f.pr->unscale_and_check(f.fp32, &sl, &found),
+                 VH_STATUS_ERR_UNSUPPORTED, "i32 grads");
+    fx_close(&f);
+}
+
+/* On a device that is not the CPU the same multi-tensor op of that device
+ * runs over the grads (nothing is staged through the host; only the flag
+ * comes back): the Inf is found in the second slice of a long list. */
+static void test_fp32_found_inf_other_device(void **state) {
     (void)state;
     fx f;
     fx_open_on(&f, NULL, 1, 1);
@@ -665,7 +1235,7 @@ static void test_fp32_found_inf_staged(void **state) {
     two[0].grad = big;
     two[1].count = N - 3;
     two[1].grad = big + 3;
-    vh_param_slices sl = {two, 2, sizeof two[0]};
+    vh_param_slices sl = {.items = two, .count = 2, .item_size = sizeof two[0]};
     int found = -1;
     assert_int_equal(f.pr->unscale_and_check(f.fp32, &sl, &found), VH_STATUS_OK);
     assert_int_equal(found, 0);
@@ -686,6 +1256,7 @@ static void test_fp32_found_inf_agreed(void **state) {
     assert_int_equal(found_inf_with(&f, -1, 0, 0.0f), 0);
     assert_int_equal(fake.maxes, 1);
     assert_int_equal(fake.last_count, 1);
+    assert_int_equal(fake.in_flight, 0); /* waited for before the flag is read */
     fake.peer_flag = 1.0f;
     assert_int_equal(found_inf_with(&f, -1, 0, 0.0f), 1);
     assert_int_equal(fake.maxes, 2);
@@ -704,6 +1275,10 @@ static void test_fp32_check_finite_off(void **state) {
     fake.peer_flag = 1.0f;
     assert_int_equal(found_inf_with(&f, 1, 2, NAN), 0);
     assert_int_equal(fake.maxes, 0);
+    double sum_sq = -1.0;
+    int has = -1;
+    assert_int_equal(f.pr->grad_sum_sq(f.fp32, &sum_sq, &has), VH_STATUS_OK);
+    assert_int_equal(has, 0); /* no pass, no sum */
     fx_close(&f);
 }
 
@@ -716,7 +1291,7 @@ static void test_fp32_misuse(void **state) {
     vh_param_slice one;
     memset(&one, 0, sizeof one);
     one.count = 4; /* and no grad */
-    vh_param_slices sl = {&one, 1, sizeof one};
+    vh_param_slices sl = {.items = &one, .count = 1, .item_size = sizeof one};
     expect_error(&f, R, f.pr->unscale_and_check(f.fp32, &sl, &found), VH_STATUS_ERR_INVALID_ARG,
                  "no grad");
     expect_error(&f, R, f.pr->unscale_and_check(f.fp32, NULL, &found),
@@ -896,15 +1471,23 @@ int main(void) {
         cmocka_unit_test(test_ddp_zero_grads),
         cmocka_unit_test(test_ddp_reduce_world1),
         cmocka_unit_test(test_ddp_reduce_averages),
+        cmocka_unit_test(test_ddp_reduce_leaves_request),
         cmocka_unit_test(test_ddp_slices),
         cmocka_unit_test(test_ddp_state_slots),
         cmocka_unit_test(test_ddp_half_params),
+        cmocka_unit_test(test_ddp_no_master_weights),
+        cmocka_unit_test(test_ddp_half_grads_f32_wire),
+        cmocka_unit_test(test_ddp_half_grads_bf16_wire),
         cmocka_unit_test(test_ddp_refuses_policies),
         cmocka_unit_test(test_ddp_refuses_bad_tables),
+        cmocka_unit_test(test_ddp_older_structs),
+        cmocka_unit_test(test_ddp_memory),
+        cmocka_unit_test(test_ddp_state_round_trip),
         cmocka_unit_test(test_ddp_misuse),
         cmocka_unit_test(test_fp32_policy),
         cmocka_unit_test(test_fp32_found_inf),
-        cmocka_unit_test(test_fp32_found_inf_staged),
+        cmocka_unit_test(test_fp32_found_inf_bf16),
+        cmocka_unit_test(test_fp32_found_inf_other_device),
         cmocka_unit_test(test_fp32_found_inf_agreed),
         cmocka_unit_test(test_fp32_check_finite_off),
         cmocka_unit_test(test_fp32_misuse),

@@ -1,10 +1,13 @@
-/* test_loader.c - opening plugins, the search path, scanning, resolving.
+/* test_loader.c - opening plugins, the search path, scanning, resolving,
+ * and the ABI promises.
  *
  * The plugins under VH_TEST_BROKEN_DIR (tests/broken_plugins) are each wrong
  * in one way; every one must be refused with a message naming the file and
- * what is wrong, and must not stay loaded. good_precision.so is the one valid
- * plugin there; shadow/ holds another plugin of the same name and dup/ two
- * files declaring one name.
+ * what is wrong, and must not stay loaded; those of another ABI version must
+ * be refused before any of their code runs. good_precision.so is the one
+ * valid plugin there; shadow/ holds another plugin of the same name and dup/
+ * two files declaring one name. tests/abi/old_minor_model.so is a model
+ * plugin as an older minor of the ABI ships it: it loads and trains.
  */
 #define _GNU_SOURCE /* setenv, realpath, RTLD_NOLOAD */
 #include <stdarg.h>
@@ -20,13 +23,19 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "eval_command.h"
 #include "loader.h"
+#include "train_loop.h"
+#include "vithost/vh_model.h"
 #include "vithost/vh_precision.h"
 
 #define BROKEN VH_TEST_BROKEN_DIR
 #define SHADOW VH_TEST_BROKEN_DIR "/shadow"
 #define DUP VH_TEST_BROKEN_DIR "/dup"
 #define GOOD VH_TEST_BROKEN_DIR "/good_precision.so"
+#define OLD_MODEL VH_TEST_BUILD_DIR "/tests/abi/old_minor_model.so"
+/* Set by the constructor of some broken plugins when their code runs. */
+#define CODE_RAN "VH_TEST_PLUGIN_CODE_RAN"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -98,13 +107,18 @@ static const refusal refusals[] = {
     {"bad_magic.so", VH_STATUS_ERR_FORMAT, {"magic", "0x12345678", "0x47505856"}},
     {"abi_major.so", VH_STATUS_ERR_FORMAT, {"major versions must match"}},
     {"abi_minor.so", VH_STATUS_ERR_FORMAT, {"newer than this host's", "update vithost"}},
+    {"next_minor.so", VH_STATUS_ERR_FORMAT, {"newer than this host's", "update vithost"}},
     {"small_descriptor.so", VH_STATUS_ERR_FORMAT, {"struct_size is 12 bytes", "smaller than"}},
     {"bad_role.so", VH_STATUS_ERR_FORMAT, {"unknown role 42"}},
     {"null_vtable.so", VH_STATUS_ERR_FORMAT, {"'precision' plugin without a vtable"}},
     {"small_vtable.so", VH_STATUS_ERR_FORMAT,
-     {"'precision' vtable of", "smaller than the", "vh_precision_vtable"}},
+     {"'precision' vtable of 16 bytes, smaller than the", "required calls",
+      "vh_precision_vtable up to 'update'"}},
     {"vtable_struct_size.so", VH_STATUS_ERR_FORMAT,
      {"inconsistent 'precision' vtable", "struct_size says 0"}},
+    {"null_required.so", VH_STATUS_ERR_FORMAT,
+     {"precision plugin 'broken' has no 'unscale_and_check' (a required call of the "
+      "precision role"}},
     {"null_name.so", VH_STATUS_ERR_FORMAT, {"declares no plugin name"}},
     {"bad_name.so", VH_STATUS_ERR_FORMAT, {"'Bad Name'", "not allowed", "a-z, 0-9"}},
     {"null_version.so", VH_STATUS_ERR_FORMAT, {"no version"}},
@@ -186,6 +200,42 @@ static void test_open_abi_minor(void **state) {
              VH_ABI_MINOR);
     const char *fragments[] = {want, host, NULL};
     expect_refused_role("abi_minor.so", -1, VH_STATUS_ERR_FORMAT, fragments);
+    /* The very next minor, too. */
+    snprintf(want, sizeof want, "was built for vithost plugin ABI %d.%d,", VH_ABI_MAJOR,
+             VH_ABI_MINOR + 1);
+    expect_refused_role("next_minor.so", VH_ROLE_PRECISION, VH_STATUS_ERR_FORMAT, fragments);
+}
+
+/* A plugin of another ABI version is refused from its file alone: none of
+ * its code runs, not even its constructor (which would set CODE_RAN). The
+ * NULL-required-call plugin is refused only once loaded, and shows that the
+ * constructor does mark the process when it runs. */
+static void test_other_versions_run_no_code(void **state) {
+    (void)state;
+    static const char *const files[] = {"abi_major.so", "abi_minor.so", "next_minor.so"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        unsetenv(CODE_RAN);
+        expect_refused(files[i]);
+        if (getenv(CODE_RAN)) fail_msg("%s ran its constructor before being refused", files[i]);
+    }
+    unsetenv(CODE_RAN);
+    expect_refused("null_required.so");
+    assert_non_null(getenv(CODE_RAN));
+    assert_string_equal(getenv(CODE_RAN), "broken");
+    unsetenv(CODE_RAN);
+}
+
+/* A required call left NULL: refused, naming the file, role, plugin and call. */
+static void test_open_null_required_call(void **state) {
+    (void)state;
+    char want[512];
+    snprintf(want, sizeof want,
+             "%s/null_required.so: precision plugin 'broken' has no 'unscale_and_check' (a "
+             "required call of the precision role; set it in the plugin's "
+             "vh_precision_vtable)",
+             BROKEN);
+    const char *fragments[] = {want, NULL};
+    expect_refused_role("null_required.so", VH_ROLE_PRECISION, VH_STATUS_ERR_FORMAT, fragments);
 }
 
 static void test_open_small_descriptor(void **state) {
@@ -246,6 +296,23 @@ static void test_open_good(void **state) {
         assert_string_equal(desc->schema[1].key, "mode");
         assert_null(desc->schema[2].key);
         assert_int_equal(desc->vtable_size, sizeof(vh_precision_vtable));
+        assert_null(desc->get_extension);
+        assert_int_equal(p.plugin_struct_size, sizeof(vh_plugin_descriptor));
+        assert_int_equal(p.plugin_vtable_size, sizeof(vh_precision_vtable));
+        /* The plugin has no state calls: the host's copy holds its defaults. */
+        const vh_precision_vtable *vt = desc->vtable;
+        assert_int_equal(vt->struct_size, sizeof(vh_precision_vtable));
+        assert_true(loader_plugin_has(&p, offsetof(vh_precision_vtable, update)));
+        assert_false(loader_plugin_has(&p, offsetof(vh_precision_vtable, state_size)));
+        assert_non_null(vt->state_size);
+        assert_non_null(vt->state_save);
+        assert_non_null(vt->state_load);
+        size_t bytes = 99;
+        assert_int_equal(vt->state_size(NULL, &bytes), VH_STATUS_OK);
+        assert_int_equal(bytes, 0);
+        assert_int_equal(vt->state_save(NULL, NULL, 0), VH_STATUS_OK);
+        assert_int_equal(vt->state_load(NULL, NULL, 0), VH_STATUS_OK);
+        assert_int_not_equal(vt->state_load(NULL, "x", 1), VH_STATUS_OK);
         loader_close(&p);
         assert_null(p.handle);
         assert_null(p.path);
@@ -618,6 +685,114 @@ static void test_build_plugins_load(void **state) {
     plugin_infos_free(infos, count);
 }
 
+/* ---- a plugin of an older minor ------------------------------------------ */
+
+/* Its descriptor ends before get_extension and its vtable at backward (with
+ * non-pointers right after each): the host reads neither past its size and
+ * stands in for every optional call. */
+static void test_old_minor_model_loads(void **state) {
+    (void)state;
+    vh_plugin p;
+    vh_diag d = {{0}};
+    if (loader_open(&p, OLD_MODEL, VH_ROLE_MODEL, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    assert_int_equal(p.plugin_struct_size, offsetof(vh_plugin_descriptor, get_extension));
+    assert_int_equal(p.plugin_vtable_size, offsetof(vh_model_vtable, train_flops_per_image));
+    assert_int_equal(p.desc->abi_minor, 0);
+    assert_null(p.desc->get_extension);
+    assert_string_equal(p.desc->name, "old_minor_model");
+    const vh_model_vtable *vt = p.desc->vtable;
+    assert_int_equal(vt->struct_size, sizeof(vh_model_vtable));
+    assert_non_null(vt->backward);
+    assert_true(loader_plugin_has(&p, offsetof(vh_model_vtable, backward)));
+    assert_false(loader_plugin_has(&p, offsetof(vh_model_vtable, train_flops_per_image)));
+    assert_false(loader_plugin_has(&p, offsetof(vh_model_vtable, load_weights)));
+    /* the host's defaults */
+    assert_true(vt->train_flops_per_image(NULL) == 0.0);
+    size_t bytes = 99;
+    assert_int_equal(vt->state_size(NULL, &bytes), VH_STATUS_OK);
+    assert_int_equal(bytes, 0);
+    const char *path = "not reset";
+    assert_int_equal(vt->initial_weights(NULL, &path), VH_STATUS_OK);
+    assert_null(path);
+    assert_null(vt->load_weights); /* the host loads by name and shape itself */
+    loader_close(&p);
+}
+
+static char *read_stream(FILE *f) {
+    long n = ftell(f);
+    rewind(f);
+    char *text = calloc(1, (size_t)n + 1);
+    if (n > 0 && fread(text, 1, (size_t)n, f) != (size_t)n) text[0] = '\0';
+    fclose(f);
+    return text;
+}
+
+/* Trains with the test plugins through train_run: stopped mid-pass with a
+ * checkpoint, resumed, then evaluated from the run folder; returns what the
+ * run printed. */
+static char *train_old_minor(const char *dir, int64_t stop_after, int resume, vh_status want) {
+    static const char recipe[] =
+        "run: {epochs: 2, batch_size: 16, log_every: 2, eval_every: 1, peak_tflops: 1}\n"
+        "model: {plugin: " OLD_MODEL "}\n"
+        "precision: {plugin: test_precision}\n"
+        "sharding: {plugin: test_sharding}\n"
+        "optim: {plugin: test_optim, lr: 0.1, momentum: 0.9}\n"
+        "data: {plugin: test_data, train_size: 64}\n";
+    FILE *out = tmpfile();
+    assert_non_null(out);
+    vh_run run;
+    vh_diag d = {{0}};
+    vh_run_options opts = {.out = out};
+    if (run_open_text(&run, "old_minor.yaml", recipe, &opts, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
+    vh_train_options to = {.out_dir = dir, .resume = resume, .stop_after = stop_after};
+    vh_status st = train_run(&run, &to, &d);
+    if (st != want) fail_msg("train_run: status %d instead of %d: %s", (int)st, (int)want, d.text);
+    run_close(&run);
+    return read_stream(out);
+}
+
+static void test_old_minor_model_trains(void **state) {
+    (void)state;
+    char dir[] = "/tmp/vithost-test-loader-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char run_dir[512];
+    snprintf(run_dir, sizeof run_dir, "%s/run", dir);
+    assert_int_equal(setenv("VITHOST_PLUGIN_PATH", VH_TEST_PLUGIN_DIR, 1), 0);
+
+    char *text = train_old_minor(run_dir, 3, 0, VH_STATUS_ERR_INTERRUPTED);
+    if (!strstr(text, "FLOPs per image unknown")) fail_msg("no FLOP default in\n%s", text);
+    free(text);
+    text = train_old_minor(run_dir, 0, 1, VH_STATUS_OK);
+    /* The checkpoint's weights, loaded by the host's own loader. */
+    if (!strstr(text, "model.safetensors: loaded 2 tensor(s)")) fail_msg("no load line in\n%s", text);
+    if (!strstr(text, "vithost: finished 8 steps")) fail_msg("did not finish:\n%s", text);
+    free(text);
+
+    /* `vithost eval` of the run: strict loading through the host's loader. */
+    vh_run run;
+    vh_diag d = {{0}};
+    FILE *log = tmpfile(), *json = tmpfile();
+    vh_run_options opts = {.out = log};
+    static const char recipe[] =
+        "run: {batch_size: 16}\n"
+        "model: {plugin: " OLD_MODEL "}\nprecision: {plugin: test_precision}\n"
+        "sharding: {plugin: test_sharding}\noptim: {plugin: test_optim}\n"
+        "data: {plugin: test_data, train_size: 64}\n";
+    if (run_open_text(&run, "old_minor.yaml", recipe, &opts, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
+    if (eval_command(&run, run_dir, json, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    run_close(&run);
+    free(read_stream(log));
+    text = read_stream(json);
+    assert_non_null(strstr(text, "\"eval_top1\": "));
+    free(text);
+    unsetenv("VITHOST_PLUGIN_PATH");
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     /* A plugin path from the caller's shell must not leak into the tests. */
     unsetenv("VITHOST_PLUGIN_PATH");
@@ -630,6 +805,8 @@ int main(void) {
         cmocka_unit_test(test_open_bad_magic),
         cmocka_unit_test(test_open_abi_major),
         cmocka_unit_test(test_open_abi_minor),
+        cmocka_unit_test(test_other_versions_run_no_code),
+        cmocka_unit_test(test_open_null_required_call),
         cmocka_unit_test(test_open_small_descriptor),
         cmocka_unit_test(test_open_bad_role),
         cmocka_unit_test(test_open_bad_vtable),
@@ -653,6 +830,8 @@ int main(void) {
         cmocka_unit_test(test_resolve_broken_file),
         cmocka_unit_test(test_resolve_duplicate),
         cmocka_unit_test(test_build_plugins_load),
+        cmocka_unit_test(test_old_minor_model_loads),
+        cmocka_unit_test(test_old_minor_model_trains),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

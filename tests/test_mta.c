@@ -328,7 +328,7 @@ static void test_schema_documents_every_key(void **state) {
     }
     /* defaults: adamw (2 slots), lr 1e-3 at step 0 with cosine and no warm-up */
     assert_int_equal(o.vt->state_slots(o.self), 2);
-    vh_param_slices none = {NULL, 0, sizeof(vh_param_slice)};
+    vh_param_slices none = {.items = NULL, .count = 0, .item_size = sizeof(vh_param_slice)};
     assert_lr(opt_step(&o, &none, 0), 1e-3);
     opt_close(&o);
 }
@@ -675,7 +675,7 @@ typedef struct lr_point {
 static void check_schedule(const char *optim, int64_t total, const lr_point *pts, size_t n) {
     opt o;
     opt_open(&o, optim, total);
-    vh_param_slices none = {NULL, 0, sizeof(vh_param_slice)};
+    vh_param_slices none = {.items = NULL, .count = 0, .item_size = sizeof(vh_param_slice)};
     for (size_t i = 0; i < n; i++) {
         double lr = opt_step(&o, &none, pts[i].step);
         if (!(fabs(lr - pts[i].lr) <= TOL_LR * fmax(pts[i].lr, 1e-300)))
@@ -1090,8 +1090,15 @@ typedef struct fake_world {
     int mismatch;
 } fake_world;
 
+/* Blocking inside start (both ranks meet at the barrier), so the request it
+ * returns has always finished; wait and test accept only that token. */
+static char fake_done_token;
+#define FAKE_DONE ((vh_comm_request *)&fake_done_token)
+
 static vh_status fake_all_reduce(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
-                                 vh_reduce_op op) {
+                                 vh_reduce_op op, vh_stream *stream, vh_comm_request **req) {
+    (void)stream;
+    *req = NULL;
     fake_world *w = c->impl;
     const int r = c->rank;
     w->calls[r]++;
@@ -1123,21 +1130,35 @@ static vh_status fake_all_reduce(vh_comm *c, void *buf, size_t count, vh_dtype d
     }
     memcpy(buf, out, count * 8);
     free(out);
+    *req = FAKE_DONE;
+    return VH_STATUS_OK;
+}
+
+static vh_status fake_wait(vh_comm *c, vh_comm_request *req) {
+    (void)c;
+    return req == NULL || req == FAKE_DONE ? VH_STATUS_OK : VH_STATUS_ERR_INVALID_ARG;
+}
+static vh_status fake_test(vh_comm *c, vh_comm_request *req, int *done) {
+    (void)c;
+    if (req != FAKE_DONE || !done) return VH_STATUS_ERR_INVALID_ARG;
+    *done = 1;
     return VH_STATUS_OK;
 }
 
 static vh_status fake_unsupported(void) { return VH_STATUS_ERR_UNSUPPORTED; }
 static vh_status fake_reduce_scatter(vh_comm *c, const void *s, void *r, size_t n, vh_dtype d,
-                                     vh_reduce_op op) {
-    (void)c, (void)s, (void)r, (void)n, (void)d, (void)op;
+                                     vh_reduce_op op, vh_stream *st, vh_comm_request **req) {
+    (void)c, (void)s, (void)r, (void)n, (void)d, (void)op, (void)st, (void)req;
     return fake_unsupported();
 }
-static vh_status fake_all_gather(vh_comm *c, const void *s, void *r, size_t n, vh_dtype d) {
-    (void)c, (void)s, (void)r, (void)n, (void)d;
+static vh_status fake_all_gather(vh_comm *c, const void *s, void *r, size_t n, vh_dtype d,
+                                 vh_stream *st, vh_comm_request **req) {
+    (void)c, (void)s, (void)r, (void)n, (void)d, (void)st, (void)req;
     return fake_unsupported();
 }
-static vh_status fake_broadcast(vh_comm *c, void *b, size_t n, vh_dtype d, int32_t root) {
-    (void)c, (void)b, (void)n, (void)d, (void)root;
+static vh_status fake_broadcast(vh_comm *c, void *b, size_t n, vh_dtype d, int32_t root,
+                                vh_stream *st, vh_comm_request **req) {
+    (void)c, (void)b, (void)n, (void)d, (void)root, (void)st, (void)req;
     return fake_unsupported();
 }
 static vh_status fake_barrier(vh_comm *c) {
@@ -1147,10 +1168,12 @@ static vh_status fake_barrier(vh_comm *c) {
 
 static const vh_comm_ops fake_ops = {
     .struct_size = sizeof(vh_comm_ops),
-    .all_reduce = fake_all_reduce,
-    .reduce_scatter = fake_reduce_scatter,
-    .all_gather = fake_all_gather,
-    .broadcast = fake_broadcast,
+    .all_reduce_start = fake_all_reduce,
+    .reduce_scatter_start = fake_reduce_scatter,
+    .all_gather_start = fake_all_gather,
+    .broadcast_start = fake_broadcast,
+    .wait = fake_wait,
+    .test = fake_test,
     .barrier = fake_barrier,
 };
 
@@ -1172,9 +1195,9 @@ static void fill_own_grads(const rank_job *j, int64_t step) {
     for (int32_t s = 0; s < j->slices->count; s++) {
         const vh_param_slice *sl = vh_param_slices_at(j->slices, s);
         for (int k = 0; k < j->ntensors; k++)
-            if (sl->master == j->t[k].p + sl->offset)
+            if ((float *)sl->master == j->t[k].p + sl->offset)
                 for (int64_t i = 0; i < sl->count; i++)
-                    sl->grad[i] = grad_value(step, k, sl->offset + i);
+                    ((float *)sl->grad)[i] = grad_value(step, k, sl->offset + i);
     }
 }
 
@@ -1278,6 +1301,57 @@ static void test_two_ranks_agree_with_one(void **state) {
     }
 }
 
+/* Replicas (DDP: every rank holds every slice, vh_param_slices.replicated):
+ * the local sums are the global ones, so LAMB and clipping call no
+ * collective on a world of 2 and give what one rank gives. The fake world
+ * here has one thread: a collective would find no peer and fail. */
+static void test_replicated_slices_need_no_collective(void **state) {
+    (void)state;
+    const char *optim = "{plugin: mta, algo: lamb, lr: 0.01, weight_decay: 0.1, "
+                        "clip_grad_norm: 0.5, schedule: constant}";
+    static const int64_t sizes[] = {12, 5};
+    static const uint32_t flags[] = {VH_PARAM_FLAG_DECAY, 0};
+    tensor one[2], rep[2];
+    slice_list l1, l2;
+    list_init(&l1, 0);
+    list_init(&l2, 0);
+    for (int k = 0; k < 2; k++) {
+        tensor_init(&one[k], sizes[k], flags[k], NULL);
+        tensor_init(&rep[k], sizes[k], flags[k], NULL);
+        for (int64_t i = 0; i < sizes[k]; i++) one[k].p[i] = rep[k].p[i] = grad_value(5, k, i);
+        list_add(&l1, &one[k], 0, k, 0, sizes[k]);
+        list_add(&l2, &rep[k], 0, k, 0, sizes[k]);
+    }
+    l2.view.replicated = 1;
+    opt o, r;
+    opt_open(&o, optim, 10);
+    opt_open(&r, optim, 10);
+    fake_world world;
+    memset(&world, 0, sizeof world);
+    pthread_barrier_init(&world.barrier, NULL, 1);
+    r.run.comm.ops = &fake_ops;
+    r.run.comm.impl = &world;
+    r.run.comm.rank = 0;
+    r.run.comm.world_size = 2;
+    r.run.comm.backend = "fake";
+    for (int64_t s = 0; s < RANK_STEPS; s++) {
+        fill_grads(one, 2, s);
+        fill_grads(rep, 2, s);
+        opt_step(&o, &l1.view, s);
+        opt_step(&r, &l2.view, s);
+    }
+    pthread_barrier_destroy(&world.barrier);
+    assert_int_equal(world.calls[0], 0);
+    assert_false(world.mismatch);
+    for (int k = 0; k < 2; k++) {
+        assert_memory_equal(rep[k].p, one[k].p, (size_t)sizes[k] * sizeof(float));
+        tensor_free(&one[k]);
+        tensor_free(&rep[k]);
+    }
+    opt_close(&o);
+    opt_close(&r);
+}
+
 /* ---- bad input ------------------------------------------------------------------ */
 
 static void test_bad_configs(void **state) {
@@ -1351,9 +1425,51 @@ static void test_bad_slices_and_steps(void **state) {
     assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
     l.view.item_size = sizeof(vh_param_slice);
     assert_int_equal(o.vt->step(o.self, NULL, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
+    /* dtypes the fp32 kernels cannot update are refused, naming dtype and
+     * parameter, before anything is touched */
+    s->unit = 3;
+    s->param = 1;
+    s->master_dtype = VH_DTYPE_F16;
+    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(opt_error(&o), "master values in f16"));
+    assert_non_null(strstr(opt_error(&o), "unit 3, param 1"));
+    s->master_dtype = VH_DTYPE_F32;
+    s->grad_dtype = VH_DTYPE_BF16;
+    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(opt_error(&o), "gradient in bf16"));
+    s->grad_dtype = VH_DTYPE_F32;
+    s->state_dtype = VH_DTYPE_BF16;
+    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(opt_error(&o), "optimizer state in bf16"));
+    s->state_dtype = VH_DTYPE_F32;
     /* nothing was updated by the refused calls */
     for (int i = 0; i < 4; i++) assert_true(t.p[i] == 0.0f);
     assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_OK);
+    opt_close(&o);
+    tensor_free(&t);
+}
+
+/* A setup of an older minor (here: only struct_size) reads as total_steps 0:
+ * a constant schedule still runs; a missing setup is refused. */
+static void test_older_setup_reads_defaults(void **state) {
+    (void)state;
+    opt o;
+    assert_int_equal(opt_try_open(&o, "{plugin: mta, schedule: constant}", 10), VH_STATUS_OK);
+    o.vt->destroy(o.self);
+    o.self = NULL;
+    vh_optim_setup small = {.struct_size = (uint32_t)offsetof(vh_optim_setup, total_steps),
+                            .total_steps = -5 /* past its size: never read */};
+    assert_int_equal(o.vt->create(o.host, &small, &o.self), VH_STATUS_OK);
+    tensor t;
+    tensor_init(&t, 4, 0, NULL);
+    slice_list l;
+    list_init(&l, 0);
+    list_add(&l, &t, 0, 0, 0, 4);
+    for (int i = 0; i < 4; i++) t.g[i] = 1.0f;
+    (void)opt_step(&o, &l.view, 0); /* fails the test on an error */
+    o.vt->destroy(o.self);
+    o.self = NULL;
+    assert_int_equal(o.vt->create(o.host, NULL, &o.self), VH_STATUS_ERR_INVALID_ARG);
     opt_close(&o);
     tensor_free(&t);
 }
@@ -1382,8 +1498,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_state_load_refuses_foreign_state),
         cmocka_unit_test(test_skipped_step_keeps_bias_correction),
         cmocka_unit_test(test_two_ranks_agree_with_one),
+        cmocka_unit_test(test_replicated_slices_need_no_collective),
         cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_bad_slices_and_steps),
+        cmocka_unit_test(test_older_setup_reads_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

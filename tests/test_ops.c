@@ -45,6 +45,135 @@ static int setup(void **state) {
     return ops ? 0 : -1;
 }
 
+/* ---- the 1.0 signatures over the 2.0 argument structs -----------------------
+ * The checks below were written against one function per op with its
+ * arguments spelled out; these build the f32 argument struct and call the op,
+ * so every check keeps its shape. */
+
+static vh_status op_layernorm_forward(float *out, float *mean, float *rstd, const float *x,
+                                      const float *w, const float *b, int64_t rows,
+                                      int64_t dim, float eps) {
+    vh_layernorm_args a = {.struct_size = sizeof a, .rows = rows, .dim = dim, .eps = eps,
+                           .x = x, .weight = w, .bias = b, .mean = mean, .rstd = rstd,
+                           .out = out};
+    return ops->layernorm_forward(ops->device, &a);
+}
+
+static vh_status op_layernorm_backward(float *dx, float *dw, float *db, const float *dout,
+                                       const float *x, const float *w, float *mean,
+                                       float *rstd, int64_t rows, int64_t dim) {
+    vh_layernorm_args a = {.struct_size = sizeof a, .rows = rows, .dim = dim, .x = x,
+                           .weight = w, .mean = mean, .rstd = rstd, .dout = dout, .dx = dx,
+                           .dweight = dw, .dbias = db};
+    return ops->layernorm_backward(ops->device, &a);
+}
+
+static vh_status op_gelu_forward(float *out, const float *x, int64_t n) {
+    vh_eltwise_args a = {.struct_size = sizeof a, .n = n, .x = x, .out = out};
+    return ops->gelu_forward(ops->device, &a);
+}
+
+static vh_status op_gelu_backward(float *dx, const float *x, const float *dout, int64_t n) {
+    vh_eltwise_args a = {.struct_size = sizeof a, .n = n, .x = x, .dout = dout, .dx = dx};
+    return ops->gelu_backward(ops->device, &a);
+}
+
+static vh_status op_add(float *out, const float *x, const float *y, int64_t n) {
+    vh_eltwise_args a = {.struct_size = sizeof a, .n = n, .a = x, .b = y, .out = out};
+    return ops->add(ops->device, &a);
+}
+
+static vh_status op_mul(float *out, const float *x, const float *y, int64_t n, int acc) {
+    vh_eltwise_args a = {.struct_size = sizeof a, .n = n, .a = x, .b = y, .out = out,
+                         .accumulate = acc};
+    return ops->mul(ops->device, &a);
+}
+
+static vh_status op_dropout_forward(float *out, float *mask, const float *x, int64_t n,
+                                    float p, uint64_t seed) {
+    vh_eltwise_args a = {.struct_size = sizeof a, .n = n, .x = x, .out = out, .mask = mask,
+                         .p = p, .seed = seed};
+    return ops->dropout_forward(ops->device, &a);
+}
+
+static vh_status op_scale_rows(float *out, const float *in, const float *scale, int64_t rows,
+                               int64_t dim, int64_t div, int64_t mod, int acc) {
+    vh_eltwise_args a = {.struct_size = sizeof a, .n = rows * dim, .x = in, .out = out,
+                         .scale = scale, .dim = dim, .div = div, .mod = mod,
+                         .accumulate = acc};
+    return ops->scale_rows(ops->device, &a);
+}
+
+static vh_status op_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols) {
+    vh_rows_args a = {.struct_size = sizeof a, .rows = rows, .cols = cols, .dout = dout,
+                      .out = dbias};
+    return ops->bias_backward(ops->device, &a);
+}
+
+static vh_status op_softmax(float *x, int64_t rows, int64_t cols) {
+    vh_rows_args a = {.struct_size = sizeof a, .rows = rows, .cols = cols, .x = x, .out = x};
+    return ops->softmax(ops->device, &a);
+}
+
+/* The loss is written in device memory: the CPU's is host memory. */
+static vh_status op_softmax_cross_entropy(float *loss, float *dlogits, const float *logits,
+                                          const int32_t *labels, int64_t batch,
+                                          int64_t classes, float smoothing, float scale) {
+    vh_xent_args a = {.struct_size = sizeof a, .batch = batch, .classes = classes,
+                      .smoothing = smoothing, .dloss_scale = scale, .logits = logits,
+                      .labels = labels, .loss = loss, .dlogits = dlogits};
+    return ops->softmax_cross_entropy(ops->device, &a);
+}
+
+static vh_status op_mean_pool_forward(float *out, const float *x, int64_t batch, int64_t first,
+                                      int64_t count, int64_t dim, int64_t bs, int64_t ts) {
+    vh_tokens_args a = {.struct_size = sizeof a, .batch = batch, .dim = dim, .batch_stride = bs,
+                        .token_stride = ts, .first = first, .count = count, .x = x,
+                        .out = out};
+    return ops->mean_pool_forward(ops->device, &a);
+}
+
+static vh_status op_mean_pool_backward(float *dx, const float *dout, int64_t batch,
+                                       int64_t first, int64_t count, int64_t dim, int64_t bs,
+                                       int64_t ts) {
+    vh_tokens_args a = {.struct_size = sizeof a, .batch = batch, .dim = dim, .batch_stride = bs,
+                        .token_stride = ts, .first = first, .count = count, .dout = dout,
+                        .dx = dx};
+    return ops->mean_pool_backward(ops->device, &a);
+}
+
+static vh_status op_patchify(float *out, const float *images, int64_t batch, int64_t channels,
+                             int64_t height, int64_t width, int64_t patch, int64_t bs,
+                             int64_t ts) {
+    vh_tokens_args a = {.struct_size = sizeof a, .batch = batch, .batch_stride = bs,
+                        .token_stride = ts, .out = out, .images = images,
+                        .channels = channels, .height = height, .width = width,
+                        .patch = patch};
+    return ops->patchify(ops->device, &a);
+}
+
+static vh_status op_embed_forward(float *x, const float *patches, const float *cls,
+                                  const float *pos, int64_t batch, int64_t np, int64_t dim,
+                                  int64_t bs, int64_t ts, int64_t pbs, int64_t pts) {
+    vh_tokens_args a = {.struct_size = sizeof a, .batch = batch, .tokens = np + (cls != NULL),
+                        .dim = dim, .batch_stride = bs, .token_stride = ts, .out = x,
+                        .num_patches = np, .patch_batch_stride = pbs,
+                        .patch_token_stride = pts, .patches = patches, .cls = cls,
+                        .pos = pos};
+    return ops->embed_forward(ops->device, &a);
+}
+
+static vh_status op_embed_backward(float *dpatches, float *dcls, float *dpos, const float *dx,
+                                   int64_t batch, int64_t np, int64_t dim, int64_t bs,
+                                   int64_t ts, int64_t pbs, int64_t pts) {
+    vh_tokens_args a = {.struct_size = sizeof a, .batch = batch, .tokens = np + (dcls != NULL),
+                        .dim = dim, .batch_stride = bs, .token_stride = ts, .dout = dx,
+                        .num_patches = np, .patch_batch_stride = pbs,
+                        .patch_token_stride = pts, .dpatches = dpatches, .dcls = dcls,
+                        .dpos = dpos};
+    return ops->embed_backward(ops->device, &a);
+}
+
 /* ---- helpers ----------------------------------------------------------- */
 
 static uint64_t rng_state;
@@ -156,12 +285,14 @@ static void ref_gemm(const vh_gemm_args *g, const float *c_before, double *want)
             for (int64_t j = 0; j < g->n; j++) {
                 double s = 0.0;
                 for (int64_t k = 0; k < g->k; k++)
-                    s += mat_at(g->a + b * g->stride_a, g->trans_a, g->lda, i, k) *
-                         mat_at(g->b + b * g->stride_b, g->trans_b, g->ldb, k, j);
+                    s += mat_at((const float *)g->a + b * g->stride_a, g->trans_a, g->lda, i,
+                                k) *
+                         mat_at((const float *)g->b + b * g->stride_b, g->trans_b, g->ldb, k,
+                                j);
                 const int64_t ci = b * g->stride_c + i * g->ldc + j;
                 double v = (double)g->alpha * s;
                 if (g->beta != 0.0f) v += (double)g->beta * (double)c_before[ci];
-                if (g->bias) v += (double)g->bias[j];
+                if (g->bias) v += (double)((const float *)g->bias)[j];
                 want[ci] = v;
             }
 }
@@ -222,8 +353,83 @@ static void test_gemm_batched(void **state) {
             run_gemm_case(ta, tb, 7, 5, 9, 3, 0.5f, 1.0f, 1, 0); /* small: parallel batch */
             run_gemm_case(ta, tb, 17, 13, 16, 8, 1.0f, 0.0f, 0, 1);
         }
-    run_gemm_case(0, 1, 100, 100, 100, 2, 1.0f, 0.0f, 1, 0); /* big: threaded cblas */
+    run_gemm_case(0, 1, 100, 100, 100, 2, 1.0f, 0.0f, 1, 0); /* big: one threaded matmul */
     run_gemm_case(1, 0, 130, 70, 110, 1, 1.0f, 0.25f, 0, 0);
+}
+
+static double ref_gelu(double x);
+
+/* The epilogue: T = alpha A B + bias, C = gelu(T) + residual + beta C, aux = T;
+ * batched, transposed, residual aliasing C, and a 1.0-sized struct. */
+static void run_epilogue_case(int ta, int tb, int64_t batch, int gelu, int with_aux,
+                              int with_res, int res_is_c, float beta) {
+    const int64_t m = 9, n = 13, k = 11, pad = 2;
+    const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+    const int64_t sa = (ta ? k : m) * lda, sb = (tb ? n : k) * ldb, sc = m * ldc + 3;
+    const int64_t bc = batch > 1 ? batch : 1;
+    float *a = rand_buf(sa * bc, -1, 1), *b = rand_buf(sb * bc, -1, 1);
+    float *c = rand_buf(sc * bc, -1, 1), *bias = rand_buf(n, -1, 1);
+    float *aux = rand_buf(sc * bc, -1, 1), *res = rand_buf(sc * bc, -1, 1);
+    if (res_is_c) memcpy(res, c, (size_t)(sc * bc) * sizeof(float));
+    double *want = dbuf(sc * bc), *want_aux = dbuf(sc * bc);
+    for (int64_t i = 0; i < sc * bc; i++) want[i] = c[i], want_aux[i] = aux[i];
+    for (int64_t q = 0; q < bc; q++)
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double t = 0;
+                for (int64_t l = 0; l < k; l++)
+                    t += mat_at(a + q * sa, ta, lda, i, l) * mat_at(b + q * sb, tb, ldb, l, j);
+                t = 0.75 * t + bias[j];
+                const int64_t ci = q * sc + i * ldc + j;
+                double v = gelu ? ref_gelu(t) : t;
+                if (with_res) v += res[ci];
+                v += (double)beta * c[ci];
+                want[ci] = v;
+                if (gelu && with_aux) want_aux[ci] = t;
+            }
+    vh_gemm_args g = {.struct_size = sizeof g, .trans_a = ta, .trans_b = tb, .m = m, .n = n,
+                      .k = k, .alpha = 0.75f, .beta = beta, .a = a, .lda = lda,
+                      .stride_a = sa, .b = b, .ldb = ldb, .stride_b = sb, .c = c, .ldc = ldc,
+                      .stride_c = sc, .batch = batch, .bias = bias,
+                      .epilogue = gelu ? VH_EPILOGUE_GELU : VH_EPILOGUE_NONE,
+                      .aux = with_aux ? aux : NULL,
+                      .residual = with_res ? (res_is_c ? c : res) : NULL};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    char what[96];
+    snprintf(what, sizeof what, "gemm epilogue ta=%d tb=%d batch=%lld gelu=%d aux=%d res=%d%s",
+             ta, tb, (long long)batch, gelu, with_aux, with_res, res_is_c ? " (aliases C)" : "");
+    expect_close(what, c, want, sc * bc, TOL_GEMM_ABS, TOL_GEMM_REL);
+    expect_close(what, aux, want_aux, sc * bc, TOL_GEMM_ABS, TOL_GEMM_REL);
+    free(a), free(b), free(c), free(bias), free(aux), free(res), free(want), free(want_aux);
+}
+
+static void test_gemm_epilogue(void **state) {
+    (void)state;
+    rng_state = 17;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            run_epilogue_case(ta, tb, 1, 1, 1, 0, 0, 0.0f);
+            run_epilogue_case(ta, tb, 3, 1, 0, 1, 0, 0.5f);
+        }
+    run_epilogue_case(0, 1, 1, 1, 1, 1, 0, 0.0f);
+    run_epilogue_case(0, 1, 2, 0, 0, 1, 0, 0.0f); /* residual alone */
+    run_epilogue_case(0, 1, 1, 0, 0, 1, 1, 0.0f); /* x = x + proj(...): residual is C */
+    run_epilogue_case(1, 0, 1, 0, 0, 1, 0, 1.0f); /* dW += ... with a residual */
+    run_epilogue_case(0, 0, 2, 1, 1, 1, 1, 0.0f);
+
+    /* A caller built against 1.0 (the struct ended at bias): f32, no epilogue. */
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1}, c[4] = {9, 9, 9, 9};
+    vh_gemm_args g;
+    memset(&g, 0x7f, sizeof g); /* whatever lies past the old end must not be read */
+    g.struct_size = (uint32_t)offsetof(vh_gemm_args, ab_dtype);
+    g.trans_a = 0, g.trans_b = 0, g.m = 2, g.n = 2, g.k = 3, g.alpha = 1, g.beta = 0;
+    g.a = a, g.lda = 3, g.stride_a = 0, g.b = b, g.ldb = 2, g.stride_b = 0;
+    g.c = c, g.ldc = 2, g.stride_c = 0, g.batch = 1, g.bias = NULL;
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    const double cw[4] = {4, 5, 10, 11};
+    expect_close("gemm, 1.0-sized struct", c, cw, 4, 0, 0);
+    g.struct_size = (uint32_t)offsetof(vh_gemm_args, bias);
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
 }
 
 static void test_gemm_broadcast_and_edges(void **state) {
@@ -295,7 +501,7 @@ typedef struct ln_case {
 
 static double ln_loss(void *ctx) {
     ln_case *c = ctx;
-    assert_int_equal(ops->layernorm_forward(ops->device, c->out, c->mean, c->rstd, c->x, c->w,
+    assert_int_equal(op_layernorm_forward(c->out, c->mean, c->rstd, c->x, c->w,
                                             c->b, c->rows, c->dim, c->eps),
                      VH_STATUS_OK);
     return dot_fd(c->out, c->r, c->rows * c->dim);
@@ -351,7 +557,7 @@ static void test_layernorm(void **state) {
     expect_close("layernorm mean", c.mean, wmean, rows, TOL_LN_ABS, TOL_LN_REL);
     expect_close("layernorm rstd", c.rstd, wrstd, rows, TOL_LN_ABS, TOL_LN_REL);
 
-    assert_int_equal(ops->layernorm_backward(ops->device, dx, dw, db, c.r, c.x, c.w, c.mean,
+    assert_int_equal(op_layernorm_backward(dx, dw, db, c.r, c.x, c.w, c.mean,
                                              c.rstd, rows, dim),
                      VH_STATUS_OK);
     expect_close("layernorm dx (+=)", dx, wdx, n, TOL_LN_ABS, TOL_LN_REL);
@@ -364,21 +570,28 @@ static void test_layernorm(void **state) {
     float *gx = calloc((size_t)n, sizeof(float)), *gw = calloc((size_t)dim, sizeof(float));
     float *gb = calloc((size_t)dim, sizeof(float));
     ln_loss(&c);
-    assert_int_equal(ops->layernorm_backward(ops->device, gx, gw, gb, c.r, c.x, c.w, c.mean,
+    assert_int_equal(op_layernorm_backward(gx, gw, gb, c.r, c.x, c.w, c.mean,
                                              c.rstd, rows, dim),
                      VH_STATUS_OK);
     check_fd("layernorm dx", ln_loss, &c, c.x, gx, n, 12);
     check_fd("layernorm dweight", ln_loss, &c, c.w, gw, dim, 6);
     check_fd("layernorm dbias", ln_loss, &c, c.b, gb, dim, 6);
 
-    assert_int_equal(ops->layernorm_forward(ops->device, c.out, c.mean, c.rstd, NULL, c.w, c.b,
+    assert_int_equal(op_layernorm_forward(c.out, c.mean, c.rstd, NULL, c.w, c.b,
                                             rows, dim, c.eps),
                      VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(ops->layernorm_forward(ops->device, c.out, c.mean, c.rstd, c.x, c.w, c.b,
+    assert_int_equal(op_layernorm_forward(c.out, c.mean, c.rstd, c.x, c.w, c.b,
                                             -1, dim, c.eps),
                      VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(ops->layernorm_backward(ops->device, gx, NULL, gb, c.r, c.x, c.w, c.mean,
-                                             c.rstd, rows, dim),
+    /* dweight and dbias NULL: skipped (dx alone, as with them). */
+    float *gx2 = calloc((size_t)n, sizeof(float));
+    assert_int_equal(op_layernorm_backward(gx2, NULL, NULL, c.r, c.x, c.w, c.mean, c.rstd, rows,
+                                           dim),
+                     VH_STATUS_OK);
+    expect_equal_floats("layernorm dx without dweight/dbias", gx2, gx, n);
+    free(gx2);
+    assert_int_equal(op_layernorm_backward(NULL, gw, gb, c.r, c.x, c.w, c.mean, c.rstd, rows,
+                                           dim),
                      VH_STATUS_ERR_INVALID_ARG);
     free(c.x), free(c.w), free(c.b), free(c.out), free(c.mean), free(c.rstd), free(c.r);
     free(want), free(wmean), free(wrstd), free(wdx), free(wdw), free(wdb);
@@ -394,10 +607,10 @@ static void test_layernorm_many_rows(void **state) {
     float *g = rand_buf(n, -1, 1), *out = rand_buf(n, 0, 1), *mean = rand_buf(rows, 0, 1);
     float *rstd = rand_buf(rows, 0, 1), *dx = calloc((size_t)n, sizeof(float));
     float *dw = calloc((size_t)dim, sizeof(float)), *db = calloc((size_t)dim, sizeof(float));
-    assert_int_equal(ops->layernorm_forward(ops->device, out, mean, rstd, x, w, b, rows, dim,
+    assert_int_equal(op_layernorm_forward(out, mean, rstd, x, w, b, rows, dim,
                                             1e-6f),
                      VH_STATUS_OK);
-    assert_int_equal(ops->layernorm_backward(ops->device, dx, dw, db, g, x, w, mean, rstd, rows,
+    assert_int_equal(op_layernorm_backward(dx, dw, db, g, x, w, mean, rstd, rows,
                                              dim),
                      VH_STATUS_OK);
     double *wdw = dbuf(dim), *wdb = dbuf(dim);
@@ -427,7 +640,7 @@ typedef struct ew_case {
 
 static double gelu_loss(void *ctx) {
     ew_case *c = ctx;
-    assert_int_equal(ops->gelu_forward(ops->device, c->out, c->x, c->n), VH_STATUS_OK);
+    assert_int_equal(op_gelu_forward(c->out, c->x, c->n), VH_STATUS_OK);
     return dot_fd(c->out, c->r, c->n);
 }
 
@@ -446,9 +659,9 @@ static void test_gelu(void **state) {
         want[i] = ref_gelu(x[i]);
         wdx[i] = dx[i] + dout[i] * ref_gelu_grad(x[i]);
     }
-    assert_int_equal(ops->gelu_forward(ops->device, out, x, n), VH_STATUS_OK);
+    assert_int_equal(op_gelu_forward(out, x, n), VH_STATUS_OK);
     expect_close("gelu", out, want, n, TOL_GELU_ABS, TOL_GELU_REL);
-    assert_int_equal(ops->gelu_backward(ops->device, dx, x, dout, n), VH_STATUS_OK);
+    assert_int_equal(op_gelu_backward(dx, x, dout, n), VH_STATUS_OK);
     expect_close("gelu backward (+=)", dx, wdx, n, TOL_GELU_ABS, 4 * TOL_GELU_REL);
 
     /* PyTorch 1.13, F.gelu in float64. */
@@ -456,23 +669,23 @@ static void test_gelu(void **state) {
     const double tw[7] = {-0.00404969409489031, -0.15865525393145702, -0.15426876936299344, 0.0,
                           0.1853734266566858,   0.841344746068543,    2.4844758366855597};
     float to[7];
-    assert_int_equal(ops->gelu_forward(ops->device, to, tx, 7), VH_STATUS_OK);
+    assert_int_equal(op_gelu_forward(to, tx, 7), VH_STATUS_OK);
     expect_close("gelu vs PyTorch", to, tw, 7, TOL_GELU_ABS, TOL_GELU_REL);
 
     /* NaN propagates (overflow checks rely on it); infinities saturate. */
     const float sx[3] = {NAN, INFINITY, -INFINITY};
     float so[3];
-    assert_int_equal(ops->gelu_forward(ops->device, so, sx, 3), VH_STATUS_OK);
+    assert_int_equal(op_gelu_forward(so, sx, 3), VH_STATUS_OK);
     assert_true(isnan(so[0]));
     assert_true(isinf(so[1]) && so[1] > 0);
 
     ew_case c = {.n = 257, .x = rand_buf(257, -4, 4), .out = rand_buf(257, 0, 1),
                  .r = rand_buf(257, -1, 1)};
     float *g = calloc(257, sizeof(float));
-    assert_int_equal(ops->gelu_backward(ops->device, g, c.x, c.r, c.n), VH_STATUS_OK);
+    assert_int_equal(op_gelu_backward(g, c.x, c.r, c.n), VH_STATUS_OK);
     check_fd("gelu", gelu_loss, &c, c.x, g, c.n, 20);
-    assert_int_equal(ops->gelu_forward(ops->device, out, NULL, n), VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(ops->gelu_backward(ops->device, dx, x, dout, -2),
+    assert_int_equal(op_gelu_forward(out, NULL, n), VH_STATUS_ERR_INVALID_ARG);
+    assert_int_equal(op_gelu_backward(dx, x, dout, -2),
                      VH_STATUS_ERR_INVALID_ARG);
     free(x), free(out), free(dout), free(dx), free(want), free(wdx), free(c.x), free(c.out);
     free(c.r), free(g);
@@ -487,22 +700,22 @@ static void test_add_mul(void **state) {
     float *a = rand_buf(n, -1, 1), *b = rand_buf(n, -1, 1), *out = rand_buf(n, -1, 1);
     double *want = dbuf(n);
     for (int64_t i = 0; i < n; i++) want[i] = (double)(a[i] + b[i]);
-    assert_int_equal(ops->add(ops->device, out, a, b, n), VH_STATUS_OK);
+    assert_int_equal(op_add(out, a, b, n), VH_STATUS_OK);
     expect_close("add", out, want, n, 0, 0);
     float *a2 = fcopy(a, n);
-    assert_int_equal(ops->add(ops->device, a2, a2, b, n), VH_STATUS_OK); /* out aliases a */
+    assert_int_equal(op_add(a2, a2, b, n), VH_STATUS_OK); /* out aliases a */
     expect_close("add in place", a2, want, n, 0, 0);
 
     for (int64_t i = 0; i < n; i++) want[i] = (double)(a[i] * b[i]);
-    assert_int_equal(ops->mul(ops->device, out, a, b, n, 0), VH_STATUS_OK);
+    assert_int_equal(op_mul(out, a, b, n, 0), VH_STATUS_OK);
     expect_close("mul", out, want, n, 0, 0);
     for (int64_t i = 0; i < n; i++) want[i] = (double)(out[i] + a[i] * b[i]);
-    assert_int_equal(ops->mul(ops->device, out, a, b, n, 1), VH_STATUS_OK);
+    assert_int_equal(op_mul(out, a, b, n, 1), VH_STATUS_OK);
     expect_close("mul accumulate", out, want, n, TOL_EW_ABS, TOL_EW_REL);
 
-    assert_int_equal(ops->add(ops->device, out, a, b, 0), VH_STATUS_OK);
-    assert_int_equal(ops->add(ops->device, out, NULL, b, n), VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(ops->mul(ops->device, out, a, b, -1, 0), VH_STATUS_ERR_INVALID_ARG);
+    assert_int_equal(op_add(out, a, b, 0), VH_STATUS_OK);
+    assert_int_equal(op_add(out, NULL, b, n), VH_STATUS_ERR_INVALID_ARG);
+    assert_int_equal(op_mul(out, a, b, -1, 0), VH_STATUS_ERR_INVALID_ARG);
     free(a), free(b), free(out), free(want), free(a2);
 }
 
@@ -532,7 +745,7 @@ static void test_bias_backward(void **state) {
         for (int64_t j = 0; j < cols; j++) want[j] = db[j];
         for (int64_t r = 0; r < rows; r++)
             for (int64_t j = 0; j < cols; j++) want[j] += g[r * cols + j];
-        assert_int_equal(ops->bias_backward(ops->device, db, g, rows, cols), VH_STATUS_OK);
+        assert_int_equal(op_bias_backward(db, g, rows, cols), VH_STATUS_OK);
         expect_close("bias_backward (+=)", db, want, cols, 1e-5, 1e-5);
         free(g), free(db), free(want);
     }
@@ -543,9 +756,9 @@ static void test_bias_backward(void **state) {
     c.c = rand_buf(5 * 9, -1, 1);
     c.r = rand_buf(5 * 9, -1, 1);
     float *db = calloc(9, sizeof(float));
-    assert_int_equal(ops->bias_backward(ops->device, db, c.r, 5, 9), VH_STATUS_OK);
+    assert_int_equal(op_bias_backward(db, c.r, 5, 9), VH_STATUS_OK);
     check_fd("gemm bias", bias_loss, &c, c.bias, db, 9, 9);
-    assert_int_equal(ops->bias_backward(ops->device, NULL, c.r, 5, 9),
+    assert_int_equal(op_bias_backward(NULL, c.r, 5, 9),
                      VH_STATUS_ERR_INVALID_ARG);
     free(c.x), free(c.w), free(c.bias), free(c.c), free(c.r), free(db);
 }
@@ -564,7 +777,7 @@ static void test_softmax(void **state) {
         for (int64_t j = 0; j < cols; j++) s += exp(x[r * cols + j] - mx);
         for (int64_t j = 0; j < cols; j++) want[r * cols + j] = exp(x[r * cols + j] - mx) / s;
     }
-    assert_int_equal(ops->softmax(ops->device, x, rows, cols), VH_STATUS_OK);
+    assert_int_equal(op_softmax(x, rows, cols), VH_STATUS_OK);
     expect_close("softmax", x, want, n, TOL_EW_ABS, TOL_EW_REL);
     assert_true(x[2 * cols + 3] == 0.0f);
 
@@ -573,7 +786,7 @@ static void test_softmax(void **state) {
     double worst = 0;
     for (float t = -80.0f; t <= 0.0f; t += 0.0137f) {
         float row[2] = {0.0f, t};
-        assert_int_equal(ops->softmax(ops->device, row, 1, 2), VH_STATUS_OK);
+        assert_int_equal(op_softmax(row, 1, 2), VH_STATUS_OK);
         const double e = exp((double)t), p1 = e / (1.0 + e);
         const double ulp = (double)nextafterf((float)p1, INFINITY) - (double)(float)p1;
         worst = fmax(worst, fabs((double)row[1] - p1) / ulp);
@@ -584,9 +797,9 @@ static void test_softmax(void **state) {
     }
 
     float nanrow[3] = {1.0f, NAN, 2.0f};
-    assert_int_equal(ops->softmax(ops->device, nanrow, 1, 3), VH_STATUS_OK);
+    assert_int_equal(op_softmax(nanrow, 1, 3), VH_STATUS_OK);
     assert_true(isnan(nanrow[0]) && isnan(nanrow[2]));
-    assert_int_equal(ops->softmax(ops->device, NULL, 2, 3), VH_STATUS_ERR_INVALID_ARG);
+    assert_int_equal(op_softmax(NULL, 2, 3), VH_STATUS_ERR_INVALID_ARG);
     free(x), free(want);
 }
 
@@ -597,7 +810,7 @@ typedef struct scale_case {
 
 static double scale_loss(void *ctx) {
     scale_case *c = ctx;
-    assert_int_equal(ops->scale_rows(ops->device, c->out, c->in, c->scale, c->rows, c->dim,
+    assert_int_equal(op_scale_rows(c->out, c->in, c->scale, c->rows, c->dim,
                                      c->div, c->mod, 0),
                      VH_STATUS_OK);
     return dot_fd(c->out, c->r, c->rows * c->dim);
@@ -629,15 +842,15 @@ static void test_scale_rows(void **state) {
                 want[r * D + j] = (double)acc[r * D + j] + (double)c.r[r * D + j] * c.scale[b];
         }
         /* backward: dx += dout * scale */
-        assert_int_equal(ops->scale_rows(ops->device, acc, c.r, c.scale, rows, D, c.div, c.mod,
+        assert_int_equal(op_scale_rows(acc, c.r, c.scale, rows, D, c.div, c.mod,
                                          1),
                          VH_STATUS_OK);
         expect_close("scale_rows accumulate", acc, want, rows * D, TOL_EW_ABS, TOL_EW_REL);
         float *g = calloc((size_t)(rows * D), sizeof(float));
-        assert_int_equal(ops->scale_rows(ops->device, g, c.r, c.scale, rows, D, c.div, c.mod, 1),
+        assert_int_equal(op_scale_rows(g, c.r, c.scale, rows, D, c.div, c.mod, 1),
                          VH_STATUS_OK);
         check_fd("scale_rows", scale_loss, &c, c.in, g, rows * D, 10);
-        assert_int_equal(ops->scale_rows(ops->device, g, c.r, c.scale, rows, D, 0, c.mod, 1),
+        assert_int_equal(op_scale_rows(g, c.r, c.scale, rows, D, 0, c.mod, 1),
                          VH_STATUS_ERR_INVALID_ARG);
         free(c.in), free(c.scale), free(c.out), free(c.r), free(want), free(acc), free(g);
     }
@@ -651,7 +864,7 @@ static void test_dropout(void **state) {
     float *x = rand_buf(n, -1, 1), *out = malloc((size_t)n * sizeof(float));
     float *mask = malloc((size_t)n * sizeof(float)), *mask2 = malloc((size_t)n * sizeof(float));
     float *out2 = malloc((size_t)n * sizeof(float));
-    assert_int_equal(ops->dropout_forward(ops->device, out, mask, x, n, p, 42), VH_STATUS_OK);
+    assert_int_equal(op_dropout_forward(out, mask, x, n, p, 42), VH_STATUS_OK);
     int64_t kept = 0;
     double msum = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -666,31 +879,31 @@ static void test_dropout(void **state) {
     assert_true(fabs(msum / (double)n - 1.0) < 5 * sd / (1.0 - p));
 
     /* Same seed, same mask; another seed, another mask. */
-    assert_int_equal(ops->dropout_forward(ops->device, out2, mask2, x, n, p, 42), VH_STATUS_OK);
+    assert_int_equal(op_dropout_forward(out2, mask2, x, n, p, 42), VH_STATUS_OK);
     expect_equal_floats("dropout mask, same seed", mask, mask2, n);
-    assert_int_equal(ops->dropout_forward(ops->device, out2, mask2, x, n, p, 43), VH_STATUS_OK);
+    assert_int_equal(op_dropout_forward(out2, mask2, x, n, p, 43), VH_STATUS_OK);
     int64_t same = 0;
     for (int64_t i = 0; i < n; i++) same += mask[i] == mask2[i];
     assert_true(same < n - n / 20);
     /* A mask element depends on (seed, i) only: a short call (one thread)
      * reproduces the start of the long one (threaded). */
-    assert_int_equal(ops->dropout_forward(ops->device, out2, mask2, x, 1000, p, 42),
+    assert_int_equal(op_dropout_forward(out2, mask2, x, 1000, p, 42),
                      VH_STATUS_OK);
     expect_equal_floats("dropout mask prefix", mask, mask2, 1000);
     /* Backward is mul(dx += dout * mask). */
     float *dx = calloc((size_t)n, sizeof(float));
-    assert_int_equal(ops->mul(ops->device, dx, x, mask, n, 1), VH_STATUS_OK);
+    assert_int_equal(op_mul(dx, x, mask, n, 1), VH_STATUS_OK);
     for (int64_t i = 0; i < n; i++) assert_true(dx[i] == out[i]); /* 0 + -0 is +0 */
 
-    assert_int_equal(ops->dropout_forward(ops->device, out, mask, x, n, 0.0f, 1), VH_STATUS_OK);
+    assert_int_equal(op_dropout_forward(out, mask, x, n, 0.0f, 1), VH_STATUS_OK);
     for (int64_t i = 0; i < n; i++) assert_true(mask[i] == 1.0f && out[i] == x[i]);
-    assert_int_equal(ops->dropout_forward(ops->device, out, mask, x, n, 1.0f, 1), VH_STATUS_OK);
+    assert_int_equal(op_dropout_forward(out, mask, x, n, 1.0f, 1), VH_STATUS_OK);
     for (int64_t i = 0; i < n; i++) assert_true(mask[i] == 0.0f);
-    assert_int_equal(ops->dropout_forward(ops->device, out, mask, x, n, 1.5f, 1),
+    assert_int_equal(op_dropout_forward(out, mask, x, n, 1.5f, 1),
                      VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(ops->dropout_forward(ops->device, out, mask, x, n, NAN, 1),
+    assert_int_equal(op_dropout_forward(out, mask, x, n, NAN, 1),
                      VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(ops->dropout_forward(ops->device, out, NULL, x, n, 0.5f, 1),
+    assert_int_equal(op_dropout_forward(out, NULL, x, n, 0.5f, 1),
                      VH_STATUS_ERR_INVALID_ARG);
     free(x), free(out), free(mask), free(mask2), free(out2), free(dx);
 }
@@ -732,9 +945,9 @@ static void ref_attention(const vh_attention_args *a, const float *dout, double 
     for (int64_t b = 0; b < a->batch; b++)
         for (int64_t h = 0; h < a->heads; h++) {
             double *P = probs + (b * a->heads + h) * N * N;
-#define Q(t, d) ((double)a->qkv[qkv_idx(a, b, t, 0, h, d)])
-#define K(t, d) ((double)a->qkv[qkv_idx(a, b, t, 1, h, d)])
-#define V(t, d) ((double)a->qkv[qkv_idx(a, b, t, 2, h, d)])
+#define Q(t, d) ((double)((const float *)a->qkv)[qkv_idx(a, b, t, 0, h, d)])
+#define K(t, d) ((double)((const float *)a->qkv)[qkv_idx(a, b, t, 1, h, d)])
+#define V(t, d) ((double)((const float *)a->qkv)[qkv_idx(a, b, t, 2, h, d)])
 #define G(t, d) ((double)dout[out_idx(a, b, t, h, d)])
             for (int64_t i = 0; i < N; i++) {
                 double mx = -INFINITY, s = 0;
@@ -820,7 +1033,7 @@ static void test_attention(void **state) {
     for (int l = 0; l < 2; l++) {
         vh_attention_args *a = &cases[l]->a;
         double *out = dbuf(no), *probs = dbuf(np), *dqkv = dbuf(nq);
-        for (int64_t i = 0; i < nq; i++) dqkv[i] = a->dqkv[i];
+        for (int64_t i = 0; i < nq; i++) dqkv[i] = ((const float *)a->dqkv)[i];
         ref_attention(a, a->dout, out, probs, dqkv);
         assert_int_equal(ops->attention_forward(ops->device, a), VH_STATUS_OK);
         expect_close("attention out", a->out, out, no, TOL_ATTN_ABS, TOL_ATTN_REL);
@@ -834,17 +1047,18 @@ static void test_attention(void **state) {
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < N; t++) {
             for (int64_t e = 0; e < D; e++)
-                want[out_idx(&bs.a, b, t, 0, e)] = bf.a.out[out_idx(&bf.a, b, t, 0, e)];
+                want[out_idx(&bs.a, b, t, 0, e)] = ((const float *)bf.a.out)[out_idx(&bf.a, b, t, 0, e)];
         }
     expect_close("attention out, batch-second vs batch-first", bs.a.out, want, no, TOL_LAYOUT,
                  TOL_LAYOUT);
-    for (int64_t i = 0; i < np; i++) want[i] = bf.a.probs[i];
+    for (int64_t i = 0; i < np; i++) want[i] = ((const float *)bf.a.probs)[i];
     expect_close("attention probs, batch-second vs batch-first", bs.a.probs, want, np,
                  TOL_LAYOUT, TOL_LAYOUT);
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < N; t++)
             for (int64_t e = 0; e < 3 * D; e++)
-                want[qkv_idx(&bs.a, b, t, 0, 0, e)] = bf.a.dqkv[qkv_idx(&bf.a, b, t, 0, 0, e)];
+                want[qkv_idx(&bs.a, b, t, 0, 0, e)] =
+                    ((const float *)bf.a.dqkv)[qkv_idx(&bf.a, b, t, 0, 0, e)];
     /* dqkv started from different random values in the two layouts; compare
      * the gradient alone. */
     for (int l = 0; l < 2; l++) memset(cases[l]->a.dqkv, 0, (size_t)nq * sizeof(float));
@@ -853,7 +1067,8 @@ static void test_attention(void **state) {
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < N; t++)
             for (int64_t e = 0; e < 3 * D; e++)
-                want[qkv_idx(&bs.a, b, t, 0, 0, e)] = bf.a.dqkv[qkv_idx(&bf.a, b, t, 0, 0, e)];
+                want[qkv_idx(&bs.a, b, t, 0, 0, e)] =
+                    ((const float *)bf.a.dqkv)[qkv_idx(&bf.a, b, t, 0, 0, e)];
     expect_close("attention dqkv, batch-second vs batch-first", bs.a.dqkv, want, nq, TOL_LAYOUT,
                  TOL_LAYOUT);
 
@@ -902,13 +1117,13 @@ static void test_cross_entropy_vs_torch(void **state) {
                            0.06,         0.06,          0.1884267097,  -0.0061830785,
                            0.0030464606, 0.0030464606,  -0.1883365524};
     float loss = -1, g[15] = {0};
-    assert_int_equal(ops->softmax_cross_entropy(ops->device, &loss, g, z, y, 3, 5, 0.0f, 1.0f),
+    assert_int_equal(op_softmax_cross_entropy(&loss, g, z, y, 3, 5, 0.0f, 1.0f),
                      VH_STATUS_OK);
     const double lw0 = loss0, lw1 = loss1;
     expect_close("cross-entropy", &loss, &lw0, 1, TOL_CE, TOL_CE);
     expect_close("cross-entropy grad", g, g0, 15, TOL_CE, TOL_CE);
     memset(g, 0, sizeof g);
-    assert_int_equal(ops->softmax_cross_entropy(ops->device, &loss, g, z, y, 3, 5, 0.1f, 1.0f),
+    assert_int_equal(op_softmax_cross_entropy(&loss, g, z, y, 3, 5, 0.1f, 1.0f),
                      VH_STATUS_OK);
     expect_close("cross-entropy, smoothing 0.1", &loss, &lw1, 1, TOL_CE, TOL_CE);
     expect_close("cross-entropy grad, smoothing 0.1", g, g1, 15, TOL_CE, TOL_CE);
@@ -916,11 +1131,11 @@ static void test_cross_entropy_vs_torch(void **state) {
     /* dlogits accumulates dloss_scale * grad; NULL dlogits: loss only. */
     double acc[15];
     for (int i = 0; i < 15; i++) acc[i] = g1[i] + 128.0 * g1[i];
-    assert_int_equal(ops->softmax_cross_entropy(ops->device, &loss, g, z, y, 3, 5, 0.1f, 128.0f),
+    assert_int_equal(op_softmax_cross_entropy(&loss, g, z, y, 3, 5, 0.1f, 128.0f),
                      VH_STATUS_OK);
     expect_close("cross-entropy grad (+=, scaled)", g, acc, 15, 1e-5, 1e-6);
     assert_int_equal(
-        ops->softmax_cross_entropy(ops->device, &loss, NULL, z, y, 3, 5, 0.1f, 1.0f),
+        op_softmax_cross_entropy(&loss, NULL, z, y, 3, 5, 0.1f, 1.0f),
         VH_STATUS_OK);
     expect_close("cross-entropy, no grad", &loss, &lw1, 1, TOL_CE, TOL_CE);
 
@@ -928,7 +1143,7 @@ static void test_cross_entropy_vs_torch(void **state) {
     const float h[3] = {1, 2, 3};
     const int32_t hy = 2;
     const double hw = log(exp(1.0) + exp(2.0) + exp(3.0)) - 3.0;
-    assert_int_equal(ops->softmax_cross_entropy(ops->device, &loss, NULL, h, &hy, 1, 3, 0, 1),
+    assert_int_equal(op_softmax_cross_entropy(&loss, NULL, h, &hy, 1, 3, 0, 1),
                      VH_STATUS_OK);
     expect_close("cross-entropy by hand", &loss, &hw, 1, TOL_CE, TOL_CE);
 
@@ -937,15 +1152,15 @@ static void test_cross_entropy_vs_torch(void **state) {
     float before[15];
     memcpy(before, g, sizeof g);
     loss = 123.0f;
-    assert_int_equal(ops->softmax_cross_entropy(ops->device, &loss, g, z, bad, 3, 5, 0, 1),
+    assert_int_equal(op_softmax_cross_entropy(&loss, g, z, bad, 3, 5, 0, 1),
                      VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(ops->softmax_cross_entropy(ops->device, &loss, g, z, neg, 3, 5, 0, 1),
+    assert_int_equal(op_softmax_cross_entropy(&loss, g, z, neg, 3, 5, 0, 1),
                      VH_STATUS_ERR_INVALID_ARG);
     assert_true(loss == 123.0f);
     expect_equal_floats("cross-entropy untouched on error", g, before, 15);
-    assert_int_equal(ops->softmax_cross_entropy(ops->device, NULL, g, z, y, 3, 5, 0, 1),
+    assert_int_equal(op_softmax_cross_entropy(NULL, g, z, y, 3, 5, 0, 1),
                      VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(ops->softmax_cross_entropy(ops->device, &loss, g, z, y, 3, 5, -0.1f, 1),
+    assert_int_equal(op_softmax_cross_entropy(&loss, g, z, y, 3, 5, -0.1f, 1),
                      VH_STATUS_ERR_INVALID_ARG);
 }
 
@@ -959,7 +1174,7 @@ typedef struct ce_case {
 static double ce_loss(void *ctx) {
     ce_case *c = ctx;
     float loss;
-    assert_int_equal(ops->softmax_cross_entropy(ops->device, &loss, NULL, c->z, c->y, c->batch,
+    assert_int_equal(op_softmax_cross_entropy(&loss, NULL, c->z, c->y, c->batch,
                                                 c->classes, c->smoothing, 1.0f),
                      VH_STATUS_OK);
     return loss;
@@ -987,7 +1202,7 @@ static void test_cross_entropy_reference(void **state) {
         }
     }
     float loss, *g = calloc((size_t)(B * C), sizeof(float));
-    assert_int_equal(ops->softmax_cross_entropy(ops->device, &loss, g, c.z, c.y, B, C,
+    assert_int_equal(op_softmax_cross_entropy(&loss, g, c.z, c.y, B, C,
                                                 c.smoothing, 1.0f),
                      VH_STATUS_OK);
     assert_true(isfinite(loss));
@@ -997,7 +1212,7 @@ static void test_cross_entropy_reference(void **state) {
     for (int64_t i = 0; i < B * C; i++) c.z[i] = (float)(4.0 * rnd() - 2.0);
     memset(g, 0, (size_t)(B * C) * sizeof(float));
     float l2;
-    assert_int_equal(ops->softmax_cross_entropy(ops->device, &l2, g, c.z, c.y, B, C,
+    assert_int_equal(op_softmax_cross_entropy(&l2, g, c.z, c.y, B, C,
                                                 c.smoothing, 1.0f),
                      VH_STATUS_OK);
     check_fd("cross-entropy", ce_loss, &c, c.z, g, B * C, 15);
@@ -1013,7 +1228,7 @@ typedef struct pool_case {
 
 static double pool_loss(void *ctx) {
     pool_case *c = ctx;
-    assert_int_equal(ops->mean_pool_forward(ops->device, c->out, c->x, c->B, c->first, c->count,
+    assert_int_equal(op_mean_pool_forward(c->out, c->x, c->B, c->first, c->count,
                                             c->D, c->bs, c->ts),
                      VH_STATUS_OK);
     return dot_fd(c->out, c->r, c->B * c->D);
@@ -1042,16 +1257,16 @@ static void test_mean_pool(void **state) {
             }
         pool_loss(&c);
         expect_close("mean_pool", c.out, want, B * D, TOL_EW_ABS, TOL_EW_REL);
-        assert_int_equal(ops->mean_pool_backward(ops->device, dx, c.r, B, 1, N - 1, D, c.bs,
+        assert_int_equal(op_mean_pool_backward(dx, c.r, B, 1, N - 1, D, c.bs,
                                                  c.ts),
                          VH_STATUS_OK);
         expect_close("mean_pool backward (+=)", dx, wdx, c.n, TOL_EW_ABS, TOL_EW_REL);
         float *g = calloc((size_t)c.n, sizeof(float));
-        assert_int_equal(ops->mean_pool_backward(ops->device, g, c.r, B, 1, N - 1, D, c.bs,
+        assert_int_equal(op_mean_pool_backward(g, c.r, B, 1, N - 1, D, c.bs,
                                                  c.ts),
                          VH_STATUS_OK);
         check_fd("mean_pool", pool_loss, &c, c.x, g, c.n, 10);
-        assert_int_equal(ops->mean_pool_forward(ops->device, c.out, c.x, B, 1, 0, D, c.bs, c.ts),
+        assert_int_equal(op_mean_pool_forward(c.out, c.x, B, 1, 0, D, c.bs, c.ts),
                          VH_STATUS_ERR_INVALID_ARG);
         free(c.x), free(c.out), free(c.r), free(want), free(wdx), free(dx), free(g);
     }
@@ -1075,17 +1290,17 @@ static void test_patchify(void **state) {
                         const int64_t e = (c * P + y % P) * P + x % P;
                         want[b * bs + p * ts + e] = img[((b * C + c) * Hh + y) * W + x];
                     }
-        assert_int_equal(ops->patchify(ops->device, out, img, B, C, Hh, W, P, bs, ts),
+        assert_int_equal(op_patchify(out, img, B, C, Hh, W, P, bs, ts),
                          VH_STATUS_OK);
         expect_close("patchify", out, want, B * np * row, 0, 0);
         free(out), free(want);
     }
     float dummy[4];
-    assert_int_equal(ops->patchify(ops->device, dummy, img, B, C, 9, W, P, 0, 0),
+    assert_int_equal(op_patchify(dummy, img, B, C, 9, W, P, 0, 0),
                      VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(ops->patchify(ops->device, dummy, img, B, C, Hh, W, 0, 0, 0),
+    assert_int_equal(op_patchify(dummy, img, B, C, Hh, W, 0, 0, 0),
                      VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(ops->patchify(ops->device, NULL, img, B, C, Hh, W, P, 0, 0),
+    assert_int_equal(op_patchify(NULL, img, B, C, Hh, W, P, 0, 0),
                      VH_STATUS_ERR_INVALID_ARG);
     free(img);
 }
@@ -1097,7 +1312,7 @@ typedef struct embed_case {
 
 static double embed_loss(void *ctx) {
     embed_case *c = ctx;
-    assert_int_equal(ops->embed_forward(ops->device, c->x, c->patches, c->cls, c->pos, c->B,
+    assert_int_equal(op_embed_forward(c->x, c->patches, c->cls, c->pos, c->B,
                                         c->Np, c->D, c->bs, c->ts, c->pbs, c->pts),
                      VH_STATUS_OK);
     double s = 0;
@@ -1157,7 +1372,7 @@ static void test_embed(void **state) {
                         else
                             wdp[b * c.pbs + (t - with_cls) * c.pts + d] += g;
                     }
-            assert_int_equal(ops->embed_backward(ops->device, dp, dcls, dpos, c.r, B, Np, D, c.bs,
+            assert_int_equal(op_embed_backward(dp, dcls, dpos, c.r, B, Np, D, c.bs,
                                                  c.ts, c.pbs, c.pts),
                              VH_STATUS_OK);
             expect_close("embed_backward dpatches", dp, wdp, B * Np * D, TOL_EW_ABS, TOL_EW_REL);
@@ -1167,13 +1382,13 @@ static void test_embed(void **state) {
 
             float *gp = calloc((size_t)(B * Np * D), sizeof(float));
             float *gpos = calloc((size_t)(T * D), sizeof(float)), *gcls = calloc(8, sizeof(float));
-            assert_int_equal(ops->embed_backward(ops->device, gp, with_cls ? gcls : NULL, gpos,
+            assert_int_equal(op_embed_backward(gp, with_cls ? gcls : NULL, gpos,
                                                  c.r, B, Np, D, c.bs, c.ts, c.pbs, c.pts),
                              VH_STATUS_OK);
             check_fd("embed dpatches", embed_loss, &c, c.patches, gp, B * Np * D, 8);
             check_fd("embed dpos", embed_loss, &c, c.pos, gpos, T * D, 8);
             if (with_cls) check_fd("embed dcls", embed_loss, &c, c.cls, gcls, D, 4);
-            assert_int_equal(ops->embed_forward(ops->device, c.x, c.patches, c.cls, NULL, B, Np, D,
+            assert_int_equal(op_embed_forward(c.x, c.patches, c.cls, NULL, B, Np, D,
                                                 c.bs, c.ts, c.pbs, c.pts),
                              VH_STATUS_ERR_INVALID_ARG);
             free(c.x), free(c.r), free(c.patches), free(c.cls), free(c.pos), free(want);
@@ -1266,6 +1481,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_transposes),
         cmocka_unit_test(test_gemm_batched),
         cmocka_unit_test(test_gemm_broadcast_and_edges),
+        cmocka_unit_test(test_gemm_epilogue),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_layernorm_many_rows),
         cmocka_unit_test(test_gelu),

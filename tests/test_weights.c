@@ -17,8 +17,9 @@
 #include <cmocka.h>
 
 #include "fixture.h"
+#include "optim_state.h"
 #include "safetensors.h"
-#include "trainer.h"
+#include "session.h"
 #include "weights.h"
 
 static char tmp_dir[256];
@@ -40,9 +41,10 @@ static int teardown(void **state) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
-/* A trainer for the vit_token_bf configuration; the test data plugin only
- * supplies the image shape and class count. */
-static void open_trainer(vh_run *run, vh_trainer *t, int classes) {
+/* A session for the vit_token_bf configuration, its parameters from the
+ * init rules; the test data plugin only supplies the image shape and class
+ * count. */
+static void open_session(vh_run *run, vh_session *t, int classes) {
     char recipe[1024];
     snprintf(recipe, sizeof recipe,
              "run: {batch_size: 4}\n"
@@ -56,15 +58,17 @@ static void open_trainer(vh_run *run, vh_trainer *t, int classes) {
     vh_run_options opts = {.out = stdout};
     if (run_open_text(run, "weights.yaml", recipe, &opts, &d) != VH_STATUS_OK)
         fail_msg("%s", d.text);
-    if (trainer_open(t, run, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    if (session_open(t, run, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    if (weights_load_model(t, NULL, VH_WEIGHTS_MODE_STRICT, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
 }
 
-static void close_trainer(vh_run *run, vh_trainer *t) {
-    trainer_close(t);
+static void close_session(vh_run *run, vh_session *t) {
+    session_close(t);
     run_close(run);
 }
 
-static void forward_fixture(vh_trainer *t, const vh_fixture *fx, vh_model_output *out) {
+static void forward_fixture(vh_session *t, const vh_fixture *fx, vh_model_output *out) {
     const vh_fixture_array *in = vh_fixture_tensor(fx, "input");
     const vh_fixture_array *lb = vh_fixture_tensor(fx, "labels");
     vh_batch b;
@@ -88,8 +92,8 @@ static void test_pytorch_file_gives_pytorch_logits(void **state) {
     char err[512];
     if (vh_fixture_load(fixture_file, &fx, err, sizeof err) != 0) fail_msg("%s", err);
     vh_run run;
-    vh_trainer t;
-    open_trainer(&run, &t, 10);
+    vh_session t;
+    open_session(&run, &t, 10);
     vh_diag d = {{0}};
     if (weights_load_model(&t, pt_file, VH_WEIGHTS_MODE_STRICT, &d) != VH_STATUS_OK)
         fail_msg("%s", d.text);
@@ -100,7 +104,7 @@ static void test_pytorch_file_gives_pytorch_logits(void **state) {
     if (!vh_fixture_compare("logits", out.logits.data, want->f32, want->numel, 1e-4, report,
                             sizeof report))
         fail_msg("%s", report);
-    close_trainer(&run, &t);
+    close_session(&run, &t);
     vh_fixture_free(&fx);
 }
 
@@ -112,15 +116,15 @@ static void test_checkpoint_loads_into_pytorch(void **state) {
     char err[512];
     if (vh_fixture_load(fixture_file, &fx, err, sizeof err) != 0) fail_msg("%s", err);
     vh_run run;
-    vh_trainer t;
-    open_trainer(&run, &t, 10);
+    vh_session t;
+    open_session(&run, &t, 10);
     vh_diag d = {{0}};
     if (weights_load_model(&t, pt_file, VH_WEIGHTS_MODE_STRICT, &d) != VH_STATUS_OK)
         fail_msg("%s", d.text);
     char saved[600];
     snprintf(saved, sizeof saved, "%s/model.safetensors", tmp_dir);
     if (weights_save_model(&t, saved, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
-    close_trainer(&run, &t);
+    close_session(&run, &t);
 
     vh_st_file f;
     if (st_read(&f, saved, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
@@ -158,8 +162,8 @@ static void test_checkpoint_loads_into_pytorch(void **state) {
 static void test_pretrained_new_head(void **state) {
     (void)state;
     vh_run run;
-    vh_trainer t;
-    open_trainer(&run, &t, 7);
+    vh_session t;
+    open_session(&run, &t, 7);
     vh_diag d = {{0}};
     assert_int_equal(weights_load_model(&t, pt_file, VH_WEIGHTS_MODE_STRICT, &d),
                      VH_STATUS_ERR_FORMAT);
@@ -180,7 +184,7 @@ static void test_pretrained_new_head(void **state) {
                         (size_t)pos->numel * 4);
     st_free(&f);
     free(embed);
-    close_trainer(&run, &t);
+    close_session(&run, &t);
 }
 
 static void write_bytes(const char *path, const void *data, size_t n) {
@@ -274,6 +278,173 @@ static void test_half_precision_read(void **state) {
     st_free(&f);
 }
 
+/* ---- the host's own loader and the optimizer state file ------------------- */
+
+/* The test plugins: a model without load_weights (the host loads by name and
+ * shape), SGD with momentum (one state slot), printing into `out`. */
+static void open_test_session(vh_run *run, vh_session *s, FILE *out) {
+    static const char recipe[] =
+        "run: {batch_size: 8}\n"
+        "model: {plugin: test_model}\nprecision: {plugin: test_precision}\n"
+        "sharding: {plugin: test_sharding}\n"
+        "optim: {plugin: test_optim, momentum: 0.9}\n"
+        "data: {plugin: test_data, image_size: 4, num_classes: 3}\n";
+    vh_diag d = {{0}};
+    vh_run_options opts = {.out = out};
+    if (run_open_text(run, "host.yaml", recipe, &opts, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    if (session_open(s, run, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    if (weights_load_model(s, NULL, VH_WEIGHTS_MODE_STRICT, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
+}
+
+static char *stream_text(FILE *f) {
+    fflush(f);
+    long n = ftell(f);
+    char *text = calloc(1, (size_t)n + 1);
+    rewind(f);
+    if (n > 0 && fread(text, 1, (size_t)n, f) != (size_t)n) text[0] = '\0';
+    fseek(f, 0, SEEK_END);
+    return text;
+}
+
+/* The model's tensors plus one it does not have. */
+static void write_with_extra(vh_session *s, const char *path) {
+    vh_diag d = {{0}};
+    vh_st_writer w;
+    st_writer_init(&w);
+    float *units[2] = {NULL, NULL};
+    assert_int_equal(s->table->num_units, 2);
+    for (int32_t u = 0; u < 2; u++) {
+        units[u] = calloc((size_t)s->table->units[u].numel, sizeof(float));
+        assert_int_equal(s->sharding->store_unit(s->self[VH_ROLE_SHARDING], u, units[u]),
+                         VH_STATUS_OK);
+        for (int32_t p = 0; p < s->table->units[u].num_params; p++) {
+            const vh_param_desc *pd = &s->table->units[u].params[p];
+            assert_int_equal(st_writer_add(&w, pd->name, pd->ndim, pd->shape,
+                                           units[u] + pd->offset, &d),
+                             VH_STATUS_OK);
+        }
+    }
+    static const float extra[3] = {1, 2, 3};
+    const int64_t shape[1] = {3};
+    assert_int_equal(st_writer_add(&w, "extra.bias", 1, shape, extra, &d), VH_STATUS_OK);
+    if (st_writer_save(&w, path, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    st_writer_free(&w);
+    free(units[0]);
+    free(units[1]);
+}
+
+/* Without load_weights the host takes every parameter by name and shape,
+ * reports one line, and in STRICT mode refuses tensors nobody looked up. */
+static void test_host_loader_and_report(void **state) {
+    (void)state;
+    FILE *out = tmpfile();
+    vh_run run;
+    vh_session s;
+    open_test_session(&run, &s, out);
+    vh_diag d = {{0}};
+    char path[600], extra[600];
+    snprintf(path, sizeof path, "%s/test_model.safetensors", tmp_dir);
+    snprintf(extra, sizeof extra, "%s/test_model_extra.safetensors", tmp_dir);
+    if (weights_save_model(&s, path, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    write_with_extra(&s, extra);
+
+    if (weights_load_model(&s, path, VH_WEIGHTS_MODE_STRICT, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
+    char *text = stream_text(out);
+    char want[800];
+    snprintf(want, sizeof want, "vithost: weights from %s: loaded 2 tensor(s)\n", path);
+    if (!strstr(text, want)) fail_msg("'%s' not in\n%s", want, text);
+    free(text);
+
+    assert_int_equal(weights_load_model(&s, extra, VH_WEIGHTS_MODE_STRICT, &d),
+                     VH_STATUS_ERR_FORMAT);
+    snprintf(want, sizeof want, "%s holds 1 tensor(s) the test_model model does not have: "
+             "extra.bias", extra);
+    if (!strstr(d.text, want)) fail_msg("'%s' not in '%s'", want, d.text);
+
+    if (weights_load_model(&s, extra, VH_WEIGHTS_MODE_PRETRAINED, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
+    text = stream_text(out);
+    snprintf(want, sizeof want, "vithost: weights from %s: loaded 2 tensor(s); ignored 1 the "
+             "model does not use: extra.bias\n", extra);
+    if (!strstr(text, want)) fail_msg("'%s' not in\n%s", want, text);
+    free(text);
+
+    /* A file of another model: the missing parameter, by name and shape. */
+    assert_int_equal(weights_load_model(&s, pt_file, VH_WEIGHTS_MODE_PRETRAINED, &d),
+                     VH_STATUS_ERR_FORMAT);
+    assert_non_null(strstr(d.text, "has no tensor 'proj.weight' (3, 16) that the test_model "
+                                   "model needs"));
+    session_close(&s);
+    run_close(&run);
+    fclose(out);
+}
+
+/* The slices' state, as the optimizer sees it (test_sharding: f32 host). */
+static void fill_state(vh_session *s, float base) {
+    for (int32_t i = 0; i < s->slices.count; i++) {
+        vh_param_slice *sl = vh_param_slices_at(&s->slices, i);
+        assert_int_equal(sl->state_dtype, VH_DTYPE_F32);
+        float *v = sl->state[0];
+        for (int64_t k = 0; k < sl->count; k++) v[k] = base + (float)(i * 1000 + k);
+    }
+}
+
+static void expect_state(vh_session *s, float base) {
+    for (int32_t i = 0; i < s->slices.count; i++) {
+        vh_param_slice *sl = vh_param_slices_at(&s->slices, i);
+        const float *v = sl->state[0];
+        for (int64_t k = 0; k < sl->count; k++)
+            if (v[k] != base + (float)(i * 1000 + k))
+                fail_msg("slice %d element %lld: %g", (int)i, (long long)k, (double)v[k]);
+    }
+}
+
+/* optim.safetensors: whole tensors under the parameters' names, assembled
+ * from the sharding plugin's pieces and served back from them; a file of
+ * another optimizer or model is refused naming the tensor. */
+static void test_optim_state_file(void **state) {
+    (void)state;
+    FILE *out = tmpfile();
+    vh_run run;
+    vh_session s;
+    open_test_session(&run, &s, out);
+    assert_int_equal(s.state_slots, 1);
+    vh_diag d = {{0}};
+    char path[600];
+    snprintf(path, sizeof path, "%s/optim.safetensors", tmp_dir);
+    fill_state(&s, 0.5f);
+    if (optim_state_save(&s, path, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+
+    vh_st_file f;
+    assert_int_equal(st_read(&f, path, &d), VH_STATUS_OK);
+    assert_int_equal(f.count, 2);
+    assert_string_equal(st_meta(&f, "format"), "vithost-optim");
+    const vh_st_tensor *w = st_find(&f, "proj.weight.optim_state.0");
+    assert_non_null(w);
+    assert_int_equal(w->ndim, 2);
+    assert_int_equal(w->shape[0], 3);
+    assert_int_equal(w->shape[1], 16);
+    assert_non_null(st_find(&f, "proj.bias.optim_state.0"));
+    st_free(&f);
+
+    fill_state(&s, -7.0f);
+    if (optim_state_load(&s, path, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    expect_state(&s, 0.5f);
+
+    /* A model file is no optimizer state. */
+    char model[600];
+    snprintf(model, sizeof model, "%s/model_as_optim.safetensors", tmp_dir);
+    if (weights_save_model(&s, model, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    assert_int_equal(optim_state_load(&s, model, &d), VH_STATUS_ERR_FORMAT);
+    assert_non_null(strstr(d.text, "has no optimizer state 'proj.weight.optim_state.0'"));
+    expect_state(&s, 0.5f); /* nothing was read */
+    session_close(&s);
+    run_close(&run);
+    fclose(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pytorch_file_gives_pytorch_logits),
@@ -281,6 +452,8 @@ int main(void) {
         cmocka_unit_test(test_pretrained_new_head),
         cmocka_unit_test(test_damaged_files),
         cmocka_unit_test(test_half_precision_read),
+        cmocka_unit_test(test_host_loader_and_report),
+        cmocka_unit_test(test_optim_state_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -7,7 +7,7 @@ packages=(
   build-essential cmake pkg-config   # toolchain
   libyaml-dev                        # recipes
   libcmocka-dev                      # tests
-  libopenblas-openmp-dev             # CPU GEMMs; the OpenMP build shares one thread pool with ours
+  libdnnl-dev                        # CPU GEMMs (oneDNN 2.x); its OpenMP build shares one thread pool with ours
   zlib1g-dev libjpeg-dev libpng-dev  # data: gzipped IDX, JPEG and PNG image folders
   dataset-fashion-mnist              # the main job's data
 )

@@ -12,6 +12,7 @@
 #include <string.h>
 
 extern "C" {
+#include "vithost/vh_plugin.h"
 #include "vithost/vh_runtime.h"
 }
 
@@ -38,8 +39,11 @@ static void cuda_free(vh_device *dev, void *ptr) {
     cudaFree(ptr);
 }
 
+/* Every op runs on the device's one stream for now: `stream` is accepted and
+ * not yet used (streams of their own come with the CUDA issue). */
 static vh_status cuda_copy(vh_device *dev, void *dst, const void *src, size_t bytes,
-                           vh_copy_kind kind) {
+                           vh_copy_kind kind, vh_stream *stream) {
+    (void)stream;
     cudaMemcpyKind k = kind == VH_COPY_KIND_HOST_TO_DEVICE   ? cudaMemcpyHostToDevice
                        : kind == VH_COPY_KIND_DEVICE_TO_HOST ? cudaMemcpyDeviceToHost
                                                              : cudaMemcpyDeviceToDevice;
@@ -50,7 +54,8 @@ static vh_status cuda_copy(vh_device *dev, void *dst, const void *src, size_t by
     return cuda_status(err);
 }
 
-static vh_status cuda_memset_zero(vh_device *dev, void *ptr, size_t bytes) {
+static vh_status cuda_memset_zero(vh_device *dev, void *ptr, size_t bytes, vh_stream *stream) {
+    (void)stream;
     return cuda_status(cudaMemsetAsync(ptr, 0, bytes, dev->stream));
 }
 
@@ -78,7 +83,8 @@ __global__ static void convert_kernel(void *dst, int dst_dtype, const void *src,
 }
 
 static vh_status cuda_convert(vh_device *dev, void *dst, vh_dtype dst_dtype, const void *src,
-                              vh_dtype src_dtype, size_t count) {
+                              vh_dtype src_dtype, size_t count, vh_stream *stream) {
+    (void)stream;
     if (dst_dtype > VH_DTYPE_BF16 || src_dtype > VH_DTYPE_BF16) return VH_STATUS_ERR_UNSUPPORTED;
     if (count == 0) return VH_STATUS_OK;
     size_t blocks = (count + 255) / 256;
@@ -88,8 +94,25 @@ static vh_status cuda_convert(vh_device *dev, void *dst, vh_dtype dst_dtype, con
     return cuda_status(cudaGetLastError());
 }
 
-extern "C" VH_SDK_API vh_status vh_cuda_device_open(int ordinal, vh_device_ops *out, char *err,
-                                                    size_t err_len) {
+extern "C" VH_SDK_API vh_status vh_cuda_device_open(const vh_cuda_open_args *args,
+                                                    vh_device_ops *out, size_t out_size,
+                                                    char *err, size_t err_len) {
+    vh_cuda_open_args a;
+    if (!args || !out || !vh_struct_upgrade(&a, sizeof a, args)) {
+        snprintf(err, err_len, "vh_cuda_device_open: no arguments");
+        return VH_STATUS_ERR_INVALID_ARG;
+    }
+    if (a.abi_major != VH_ABI_MAJOR) {
+        snprintf(err, err_len, "libvh_cuda is built for ABI %d, the host is ABI %d",
+                 VH_ABI_MAJOR, (int)a.abi_major);
+        return VH_STATUS_ERR_INVALID_ARG;
+    }
+    /* The caller's table may be older (smaller) than ours: fill what it has. */
+    if (out_size < offsetof(vh_device_ops, gemm)) {
+        snprintf(err, err_len, "vh_cuda_device_open: the caller's device table is too small");
+        return VH_STATUS_ERR_INVALID_ARG;
+    }
+    const int ordinal = a.ordinal;
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
@@ -112,16 +135,21 @@ extern "C" VH_SDK_API vh_status vh_cuda_device_open(int ordinal, vh_device_ops *
     }
     static char names[16][16];
     snprintf(names[ordinal], sizeof names[ordinal], "cuda:%d", ordinal);
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->kind = VH_DEVICE_KIND_CUDA;
-    out->name = names[ordinal];
-    out->device = dev;
-    out->alloc = cuda_alloc;
-    out->free = cuda_free;
-    out->copy = cuda_copy;
-    out->memset_zero = cuda_memset_zero;
-    out->synchronize = cuda_synchronize;
-    out->convert = cuda_convert;
+    vh_device_ops t;
+    memset(&t, 0, sizeof t);
+    t.struct_size = sizeof t;
+    t.kind = VH_DEVICE_KIND_CUDA;
+    t.name = names[ordinal];
+    t.device = dev;
+    t.alloc = cuda_alloc;
+    t.free = cuda_free;
+    t.copy = cuda_copy;
+    t.memset_zero = cuda_memset_zero;
+    t.synchronize = cuda_synchronize;
+    t.convert = cuda_convert;
+    /* Compute ops stay NULL: the device refuses what it does not have. */
+    const size_t n = out_size < sizeof t ? out_size : sizeof t;
+    memcpy(out, &t, n);
+    out->struct_size = (uint32_t)n;
     return VH_STATUS_OK;
 }

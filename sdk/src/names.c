@@ -67,3 +67,7 @@ int64_t vh_param_desc_numel(const vh_param_desc *param) {
     for (int32_t i = 0; i < param->ndim; i++) n *= param->shape[i];
     return n;
 }
+
+int vh_dtype_is_float(vh_dtype dtype) {
+    return dtype == VH_DTYPE_F32 || dtype == VH_DTYPE_F16 || dtype == VH_DTYPE_BF16;
+}

@@ -3,9 +3,16 @@
  * CMakeLists.txt builds this file once per case with -DBROKEN_<CASE>; each
  * case below overrides one field of an otherwise valid precision plugin, so a
  * test that expects the case's message fails if the loader checks the wrong
- * thing. */
+ * thing.
+ *
+ * The cases the host must refuse from the file alone (other ABI versions)
+ * and one it refuses only once loaded (a NULL required call) also carry a
+ * constructor that marks the process: the first must never run it, the
+ * second shows that the mark works. */
+#define _POSIX_C_SOURCE 200809L
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "vithost/vh_plugin.h"
 #include "vithost/vh_precision.h"
@@ -31,7 +38,39 @@ MAYBE_UNUSED static const vh_config_key enum_without_choices_schema[] = {
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 
-MAYBE_UNUSED static const vh_precision_vtable good_vtable = {.struct_size = sizeof good_vtable};
+/* Every required call, none of which the loader may call. */
+static vh_status never_create(vh_host *host, void **self) {
+    (void)host, (void)self;
+    return VH_STATUS_ERR_INTERNAL;
+}
+static void never_destroy(void *self) { (void)self; }
+static vh_status never_policy(void *self, vh_precision_policy *out) {
+    (void)self, (void)out;
+    return VH_STATUS_ERR_INTERNAL;
+}
+static float never_loss_scale(void *self) {
+    (void)self;
+    return 0.0f;
+}
+static vh_status never_unscale(void *self, const vh_param_slices *grads, int *found_inf) {
+    (void)self, (void)grads, (void)found_inf;
+    return VH_STATUS_ERR_INTERNAL;
+}
+static vh_status never_update(void *self, int found_inf) {
+    (void)self, (void)found_inf;
+    return VH_STATUS_ERR_INTERNAL;
+}
+
+MAYBE_UNUSED static const vh_precision_vtable good_vtable = {
+    .struct_size = sizeof good_vtable, .create = never_create, .destroy = never_destroy,
+    .policy = never_policy, .loss_scale = never_loss_scale,
+    .unscale_and_check = never_unscale, .update = never_update};
+
+/* A required call left out. */
+MAYBE_UNUSED static const vh_precision_vtable null_required_vtable = {
+    .struct_size = sizeof null_required_vtable, .create = never_create,
+    .destroy = never_destroy, .policy = never_policy, .loss_scale = never_loss_scale,
+    .update = never_update};
 
 /* What a precision vtable of an older, shorter draft looked like. */
 typedef struct short_vtable {
@@ -60,6 +99,15 @@ MAYBE_UNUSED static const vh_precision_vtable unsized_vtable = {.struct_size = 0
 #elif defined(BROKEN_ABI_MINOR)
 #undef MINOR
 #define MINOR 99
+#define MARKS_THE_PROCESS 1
+#elif defined(BROKEN_NEXT_MINOR)
+#undef MINOR
+#define MINOR (VH_ABI_MINOR + 1)
+#define MARKS_THE_PROCESS 1
+#elif defined(BROKEN_NULL_REQUIRED)
+#undef VTABLE
+#define VTABLE (&null_required_vtable)
+#define MARKS_THE_PROCESS 1
 #elif defined(BROKEN_SMALL_DESCRIPTOR)
 #undef STRUCT_SIZE
 #define STRUCT_SIZE offsetof(vh_plugin_descriptor, role)
@@ -102,7 +150,14 @@ MAYBE_UNUSED static const vh_precision_vtable unsized_vtable = {.struct_size = 0
 #error "define one BROKEN_<CASE>"
 #endif
 
+#ifdef MARKS_THE_PROCESS
+/* Runs when the file is loaded: the test reads the variable back. */
+__attribute__((constructor)) static void mark_the_process(void) {
+    setenv("VH_TEST_PLUGIN_CODE_RAN", NAME, 1);
+}
+#endif
+
 VH_PLUGIN_EXPORT extern const vh_plugin_descriptor vh_plugin;
 VH_PLUGIN_EXPORT const vh_plugin_descriptor vh_plugin = {
     MAGIC, VH_ABI_MAJOR, MINOR, (uint32_t)(STRUCT_SIZE), (vh_role)(ROLE), NAME, VERSION,
-    DESCRIPTION, SCHEMA, VTABLE, (uint32_t)(VTABLE_SIZE)};
+    DESCRIPTION, SCHEMA, VTABLE, (uint32_t)(VTABLE_SIZE), NULL};

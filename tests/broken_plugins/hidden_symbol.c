@@ -10,4 +10,4 @@ extern const vh_plugin_descriptor vh_plugin;
 const vh_plugin_descriptor vh_plugin = {
     VH_PLUGIN_MAGIC, VH_ABI_MAJOR, VH_ABI_MINOR, sizeof(vh_plugin_descriptor),
     VH_ROLE_PRECISION, "hidden_symbol", "1.0.0", "a descriptor nobody can see",
-    schema, &vtable, sizeof vtable};
+    schema, &vtable, sizeof vtable, NULL};

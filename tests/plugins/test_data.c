@@ -16,6 +16,7 @@
  * (train_size / w), and only full batches. Eval is not shuffled: rank r takes
  * samples r, r + w, ... < eval_size and the last batch may be short.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -143,8 +144,11 @@ static vh_status read_config(test_data *d) {
 static vh_status data_create(vh_host *host, const vh_data_setup *setup, void **self) {
     if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
     *self = NULL;
-    if (!setup || setup->struct_size < sizeof *setup)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "data setup missing or too small");
+    /* A setup of an older minor reads with its missing members zero. */
+    vh_data_setup setup_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "data setup missing");
+    setup = &setup_v;
     if (setup->world_size < 1 || setup->rank < 0 || setup->rank >= setup->world_size)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "rank %d of world %d is invalid",
                                (int)setup->rank, (int)setup->world_size);
@@ -216,14 +220,16 @@ static vh_status data_create(vh_host *host, const vh_data_setup *setup, void **s
 static vh_status data_info(void *self, vh_data_info *out) {
     test_data *d = self;
     if (!d || !out) return VH_STATUS_ERR_INVALID_ARG;
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->channels = d->channels;
-    out->height = d->image_size;
-    out->width = d->image_size;
-    out->num_classes = d->classes;
-    out->train_size = d->train_size;
-    out->eval_size = d->eval_size;
+    /* An out-struct: the caller set struct_size (maybe of an older minor);
+     * fill only the members it covers. */
+#define COVERS(m) (out->struct_size >= offsetof(vh_data_info, m) + sizeof out->m)
+    if (COVERS(channels)) out->channels = d->channels;
+    if (COVERS(height)) out->height = d->image_size;
+    if (COVERS(width)) out->width = d->image_size;
+    if (COVERS(num_classes)) out->num_classes = d->classes;
+    if (COVERS(train_size)) out->train_size = d->train_size;
+    if (COVERS(eval_size)) out->eval_size = d->eval_size;
+#undef COVERS
     return VH_STATUS_OK;
 }
 

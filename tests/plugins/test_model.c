@@ -9,7 +9,8 @@
  * trunc-normal 0.02) and "head" holds proj.bias (no decay, zeros). Forward
  * visits embed then head (gather, compute, release); backward visits them in
  * reverse (gather, grads, accumulate, reduce, release). Plain fp32 loops: the
- * model runs on the CPU device only.
+ * model runs on the CPU device only, under a policy that is fp32 throughout
+ * (one parameter per unit, so the unit layouts put it at byte 0).
  */
 #include <math.h>
 #include <stdint.h>
@@ -37,6 +38,7 @@ typedef struct test_model {
     vh_param_table table;
 
     float *logits; /* (max_batch, C): the output of the last forward */
+    float loss;    /* its mean loss: "device" memory, as the CPU device's is the host's */
     /* what backward needs, from the last VH_MODE_TRAIN forward */
     int64_t train_b; /* 0: no training forward yet */
     float *x;        /* (max_batch, K) copy of the images */
@@ -163,11 +165,15 @@ static void build_table(test_model *m) {
     m->table.num_units = NUM_UNITS;
 }
 
-static vh_status model_create(vh_host *host, const vh_model_setup *setup, void **self) {
+static vh_status model_create(vh_host *host, const vh_model_setup *setup_in, void **self) {
     if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
     *self = NULL;
-    if (!setup || setup->struct_size < sizeof *setup)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "model setup missing or too small");
+    /* Read through our own struct: what an older (smaller) setup lacks is
+     * zero, its default (no policy: fp32). */
+    vh_model_setup setup_buf;
+    if (!vh_struct_upgrade(&setup_buf, sizeof setup_buf, setup_in))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "model setup missing");
+    const vh_model_setup *setup = &setup_buf;
     if (setup->channels < 1 || setup->height < 1 || setup->width < 1)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "image shape %dx%dx%d is empty",
                                (int)setup->channels, (int)setup->height, (int)setup->width);
@@ -177,7 +183,11 @@ static vh_status model_create(vh_host *host, const vh_model_setup *setup, void *
     if (setup->max_batch < 1)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "max batch %lld must be >= 1",
                                (long long)setup->max_batch);
-    const vh_precision_policy *pol = &setup->policy;
+    vh_precision_policy pol_buf;
+    memset(&pol_buf, 0, sizeof pol_buf);
+    pol_buf.struct_size = sizeof pol_buf;
+    if (setup->policy) vh_struct_upgrade(&pol_buf, sizeof pol_buf, setup->policy);
+    const vh_precision_policy *pol = &pol_buf;
     if (pol->param_dtype != VH_DTYPE_F32 || pol->compute_dtype != VH_DTYPE_F32 ||
         pol->grad_dtype != VH_DTYPE_F32)
         return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
@@ -356,8 +366,11 @@ static vh_status model_forward(void *self, const vh_batch *batch, vh_mode mode,
     if ((st = hooks->release(hooks->ctx, UNIT_HEAD)) != VH_STATUS_OK) return st;
 
     if (mode == VH_MODE_TRAIN) m->train_b = B;
+    m->loss = (float)(loss / (double)B);
+    uint32_t out_size = out->struct_size; /* the caller's */
     memset(out, 0, sizeof *out);
-    out->loss = (float)(loss / (double)B);
+    out->struct_size = out_size;
+    out->loss = &m->loss;
     out->logits.data = z;
     out->logits.dtype = VH_DTYPE_F32;
     out->logits.device = VH_DEVICE_KIND_CPU;
@@ -452,6 +465,10 @@ static const vh_model_vtable vtable = {
     .state_size = model_state_size,
     .state_save = model_state_save,
     .state_load = model_state_load,
+    /* No `pretrained` key, and the host's strict loader by name serves
+     * checkpoints: initial_weights and load_weights stay NULL (optional). */
+    .initial_weights = NULL,
+    .load_weights = NULL,
 };
 
 VH_PLUGIN_DEFINE(VH_ROLE_MODEL, "test_model", "0.1.0",

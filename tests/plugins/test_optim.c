@@ -41,8 +41,10 @@ static vh_status get_float(vh_host *host, const char *key, double *out) {
 static vh_status optim_create(vh_host *host, const vh_optim_setup *setup, void **self) {
     if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
     *self = NULL;
-    if (!setup || setup->struct_size < sizeof *setup)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "optim setup missing or too small");
+    /* An older (smaller) setup reads with its missing members zero. */
+    vh_optim_setup setup_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "optim setup missing");
     double lr, momentum, wd;
     vh_status st;
     if ((st = get_float(host, "lr", &lr)) != VH_STATUS_OK) return st;
@@ -96,6 +98,15 @@ static vh_status optim_step(void *self, const vh_param_slices *slices, int64_t s
                                    "slice %d (unit %d, param %d) lacks %s", (int)s, (int)sl->unit,
                                    (int)sl->param,
                                    !sl->master ? "master" : !sl->grad ? "grad" : "momentum state");
+        if (sl->count > 0 &&
+            (sl->master_dtype != VH_DTYPE_F32 || sl->grad_dtype != VH_DTYPE_F32 ||
+             (use_momentum && sl->state_dtype != VH_DTYPE_F32)))
+            return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
+                                   "slice %d (unit %d, param %d): master %s, grad %s, state %s; "
+                                   "test_optim updates f32 only",
+                                   (int)s, (int)sl->unit, (int)sl->param,
+                                   vh_dtype_name(sl->master_dtype), vh_dtype_name(sl->grad_dtype),
+                                   vh_dtype_name(sl->state_dtype));
     }
 
     const float lr = o->lr, mu = o->momentum;

@@ -54,14 +54,26 @@ static void precision_destroy(void *self) {
 }
 
 static vh_status precision_policy(void *self, vh_precision_policy *out) {
-    if (!self || !out) return VH_STATUS_ERR_INVALID_ARG;
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->param_dtype = VH_DTYPE_F32;
-    out->compute_dtype = VH_DTYPE_F32;
-    out->grad_dtype = VH_DTYPE_F32;
-    out->comm_dtype = VH_DTYPE_F32;
-    out->master_dtype = VH_DTYPE_F32;
+    test_precision *p = self;
+    if (!p || !out) return VH_STATUS_ERR_INVALID_ARG;
+    if (out->struct_size < sizeof out->struct_size)
+        return p->host->api->fail(p->host, VH_STATUS_ERR_INVALID_ARG,
+                                  "policy: out->struct_size is %u; the caller sets it",
+                                  (unsigned)out->struct_size);
+    /* The caller's struct may be of an older minor: fill what it covers. */
+    vh_precision_policy full;
+    memset(&full, 0, sizeof full);
+    full.param_dtype = VH_DTYPE_F32;
+    full.compute_dtype = VH_DTYPE_F32;
+    full.grad_dtype = VH_DTYPE_F32;
+    full.comm_dtype = VH_DTYPE_F32;
+    full.master_dtype = VH_DTYPE_F32;
+    full.state_dtype = VH_DTYPE_F32;
+    full.fp32_param_flags = 0;
+    full.master_weights = 1;
+    size_t n = out->struct_size < sizeof full ? out->struct_size : sizeof full;
+    memcpy((char *)out + sizeof out->struct_size, (const char *)&full + sizeof full.struct_size,
+           n - sizeof out->struct_size);
     return VH_STATUS_OK;
 }
 
@@ -84,18 +96,25 @@ static vh_status precision_unscale_and_check(void *self, const vh_param_slices *
         if (sl->count > 0 && !sl->grad)
             return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "slice %d has no grad",
                                    (int)s);
+        if (sl->count > 0 && sl->grad_dtype != VH_DTYPE_F32)
+            return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
+                                   "slice %d (unit %d, param %d) has %s grads; test_precision "
+                                   "unscales f32 only",
+                                   (int)s, (int)sl->unit, (int)sl->param,
+                                   vh_dtype_name(sl->grad_dtype));
+        float *grad = sl->grad;
         for (int64_t i = 0; i < sl->count; i++) {
-            float g = sl->grad[i] / p->scale;
-            sl->grad[i] = g;
+            float g = grad[i] / p->scale;
+            grad[i] = g;
             if (!isfinite(g)) bad = 1;
         }
     }
 
     vh_comm *comm = host->api->comm(host);
-    if (!comm || !comm->ops || !comm->ops->all_reduce)
+    if (!comm || !comm->ops || !comm->ops->all_reduce_start || !comm->ops->wait)
         return host->api->fail(host, VH_STATUS_ERR_INTERNAL, "the host gave no communicator");
     float flag = bad ? 1.0f : 0.0f;
-    vh_status st = comm->ops->all_reduce(comm, &flag, 1, VH_DTYPE_F32, VH_REDUCE_OP_MAX);
+    vh_status st = vh_comm_all_reduce(comm, &flag, 1, VH_DTYPE_F32, VH_REDUCE_OP_MAX);
     if (st != VH_STATUS_OK)
         return host->api->fail(host, st, "all-reduce of the overflow flag failed");
     *found_inf = flag > 0.0f;

@@ -1,10 +1,13 @@
 /* test_sharding.c - the sharding role's test plugin: full fp32 replicas.
  *
- * Every rank keeps the whole model: per unit one flat buffer of params, one of
- * grads and one per optimizer state slot, all with the table's offsets. The
- * params are the fp32 masters and the compute copy at once, so gather hands
- * out the buffer, release and refresh do nothing, and reduce all-reduces a
- * unit's grads (SUM, then divided by the world size) synchronously.
+ * Every rank keeps the whole model: per unit one buffer of params and one of
+ * grads, laid out by vh_unit_layout_init (each parameter at a 64-byte
+ * aligned offset, f32 under the only policy it takes), and per optimizer
+ * state slot one buffer of the parameters end to end (the table's offsets).
+ * The params are the fp32 masters and the compute copy at once (the slices
+ * point into them), so gather hands out the buffer, release and refresh do
+ * nothing, and reduce all-reduces a unit's grads (AVG: the mean over the
+ * ranks) before it returns.
  *
  * gather/release pairs are counted per unit, so a model that releases what it
  * never gathered is told so.
@@ -21,16 +24,18 @@
 
 typedef struct shard_unit {
     int64_t numel;
-    float *params; /* fp32 master and compute copy */
-    float *grads;
-    float *state[VH_OPTIM_MAX_STATE_SLOTS];
-    int32_t gathered; /* gathers not yet released */
+    vh_unit_layout layout; /* of params and grads (both f32) */
+    float *params;         /* fp32 master and compute copy, layout.bytes */
+    float *grads;          /* layout.bytes */
+    float *state[VH_OPTIM_MAX_STATE_SLOTS]; /* numel each, the table's offsets */
+    int32_t gathered;      /* gathers not yet released */
 } shard_unit;
 
 typedef struct test_sharding {
     vh_host *host;
     vh_comm *comm;
     const vh_param_table *table;
+    vh_precision_policy policy; /* the setup's, upgraded to this SDK's struct */
     int32_t state_slots;
     shard_unit *units;
     int32_t num_units;
@@ -74,6 +79,7 @@ static void sharding_destroy(void *self) {
             host->api->free(host, s->units[u].grads);
             for (int32_t k = 0; k < VH_OPTIM_MAX_STATE_SLOTS; k++)
                 host->api->free(host, s->units[u].state[k]);
+            vh_unit_layout_free(&s->units[u].layout);
         }
         host->api->free(host, s->units);
     }
@@ -85,6 +91,13 @@ static void sharding_destroy(void *self) {
 static float *alloc_floats(vh_host *host, int64_t n) {
     float *p = host->api->alloc(host, (size_t)n * sizeof(float));
     if (p) memset(p, 0, (size_t)n * sizeof(float));
+    return p;
+}
+
+/* Zeroed host memory of `bytes` (a layout's, a multiple of 64). */
+static float *alloc_bytes(vh_host *host, size_t bytes) {
+    float *p = host->api->alloc(host, bytes ? bytes : 1);
+    if (p) memset(p, 0, bytes);
     return p;
 }
 
@@ -129,17 +142,26 @@ static vh_status sharding_setup(void *self, const vh_sharding_setup *setup) {
     vh_host *host = s->host;
     if (s->units)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "setup called twice");
-    if (!setup || setup->struct_size < sizeof *setup)
+    /* A setup of an older minor reads as this one with its missing members
+     * zero (the defaults). */
+    vh_sharding_setup setup_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup) || !setup_v.policy)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "sharding setup missing or too small");
-    const vh_precision_policy *pol = &setup->policy;
+                               "sharding setup missing or without a policy");
+    setup = &setup_v;
+    vh_precision_policy pol_v;
+    if (!vh_struct_upgrade(&pol_v, sizeof pol_v, setup->policy))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "precision policy too small");
+    const vh_precision_policy *pol = &pol_v;
     if (pol->param_dtype != VH_DTYPE_F32 || pol->grad_dtype != VH_DTYPE_F32 ||
-        pol->comm_dtype != VH_DTYPE_F32 || pol->master_dtype != VH_DTYPE_F32)
+        pol->comm_dtype != VH_DTYPE_F32 || pol->master_dtype != VH_DTYPE_F32 ||
+        pol->state_dtype != VH_DTYPE_F32)
         return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
                                "test_sharding keeps fp32 only (params %s, grads %s, comm %s, "
-                               "master %s)",
+                               "master %s, state %s)",
                                vh_dtype_name(pol->param_dtype), vh_dtype_name(pol->grad_dtype),
-                               vh_dtype_name(pol->comm_dtype), vh_dtype_name(pol->master_dtype));
+                               vh_dtype_name(pol->comm_dtype), vh_dtype_name(pol->master_dtype),
+                               vh_dtype_name(pol->state_dtype));
     if (setup->state_slots < 0 || setup->state_slots > VH_OPTIM_MAX_STATE_SLOTS)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%d optimizer state slots, max %d",
                                (int)setup->state_slots, VH_OPTIM_MAX_STATE_SLOTS);
@@ -151,6 +173,7 @@ static vh_status sharding_setup(void *self, const vh_sharding_setup *setup) {
     for (int32_t u = 0; u < t->num_units; u++) nslices += t->units[u].num_params;
 
     s->table = t;
+    s->policy = pol_v;
     s->state_slots = setup->state_slots;
     s->units = host->api->alloc(host, (size_t)t->num_units * sizeof *s->units);
     s->slices = host->api->alloc(host, (size_t)nslices * sizeof *s->slices);
@@ -162,8 +185,12 @@ static vh_status sharding_setup(void *self, const vh_sharding_setup *setup) {
     for (int32_t u = 0; u < t->num_units; u++) {
         shard_unit *su = &s->units[u];
         su->numel = t->units[u].numel;
-        su->params = alloc_floats(host, su->numel);
-        su->grads = alloc_floats(host, su->numel);
+        /* Params and grads share one layout: both are f32 under this policy. */
+        if (vh_unit_layout_init(&su->layout, &t->units[u], vh_policy_param_dtype, &s->policy) !=
+            VH_STATUS_OK)
+            goto nomem;
+        su->params = alloc_bytes(host, su->layout.bytes);
+        su->grads = alloc_bytes(host, su->layout.bytes);
         if (!su->params || !su->grads) goto nomem;
         for (int32_t k = 0; k < s->state_slots; k++)
             if (!(su->state[k] = alloc_floats(host, su->numel))) goto nomem;
@@ -182,9 +209,10 @@ static vh_status sharding_setup(void *self, const vh_sharding_setup *setup) {
             sl->offset = 0;
             sl->count = pd->numel;
             sl->flags = pd->flags;
-            sl->master = su->params + pd->offset;
-            sl->grad = su->grads + pd->offset;
+            sl->master = (char *)su->params + su->layout.offsets[i];
+            sl->grad = (char *)su->grads + su->layout.offsets[i];
             for (int32_t k = 0; k < s->state_slots; k++) sl->state[k] = su->state[k] + pd->offset;
+            sl->master_dtype = sl->grad_dtype = sl->state_dtype = VH_DTYPE_F32;
         }
     }
     s->num_slices = nslices;
@@ -198,6 +226,7 @@ nomem:
             host->api->free(host, s->units[u].grads);
             for (int32_t k = 0; k < VH_OPTIM_MAX_STATE_SLOTS; k++)
                 host->api->free(host, s->units[u].state[k]);
+            vh_unit_layout_free(&s->units[u].layout);
         }
     }
     host->api->free(host, s->units);
@@ -233,7 +262,11 @@ static vh_status sharding_load_unit(void *self, int32_t unit, const float *value
     shard_unit *su = unit_at(s, unit, "load_unit", &st);
     if (!su) return st;
     if (!values) return s->host->api->fail(s->host, VH_STATUS_ERR_INVALID_ARG, "load_unit: NULL values");
-    memcpy(su->params, values, (size_t)su->numel * sizeof(float));
+    /* values: the params end to end; the buffer: at the layout's offsets. */
+    const vh_unit_desc *ud = &s->table->units[unit];
+    for (int32_t i = 0; i < ud->num_params; i++)
+        memcpy((char *)su->params + su->layout.offsets[i], values + ud->params[i].offset,
+               (size_t)ud->params[i].numel * sizeof(float));
     return VH_STATUS_OK;
 }
 
@@ -244,7 +277,10 @@ static vh_status sharding_store_unit(void *self, int32_t unit, float *values) {
     shard_unit *su = unit_at(s, unit, "store_unit", &st);
     if (!su) return st;
     if (!values) return s->host->api->fail(s->host, VH_STATUS_ERR_INVALID_ARG, "store_unit: NULL values");
-    memcpy(values, su->params, (size_t)su->numel * sizeof(float));
+    const vh_unit_desc *ud = &s->table->units[unit];
+    for (int32_t i = 0; i < ud->num_params; i++)
+        memcpy(values + ud->params[i].offset, (const char *)su->params + su->layout.offsets[i],
+               (size_t)ud->params[i].numel * sizeof(float));
     return VH_STATUS_OK;
 }
 
@@ -254,7 +290,7 @@ static vh_status sharding_zero_grads(void *self) {
     if (!s->units)
         return s->host->api->fail(s->host, VH_STATUS_ERR_INVALID_ARG, "zero_grads before setup");
     for (int32_t u = 0; u < s->num_units; u++)
-        memset(s->units[u].grads, 0, (size_t)s->units[u].numel * sizeof(float));
+        memset(s->units[u].grads, 0, s->units[u].layout.bytes);
     return VH_STATUS_OK;
 }
 
@@ -300,14 +336,11 @@ static vh_status sharding_reduce(void *self, int32_t unit) {
     vh_status st;
     shard_unit *su = unit_at(s, unit, "reduce", &st);
     if (!su) return st;
-    st = s->comm->ops->all_reduce(s->comm, su->grads, (size_t)su->numel, VH_DTYPE_F32,
-                                  VH_REDUCE_OP_SUM);
+    /* The whole buffer, padding (zero on every rank) included: one call. */
+    st = vh_comm_all_reduce(s->comm, su->grads, su->layout.bytes / sizeof(float), VH_DTYPE_F32,
+                            VH_REDUCE_OP_AVG);
     if (st != VH_STATUS_OK)
         return s->host->api->fail(s->host, st, "all-reduce of unit %d's grads failed", (int)unit);
-    if (s->comm->world_size > 1) {
-        float inv = 1.0f / (float)s->comm->world_size;
-        for (int64_t i = 0; i < su->numel; i++) su->grads[i] *= inv;
-    }
     return VH_STATUS_OK;
 }
 
@@ -322,9 +355,11 @@ static vh_status sharding_slices(void *self, vh_param_slices *out) {
     if (!s || !out) return VH_STATUS_ERR_INVALID_ARG;
     if (!s->units)
         return s->host->api->fail(s->host, VH_STATUS_ERR_INVALID_ARG, "slices before setup");
+    memset(out, 0, sizeof *out);
     out->items = s->slices;
     out->count = s->num_slices;
     out->item_size = sizeof(vh_param_slice);
+    out->replicated = 1; /* full replicas */
     return VH_STATUS_OK;
 }
 
@@ -332,6 +367,61 @@ static vh_status sharding_refresh(void *self) {
     test_sharding *s = self;
     if (!s) return VH_STATUS_ERR_INVALID_ARG;
     return VH_STATUS_OK; /* the master is the compute copy */
+}
+
+/* Optimizer state through io: every slice whole, in f32. Every rank holds
+ * the same state, so rank 0 alone writes; every rank reads. */
+static vh_status sharding_state_io(test_sharding *s, const vh_state_io *io, int save) {
+    vh_host *host = s->host;
+    const char *call = save ? "state_save" : "state_load";
+    if (!s->units)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s before setup", call);
+    vh_state_io io_v;
+    if (!vh_struct_upgrade(&io_v, sizeof io_v, io) || (save ? !io_v.write : !io_v.read))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s: no %s function", call,
+                               save ? "write" : "read");
+    if (save && s->comm->rank != 0) return VH_STATUS_OK;
+    for (int32_t n = 0; n < s->num_slices; n++) {
+        const vh_param_slice *sl = &s->slices[n];
+        for (int32_t k = 0; k < s->state_slots; k++) {
+            vh_status st = save ? io_v.write(io_v.ctx, sl->unit, sl->param, k, 0, sl->count,
+                                             VH_DTYPE_F32, sl->state[k])
+                                : io_v.read(io_v.ctx, sl->unit, sl->param, k, 0, sl->count,
+                                            VH_DTYPE_F32, sl->state[k]);
+            if (st != VH_STATUS_OK)
+                return host->api->fail(host, st, "%s: slot %d of unit %d param %d failed", call,
+                                       (int)k, (int)sl->unit, (int)sl->param);
+        }
+    }
+    return VH_STATUS_OK;
+}
+
+static vh_status sharding_state_save(void *self, const vh_state_io *io) {
+    if (!self) return VH_STATUS_ERR_INVALID_ARG;
+    return sharding_state_io(self, io, 1);
+}
+
+static vh_status sharding_state_load(void *self, const vh_state_io *io) {
+    if (!self) return VH_STATUS_ERR_INVALID_ARG;
+    return sharding_state_io(self, io, 0);
+}
+
+static vh_status sharding_memory(void *self, vh_sharding_memory *out) {
+    test_sharding *s = self;
+    if (!s || !out || out->struct_size < sizeof out->struct_size)
+        return VH_STATUS_ERR_INVALID_ARG;
+    vh_sharding_memory m;
+    memset(&m, 0, sizeof m);
+    for (int32_t u = 0; u < s->num_units; u++) {
+        m.params += (int64_t)s->units[u].layout.bytes; /* the masters too */
+        m.grads += (int64_t)s->units[u].layout.bytes;
+        m.optim_state += s->state_slots * s->units[u].numel * (int64_t)sizeof(float);
+    }
+    /* Fill what the caller's (possibly older) struct has room for. */
+    size_t n = out->struct_size < sizeof m ? out->struct_size : sizeof m;
+    memcpy((char *)out + sizeof m.struct_size, (const char *)&m + sizeof m.struct_size,
+           n - sizeof m.struct_size);
+    return VH_STATUS_OK;
 }
 
 static const vh_sharding_vtable vtable = {
@@ -349,6 +439,9 @@ static const vh_sharding_vtable vtable = {
     .wait = sharding_wait,
     .slices = sharding_slices,
     .refresh = sharding_refresh,
+    .state_save = sharding_state_save,
+    .state_load = sharding_state_load,
+    .memory = sharding_memory,
 };
 
 VH_PLUGIN_DEFINE(VH_ROLE_SHARDING, "test_sharding", "0.1.0",

@@ -271,8 +271,11 @@ static vh_status read_config(cifar_data *d, const char **root, int64_t *workers,
 static vh_status cifar_create(vh_host *host, const vh_data_setup *setup, void **self) {
     if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
     *self = NULL;
-    if (!setup || setup->struct_size < sizeof *setup)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "data setup missing or too small");
+    /* A setup of an older minor reads with its missing members zero. */
+    vh_data_setup setup_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "data setup missing");
+    setup = &setup_v;
     if (setup->batch_size < 1 || (uint64_t)setup->batch_size > (uint64_t)INT64_MAX / 8 / PIXELS)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "cifar: batch size %lld is invalid",
                                (long long)setup->batch_size);

@@ -369,8 +369,11 @@ static vh_status read_config(idx_data *d, const char **root, int64_t *workers, i
 static vh_status idx_create(vh_host *host, const vh_data_setup *setup, void **self) {
     if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
     *self = NULL;
-    if (!setup || setup->struct_size < sizeof *setup)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "data setup missing or too small");
+    /* A setup of an older minor reads with its missing members zero. */
+    vh_data_setup setup_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "data setup missing");
+    setup = &setup_v;
     idx_data *d = host->api->alloc(host, sizeof *d);
     if (!d) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "idx: out of memory");
     memset(d, 0, sizeof *d);

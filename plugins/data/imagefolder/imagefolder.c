@@ -341,8 +341,11 @@ static vh_status create_parts(imagefolder *d, const vh_data_setup *setup) {
 static vh_status data_create(vh_host *host, const vh_data_setup *setup, void **self) {
     if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
     *self = NULL;
-    if (!setup || setup->struct_size < sizeof *setup)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "data setup missing or too small");
+    /* A setup of an older minor reads with its missing members zero. */
+    vh_data_setup setup_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "data setup missing");
+    setup = &setup_v;
     if (setup->world_size < 1 || setup->rank < 0 || setup->rank >= setup->world_size)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "rank %d of world %d is invalid",
                                (int)setup->rank, (int)setup->world_size);

@@ -3,7 +3,13 @@
  * The standard pre-norm Vision Transformer of timm's VisionTransformer, with
  * its parameter names, shapes and memory layouts, so weights move between
  * vithost and PyTorch without conversion. Forward and backward are in
- * vit_forward.c and vit_backward.c.
+ * vit_forward.c and vit_backward.c, the device ops they call in vit_ops.c,
+ * named weights (checkpoints, `pretrained`) in vit_weights.c.
+ *
+ * Precision: activations in the policy's compute dtype; parameters and
+ * gradients as the sharding plugin lays them out (vh_unit_layout_init with
+ * the policy's per-flag dtypes), so the table's flags say what each
+ * parameter is.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "vit.h"
@@ -48,6 +54,10 @@ static const vh_config_key schema[] = {
      0},
     {"init", VH_CONFIG_TYPE_INT, NULL, "seed of the initial weights; default: run.seed", NULL,
      0, 2147483647.0, VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {"pretrained", VH_CONFIG_TYPE_PATH, NULL,
+     "safetensors file (timm names) to start from; a head of another class count is "
+     "re-initialised",
+     NULL, 0, 0, VH_CONFIG_KEY_FLAG_OPTIONAL},
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -148,7 +158,17 @@ static vh_status read_config(vit *m, const vh_model_setup *setup) {
         api->config_int(host, "init", &v);
         m->init_seed = (uint64_t)v;
     }
+    /* Ranks draw different dropout and drop-path masks; rank 0 keeps the
+     * masks of a one-process run. The initial weights do not depend on the
+     * rank: every rank starts from the same parameters. */
     m->dropout_seed = api->seed(host) ^ 0x9e3779b97f4a7c15ull;
+    if (setup->rank != 0)
+        m->dropout_seed = vh_splitmix64(m->dropout_seed ^ vh_splitmix64((uint64_t)setup->rank));
+    m->pretrained = NULL;
+    if (api->config_has(host, "pretrained")) {
+        vh_status pst = api->config_string(host, "pretrained", &m->pretrained);
+        if (pst != VH_STATUS_OK) return pst;
+    }
 
     m->image_h = image_h, m->image_w = image_w, m->channels = channels, m->patch = patch;
     m->grid_h = image_h / patch, m->grid_w = image_w / patch;
@@ -169,7 +189,7 @@ static vh_status check_device(vit *m) {
                          d->softmax_cross_entropy, d->mean_pool_forward,
                          d->mean_pool_backward, d->patchify, d->embed_forward,
                          d->embed_backward, d->scale_rows, d->dropout_forward, d->mul};
-    if (d->struct_size < sizeof(vh_device_ops))
+    if (!VH_STRUCT_HAS(d, vh_device_ops, embed_backward))
         return m->host->api->fail(m->host, VH_STATUS_ERR_UNSUPPORTED,
                                   "device %s predates the compute ops this model needs", d->name);
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
@@ -183,23 +203,37 @@ static vh_status check_device(vit *m) {
 
 static void vit_destroy(void *self);
 
-static vh_status vit_create(vh_host *host, const vh_model_setup *setup, void **self) {
-    if (setup->policy.compute_dtype != VH_DTYPE_F32 || setup->policy.param_dtype != VH_DTYPE_F32 ||
-        setup->policy.grad_dtype != VH_DTYPE_F32)
-        return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
-                               "vit computes in f32 only so far (the precision policy asks for "
-                               "params %s, activations %s, grads %s)",
-                               vh_dtype_name(setup->policy.param_dtype),
-                               vh_dtype_name(setup->policy.compute_dtype),
-                               vh_dtype_name(setup->policy.grad_dtype));
+/* The policy's compute dtype is the activations'; a policy the model
+ * cannot compute in is refused up front. */
+static vh_status read_policy(vit *m, const vh_model_setup *setup) {
+    memset(&m->policy, 0, sizeof m->policy);
+    m->policy.struct_size = sizeof m->policy; /* no policy: all f32 */
+    if (setup->policy) vh_struct_upgrade(&m->policy, sizeof m->policy, setup->policy);
+    m->act = m->policy.compute_dtype;
+    if (!vh_dtype_is_float(m->act))
+        return m->host->api->fail(m->host, VH_STATUS_ERR_UNSUPPORTED,
+                                  "vit computes in f32, bf16 or f16, not %s (the precision "
+                                  "policy's compute dtype)",
+                                  vh_dtype_name(m->act));
+    m->act_size = vh_dtype_size(m->act);
+    return VH_STATUS_OK;
+}
+
+static vh_status vit_create(vh_host *host, const vh_model_setup *setup_in, void **self) {
+    /* Read through our own struct: members an older host lacks are zero. */
+    vh_model_setup setup;
+    if (!vh_struct_upgrade(&setup, sizeof setup, setup_in))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "model setup missing");
     vit *m = calloc(1, sizeof *m);
     if (!m) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory");
     m->host = host;
     m->dev = host->api->device(host);
-    m->max_batch = setup->max_batch;
-    vh_status st = read_config(m, setup);
+    m->max_batch = setup.max_batch;
+    vh_status st = read_policy(m, &setup);
+    if (st == VH_STATUS_OK) st = read_config(m, &setup);
     if (st == VH_STATUS_OK) st = check_device(m);
     if (st == VH_STATUS_OK) st = vit_build_table(m);
+    if (st == VH_STATUS_OK) st = vit_build_layouts(m);
     if (st == VH_STATUS_OK) st = vit_alloc_activations(m);
     if (st != VH_STATUS_OK) {
         vit_destroy(m);
@@ -207,13 +241,13 @@ static vh_status vit_create(vh_host *host, const vh_model_setup *setup, void **s
     }
     host->api->log(host, VH_LOG_LEVEL_INFO,
                    "D %lld, L %lld, H %lld, M %lld, P %lld, N %lld, C %lld, %s classifier, %s; "
-                   "%lld parameters",
+                   "%lld parameters; activations %s",
                    (long long)m->dim, (long long)m->depth, (long long)m->heads,
                    (long long)m->mlp_dim, (long long)m->patch, (long long)m->tokens,
                    (long long)m->classes,
                    m->classifier == VIT_CLASSIFIER_TOKEN ? "token" : "pooled",
                    m->layout == VIT_LAYOUT_BATCH_FIRST ? "batch_first" : "batch_second",
-                   (long long)m->table.numel);
+                   (long long)m->table.numel, vh_dtype_name(m->act));
     *self = m;
     return VH_STATUS_OK;
 }
@@ -222,6 +256,7 @@ static void vit_destroy(void *self) {
     vit *m = self;
     if (!m) return;
     vit_free_activations(m);
+    vit_free_layouts(m);
     vit_free_table(m);
     free(m);
 }
@@ -239,6 +274,12 @@ static vh_status vit_init_unit(void *self, int32_t unit, float *values, uint64_t
         const vh_param_desc *d = &u->params[p];
         vh_param_init(d, values + d->offset, vh_splitmix64(m->init_seed ^ vh_splitmix64((uint64_t)unit << 16 | (uint64_t)p)));
     }
+    return VH_STATUS_OK;
+}
+
+/* `pretrained`: the file a run starts from instead of the init rules. */
+static vh_status vit_initial_weights(void *self, const char **path) {
+    *path = ((vit *)self)->pretrained;
     return VH_STATUS_OK;
 }
 
@@ -294,6 +335,8 @@ static const vh_model_vtable vtable = {
     .state_size = vit_state_size,
     .state_save = vit_state_save,
     .state_load = vit_state_load,
+    .initial_weights = vit_initial_weights,
+    .load_weights = vit_load_weights,
 };
 
 VH_PLUGIN_DEFINE(VH_ROLE_MODEL, "vit", "0.1.0",

@@ -9,6 +9,11 @@
  *   batch_second (N, B, D): row = t * B + b
  * Row-wise ops (GEMMs, layernorm, GELU, adds) never care; patch embedding,
  * attention and pooling take the two strides below. Nothing is transposed.
+ *
+ * Dtypes: activations and their gradients in the precision policy's
+ * compute dtype (m->act); layer-norm statistics, attention probabilities,
+ * drop-path factors and the loss in f32; each parameter (and its gradient)
+ * in the dtype of its unit's layout.
  */
 #ifndef VITHOST_PLUGIN_VIT_H
 #define VITHOST_PLUGIN_VIT_H
@@ -20,31 +25,67 @@
 enum { VIT_LAYOUT_BATCH_FIRST = 0, VIT_LAYOUT_BATCH_SECOND = 1 };
 enum { VIT_CLASSIFIER_TOKEN = 0, VIT_CLASSIFIER_POOLED = 1 };
 
-/* Offsets (elements) of each parameter inside its unit's flat buffer, in the
- * order of the unit's vh_param_desc list (timm state_dict order). */
-typedef struct vit_embed_offsets {
-    int64_t cls, pos, proj_w, proj_b; /* cls = -1 without a class token */
-} vit_embed_offsets;
+/* A unit's parameters are reached by their index in the unit's
+ * vh_param_desc list (timm state_dict order); the unit's vh_unit_layout turns
+ * an index into a byte offset and a dtype. */
+typedef struct vit_embed_index {
+    int32_t cls, pos, proj_w, proj_b; /* cls = -1 without a class token */
+} vit_embed_index;
 
-typedef struct vit_block_offsets {
-    int64_t norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b;
-    int64_t norm2_w, norm2_b, fc1_w, fc1_b, fc2_w, fc2_b;
-} vit_block_offsets;
+enum vit_block_param {
+    VIT_NORM1_W, VIT_NORM1_B, VIT_QKV_W, VIT_QKV_B, VIT_PROJ_W, VIT_PROJ_B,
+    VIT_NORM2_W, VIT_NORM2_B, VIT_FC1_W, VIT_FC1_B, VIT_FC2_W, VIT_FC2_B,
+    VIT_BLOCK_PARAMS
+};
 
-typedef struct vit_head_offsets {
-    int64_t norm_w, norm_b, head_w, head_b;
-} vit_head_offsets;
+enum vit_head_param { VIT_HEAD_NORM_W, VIT_HEAD_NORM_B, VIT_HEAD_W, VIT_HEAD_B, VIT_HEAD_PARAMS };
 
-/* What one block keeps from forward for backward. */
+/* The compute-copy and gradient layouts of one kind of unit (every block
+ * shares one pair). */
+typedef struct vit_layouts {
+    vh_unit_layout params, grads;
+} vit_layouts;
+
+/* One tensor and its dtype: what the op helpers take for parameters, whose
+ * dtype the precision policy decides per parameter. */
+typedef struct vit_ref {
+    void *ptr;
+    vh_dtype dtype;
+} vit_ref;
+
+/* A gathered unit: its compute copy (and, in backward, its gradients) with
+ * their layouts. */
+typedef struct vit_unit {
+    const void *params;
+    void *grads;
+    const vit_layouts *layouts;
+} vit_unit;
+
+/* Parameter i of a unit, and its gradient. */
+static inline vit_ref vit_param(const vit_unit *u, int32_t i) {
+    vit_ref r = {(char *)u->params + u->layouts->params.offsets[i],
+                 u->layouts->params.dtypes[i]};
+    return r;
+}
+static inline vit_ref vit_grad(const vit_unit *u, int32_t i) {
+    vit_ref r = {(char *)u->grads + u->layouts->grads.offsets[i], u->layouts->grads.dtypes[i]};
+    return r;
+}
+
+/* What one block keeps from forward for backward. Activations are in the
+ * policy's compute dtype; layer-norm statistics, attention probabilities and
+ * drop-path factors are f32. */
 typedef struct vit_block_acts {
-    float *ln1, *ln1_mean, *ln1_rstd; /* (rows, D), (rows), (rows) */
-    float *qkv;                       /* (rows, 3D) */
+    void *ln1;                        /* (rows, D) */
+    float *ln1_mean, *ln1_rstd;       /* (rows), (rows) */
+    void *qkv;                        /* (rows, 3D) */
     float *probs;                     /* (B, H, N, N) */
-    float *attn;                      /* (rows, D) attention output, before proj */
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fc1;                       /* (rows, M) before GELU */
-    float *gelu;                      /* (rows, M) after GELU (and dropout) */
-    float *mask_fc1, *mask_proj, *mask_fc2; /* dropout masks, or NULL */
+    void *attn;                       /* (rows, D) attention output, before proj */
+    void *ln2;
+    float *ln2_mean, *ln2_rstd;
+    void *fc1;                        /* (rows, M) before GELU */
+    void *gelu;                       /* (rows, M) after GELU (and dropout) */
+    void *mask_fc1, *mask_proj, *mask_fc2; /* dropout masks, or NULL */
     float *dp_attn, *dp_mlp;          /* drop-path scale per sample (B), or NULL */
 } vit_block_acts;
 
@@ -59,6 +100,13 @@ typedef struct vit {
     int32_t layout, classifier;
     float dropout, drop_path, label_smoothing, eps;
     uint64_t init_seed, dropout_seed;
+    const char *pretrained; /* `pretrained`, or NULL */
+
+    /* precision: our copy of the policy (the setup's pointer need not
+     * outlive create) and the dtype of activations */
+    vh_precision_policy policy;
+    vh_dtype act;
+    size_t act_size; /* bytes per activation element */
 
     /* parameter table: unit 0 embed, 1..L blocks, L+1 head */
     vh_param_table table;
@@ -66,24 +114,25 @@ typedef struct vit {
     vh_param_desc *params;
     char **names; /* owned strings of params and units */
     int32_t num_names;
-    vit_embed_offsets embed_off;
-    vit_block_offsets block_off; /* the same in every block */
-    vit_head_offsets head_off;
+    vit_embed_index embed_idx;
+    vit_layouts embed_layouts, block_layouts, head_layouts;
 
     /* activations, device memory, sized for max_batch */
-    float *patches;   /* (B * Np, K) batch-first */
-    float *patch_emb; /* (B * Np, D) batch-first */
-    float **x;        /* L + 1 residual streams (rows, D); x[0] from the embedding */
-    float **x_mid;    /* L: after each block's attention residual */
-    float *mask_embed;
+    void *patches;   /* (B * Np, K) batch-first */
+    void *patch_emb; /* (B * Np, D) batch-first */
+    void **x;        /* L + 1 residual streams (rows, D); x[0] from the embedding */
+    void **x_mid;    /* L: after each block's attention residual */
+    void *mask_embed;
     vit_block_acts *blocks;
-    float *feat, *feat_ln, *feat_mean, *feat_rstd; /* (B, D), (B, D), (B), (B) */
-    float *logits;                                  /* (B, C) */
-    float *dp_host;                                 /* B drop-path factors, host */
+    void *feat, *feat_ln;           /* (B, D), (B, D) */
+    float *feat_mean, *feat_rstd;   /* (B), (B) */
+    void *logits;                   /* (B, C) */
+    float *loss;                    /* 2 f32: forward's loss, backward's scratch */
+    float *dp_host;                 /* B drop-path factors, host */
 
-    /* gradients of activations, device memory */
-    float *d_x, *d_tmp, *d_qkv, *d_mlp, *d_mlp2, *d_patch_emb, *d_feat, *d_feat_ln,
-        *d_logits, *d_branch;
+    /* gradients of activations, device memory, in the compute dtype */
+    void *d_x, *d_tmp, *d_qkv, *d_mlp, *d_mlp2, *d_patch_emb, *d_feat, *d_feat_ln, *d_logits,
+        *d_branch;
 
     /* the last forward in train mode */
     int64_t batch;
@@ -102,11 +151,15 @@ static inline int64_t vit_batch_stride(const vit *m) {
 
 vh_status vit_build_table(vit *m);
 void vit_free_table(vit *m);
+vh_status vit_build_layouts(vit *m);
+void vit_free_layouts(vit *m);
 vh_status vit_alloc_activations(vit *m);
 void vit_free_activations(vit *m);
 vh_status vit_forward(void *self, const vh_batch *batch, vh_mode mode,
                       const vh_unit_hooks *hooks, vh_model_output *out);
 vh_status vit_backward(void *self, float loss_scale, const vh_unit_hooks *hooks);
 double vit_train_flops_per_image(void *self);
+vh_status vit_load_weights(void *self, int32_t unit, const vh_weights_source *src,
+                           vh_weights_mode mode, float *values, const vh_weights_report *report);
 
 #endif

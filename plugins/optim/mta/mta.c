@@ -196,8 +196,12 @@ static int32_t slots_of(const mta_config *c) {
 static vh_status mta_create(vh_host *host, const vh_optim_setup *setup, void **self) {
     if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
     *self = NULL;
-    if (!setup || setup->struct_size < sizeof *setup)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "optim setup missing or too small");
+    /* A setup of an older minor lacks the newer members: they read as zero,
+     * their default. */
+    vh_optim_setup setup_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "optim setup missing");
+    setup = &setup_v;
     if (setup->total_steps < 0)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "total_steps %lld is negative",
                                (long long)setup->total_steps);

@@ -12,6 +12,10 @@
  * takes the next chunk). Reductions write one partial per chunk and add the
  * partials in chunk order afterwards, so norms do not depend on the number
  * of threads and a resumed run repeats an uninterrupted one bit for bit.
+ *
+ * The all-reduces sum over ranks what the ranks' slices hold apart (FSDP
+ * shards); when every rank holds every slice (vh_param_slices.replicated,
+ * DDP) the local sums are the global ones and no collective runs.
  */
 #include <math.h>
 #include <stddef.h>
@@ -23,6 +27,28 @@
 #define MTA_PARALLEL_MIN_CHUNKS 2
 
 static int needs_state(const mta *o, int32_t k) { return k < o->state_slots; }
+
+/* Element i of an f32 buffer of a slice (the slices carry void pointers
+ * since ABI 2.0; check_slices has made sure they hold f32). */
+static inline float *f32_at(void *p, int64_t i) { return (float *)p + i; }
+
+/* The kernels of algos.c are fp32 only: a slice in any other dtype (f16
+ * masters under full FP16 without master weights, say) is refused by name
+ * rather than misread. */
+static vh_status check_dtypes(mta *o, int32_t s, const vh_param_slice *sl) {
+    const char *what = NULL;
+    vh_dtype dtype = VH_DTYPE_F32;
+    if (sl->master_dtype != VH_DTYPE_F32) what = "master values", dtype = sl->master_dtype;
+    else if (sl->grad_dtype != VH_DTYPE_F32) what = "gradient", dtype = sl->grad_dtype;
+    else if (o->state_slots > 0 && sl->state_dtype != VH_DTYPE_F32)
+        what = "optimizer state", dtype = sl->state_dtype;
+    if (!what) return VH_STATUS_OK;
+    return o->host->api->fail(o->host, VH_STATUS_ERR_UNSUPPORTED,
+                              "slice %d (unit %d, param %d) holds its %s in %s; mta updates f32 "
+                              "masters, gradients and state only (a policy with master weights "
+                              "and f32 optimizer state)",
+                              (int)s, (int)sl->unit, (int)sl->param, what, vh_dtype_name(dtype));
+}
 
 static vh_status check_slices(mta *o, const vh_param_slices *slices) {
     vh_host *host = o->host;
@@ -40,6 +66,8 @@ static vh_status check_slices(mta *o, const vh_param_slices *slices) {
                                    (int)s, (int)sl->unit, (int)sl->param,
                                    (long long)sl->offset, (long long)sl->count);
         if (sl->count == 0) continue;
+        vh_status st = check_dtypes(o, s, sl);
+        if (st != VH_STATUS_OK) return st;
         const char *missing = !sl->master ? "master values" : !sl->grad ? "gradient" : NULL;
         for (int32_t k = 0; !missing && k < VH_OPTIM_MAX_STATE_SLOTS; k++)
             if (needs_state(o, k) && !sl->state[k]) missing = "optimizer state";
@@ -51,11 +79,18 @@ static vh_status check_slices(mta *o, const vh_param_slices *slices) {
     return VH_STATUS_OK;
 }
 
-static vh_status all_reduce_sum(mta *o, double *buf, size_t count, const char *what) {
+/* The communicator the sums over slices need: none when every rank holds
+ * the same full list (DDP replicas: vh_param_slices.replicated), since the
+ * local sums are then already the global ones. */
+static vh_comm *sum_comm(mta *o, const vh_param_slices *slices) {
+    return slices->replicated ? NULL : o->host->api->comm(o->host);
+}
+
+static vh_status all_reduce_sum(mta *o, vh_comm *comm, double *buf, size_t count,
+                                const char *what) {
     vh_host *host = o->host;
-    vh_comm *comm = host->api->comm(host);
     if (!comm || comm->world_size <= 1 || count == 0) return VH_STATUS_OK;
-    vh_status st = comm->ops->all_reduce(comm, buf, count, VH_DTYPE_F64, VH_REDUCE_OP_SUM);
+    vh_status st = vh_comm_all_reduce(comm, buf, count, VH_DTYPE_F64, VH_REDUCE_OP_SUM);
     if (st != VH_STATUS_OK)
         return host->api->fail(host, st, "all-reduce of %s over %d ranks failed", what,
                                (int)comm->world_size);
@@ -73,11 +108,11 @@ static vh_status clip_scale(mta *o, const vh_param_slices *slices, float *scale)
 #pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
-        part[c] = mta_sum_squares(sl->grad + chunks[c].begin, chunks[c].count);
+        part[c] = mta_sum_squares(f32_at(sl->grad, chunks[c].begin), chunks[c].count);
     }
     double sq = 0.0;
     for (int64_t c = 0; c < nc; c++) sq += part[c];
-    vh_status st = all_reduce_sum(o, &sq, 1, "the squared gradient norm");
+    vh_status st = all_reduce_sum(o, sum_comm(o, slices), &sq, 1, "the squared gradient norm");
     if (st != VH_STATUS_OK) return st;
     const double norm = sqrt(sq);
     o->grad_norm = norm;
@@ -126,8 +161,9 @@ static void adamw_pass(mta *o, const vh_param_slices *slices, double lr, float g
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
         const int64_t b = chunks[c].begin;
-        mta_adamw_chunk(&a, decays(sl) ? decay : 1.0f, sl->master + b, sl->grad + b,
-                        sl->state[0] + b, sl->state[1] + b, chunks[c].count);
+        mta_adamw_chunk(&a, decays(sl) ? decay : 1.0f, f32_at(sl->master, b),
+                        f32_at(sl->grad, b), f32_at(sl->state[0], b), f32_at(sl->state[1], b),
+                        chunks[c].count);
     }
 }
 
@@ -147,8 +183,8 @@ static void sgd_pass(mta *o, const vh_param_slices *slices, double lr, float gra
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
         const int64_t b = chunks[c].begin;
-        mta_sgd_chunk(&a, decays(sl) ? wd : 0.0f, sl->master + b, sl->grad + b,
-                      with_momentum ? sl->state[0] + b : NULL, chunks[c].count);
+        mta_sgd_chunk(&a, decays(sl) ? wd : 0.0f, f32_at(sl->master, b), f32_at(sl->grad, b),
+                      with_momentum ? f32_at(sl->state[0], b) : NULL, chunks[c].count);
     }
 }
 
@@ -164,7 +200,8 @@ static double trust_ratio(const double *sums, int adapt) {
 static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
                              float grad_scale) {
     mta_worklist *w = &o->work;
-    vh_status st = mta_worklist_map_tensors(w, slices, o->host->api->comm(o->host));
+    vh_comm *comm = sum_comm(o, slices);
+    vh_status st = mta_worklist_map_tensors(w, slices, comm);
     if (st != VH_STATUS_OK) return st;
     const mta_adam_args a = adam_args(o, lr, grad_scale);
     const float wd = (float)o->cfg.weight_decay;
@@ -177,8 +214,9 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
         const int64_t b = chunks[c].begin;
         part[2 * c] = part[2 * c + 1] = 0.0;
-        mta_lamb_moments_chunk(&a, decays(sl) ? wd : 0.0f, sl->master + b, sl->grad + b,
-                               sl->state[0] + b, sl->state[1] + b, chunks[c].count,
+        mta_lamb_moments_chunk(&a, decays(sl) ? wd : 0.0f, f32_at(sl->master, b),
+                               f32_at(sl->grad, b), f32_at(sl->state[0], b),
+                               f32_at(sl->state[1], b), chunks[c].count,
                                &part[2 * c], &part[2 * c + 1]);
     }
     /* per tensor: slices in list order, chunks in element order */
@@ -187,7 +225,7 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
         sums[0] += part[2 * c];
         sums[1] += part[2 * c + 1];
     }
-    st = all_reduce_sum(o, w->tensor_sums, 2 * (size_t)w->num_tensors,
+    st = all_reduce_sum(o, comm, w->tensor_sums, 2 * (size_t)w->num_tensors,
                         "the per-tensor LAMB norms");
     if (st != VH_STATUS_OK) return st;
 
@@ -199,8 +237,8 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
         const float wd_sl = decays(sl) ? wd : 0.0f;
         const double *sums = &w->tensor_sums[2 * w->slice_tensor[chunks[c].slice]];
         const double ratio = trust_ratio(sums, always || wd_sl != 0.0f);
-        mta_lamb_apply_chunk(&a, wd_sl, (float)(lr * ratio), sl->master + b, sl->state[0] + b,
-                             sl->state[1] + b, chunks[c].count);
+        mta_lamb_apply_chunk(&a, wd_sl, (float)(lr * ratio), f32_at(sl->master, b),
+                             f32_at(sl->state[0], b), f32_at(sl->state[1], b), chunks[c].count);
     }
     return VH_STATUS_OK;
 }

@@ -75,7 +75,7 @@ static vh_status agree_numbering(mta_worklist *w, const vh_param_slices *slices,
     }
     vh_status st;
     if (collective) {
-        st = comm->ops->all_reduce(comm, &units, 1, VH_DTYPE_I64, VH_REDUCE_OP_MAX);
+        st = vh_comm_all_reduce(comm, &units, 1, VH_DTYPE_I64, VH_REDUCE_OP_MAX);
         if (st != VH_STATUS_OK)
             return host->api->fail(host, st, "all-reduce of the unit count over %d ranks failed",
                                    (int)comm->world_size);
@@ -91,7 +91,7 @@ static vh_status agree_numbering(mta_worklist *w, const vh_param_slices *slices,
             w->unit_first[sl->unit] = sl->param + (int64_t)1;
     }
     if (collective && units > 0) {
-        st = comm->ops->all_reduce(comm, w->unit_first, (size_t)units, VH_DTYPE_I64,
+        st = vh_comm_all_reduce(comm, w->unit_first, (size_t)units, VH_DTYPE_I64,
                                    VH_REDUCE_OP_MAX);
         if (st != VH_STATUS_OK)
             return host->api->fail(host, st,

@@ -1,12 +1,18 @@
 /* fp32.c - the precision role's full-precision policy: every tensor in f32.
  *
- * Parameters, activations, gradients, the wire and the masters are all f32,
- * so there is no loss scaling: loss_scale() is 1 and unscale_and_check
- * divides nothing. It still guards the optimizer: with check_finite (the
- * default) it scans this rank's gradients for Inf/NaN and agrees with the
- * other ranks through one all-reduce (MAX) of a flag, so every rank skips the
- * same steps and the replicas stay identical. The flag lives in the device's
- * memory, as every buffer a collective sees (NCCL wants device pointers).
+ * Parameters, activations, gradients, the wire, the masters and the
+ * optimizer state are all f32, so there is no loss scaling: loss_scale() is
+ * 1 and unscale_and_check divides nothing. It still guards the optimizer:
+ * with check_finite (the default) it scans this rank's gradients for Inf/NaN
+ * with the device's multi_tensor_scale_check (one pass over every slice; at
+ * scale 1 the op only checks) and agrees with the other ranks through one
+ * all-reduce (MAX) of the flag, so every rank skips the same steps and the
+ * replicas stay identical. The same pass sums the squares of the gradients
+ * (grad_sum_sq: summed over ranks when the slices are shards, local when
+ * they are replicas), so an optimizer that clips needs no pass of its own.
+ * Flag and sum live in the device's memory, as every buffer a collective
+ * sees (NCCL wants device pointers); only those two floats come back to the
+ * host.
  *
  * The state is a small fixed blob (magic, version) holding nothing else: it
  * lets a checkpoint written by another precision plugin be refused by name
@@ -24,17 +30,22 @@
 #include "vithost/vh_plugin.h"
 #include "vithost/vh_precision.h"
 
-/* Gradients of a non-CPU device are scanned through a host buffer of this
- * many floats. */
-#define STAGING_FLOATS ((size_t)1 << 16)
-
 typedef struct fp32 {
     vh_host *host;
     const vh_device_ops *dev;
     vh_comm *comm;
     int check_finite;
-    float *flag;     /* one f32 in device memory: the all-reduced overflow flag */
-    float *staging;  /* host memory, STAGING_FLOATS; non-CPU devices only */
+    /* Two f32 in device memory: [0] found_inf (then all-reduced, MAX), [1]
+     * the sum of squares of the grads (then summed over shards). */
+    float *flag;
+    double sum_sq;   /* of the last check, on the host */
+    int has_sum_sq;  /* 1 after a check that computed it */
+    /* The multi-tensor list of the last check, host memory, `cap` entries;
+     * grown when a longer slice list comes (the sharding plugin keeps one). */
+    void **tensors;
+    int64_t *numels;
+    vh_dtype *dtypes;
+    int32_t cap;
     int64_t updates; /* update() calls */
     int64_t skipped; /* of which with found_inf */
 } fp32;
@@ -48,6 +59,10 @@ static const vh_config_key schema[] = {
 
 static void fp32_destroy(void *self);
 
+static const char *dev_name(const vh_device_ops *dev) {
+    return dev && dev->name ? dev->name : "the device";
+}
+
 static vh_status fp32_create(vh_host *host, void **self) {
     if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
     *self = NULL;
@@ -59,13 +74,17 @@ static vh_status fp32_create(vh_host *host, void **self) {
     if (!dev) return host->api->fail(host, VH_STATUS_ERR_INTERNAL, "the host gave no device");
     vh_comm *comm = host->api->comm(host);
     if (check_finite) {
-        if (!comm || !comm->ops || !comm->ops->all_reduce)
+        if (!comm || !comm->ops || !comm->ops->all_reduce_start || !comm->ops->wait)
             return host->api->fail(host, VH_STATUS_ERR_INTERNAL,
-                                   "the host gave no communicator with all_reduce");
-        if (!dev->alloc || !dev->free || !dev->copy)
+                                   "the host gave no communicator with all_reduce_start and wait");
+        /* An older device table may end before the multi-tensor op. */
+        if (!dev->alloc || !dev->free || !dev->copy || !dev->memset_zero ||
+            !VH_STRUCT_HAS(dev, vh_device_ops, multi_tensor_scale_check) ||
+            !dev->multi_tensor_scale_check)
             return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
-                                   "device %s lacks alloc, free or copy, which the overflow "
-                                   "check needs",
+                                   "device %s lacks alloc, free, copy, memset_zero or "
+                                   "multi_tensor_scale_check, which the overflow check needs "
+                                   "(or set precision.check_finite: false)",
                                    dev->name ? dev->name : "?");
     }
 
@@ -78,21 +97,12 @@ static vh_status fp32_create(vh_host *host, void **self) {
     p->check_finite = check_finite != 0;
     if (p->check_finite) {
         void *flag = NULL;
-        st = dev->alloc(dev->device, sizeof(float), &flag);
+        st = dev->alloc(dev->device, 2 * sizeof(float), &flag);
         p->flag = flag;
         if (st != VH_STATUS_OK || !flag) {
             fp32_destroy(p);
             return host->api->fail(host, st != VH_STATUS_OK ? st : VH_STATUS_ERR_NOMEM,
-                                   "allocating the overflow flag on %s failed",
-                                   dev->name ? dev->name : "the device");
-        }
-        if (dev->kind != VH_DEVICE_KIND_CPU) {
-            p->staging = host->api->alloc(host, STAGING_FLOATS * sizeof(float));
-            if (!p->staging) {
-                fp32_destroy(p);
-                return host->api->fail(host, VH_STATUS_ERR_NOMEM,
-                                       "out of memory for the gradient scan buffer");
-            }
+                                   "allocating the overflow flag on %s failed", dev_name(dev));
         }
     }
     *self = p;
@@ -103,19 +113,34 @@ static void fp32_destroy(void *self) {
     fp32 *p = self;
     if (!p) return;
     if (p->flag) p->dev->free(p->dev->device, p->flag);
-    p->host->api->free(p->host, p->staging);
+    p->host->api->free(p->host, p->tensors);
+    p->host->api->free(p->host, p->numels);
+    p->host->api->free(p->host, p->dtypes);
     p->host->api->free(p->host, p);
 }
 
 static vh_status fp32_policy(void *self, vh_precision_policy *out) {
-    if (!self || !out) return VH_STATUS_ERR_INVALID_ARG;
-    memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    out->param_dtype = VH_DTYPE_F32;
-    out->compute_dtype = VH_DTYPE_F32;
-    out->grad_dtype = VH_DTYPE_F32;
-    out->comm_dtype = VH_DTYPE_F32;
-    out->master_dtype = VH_DTYPE_F32;
+    fp32 *p = self;
+    if (!p || !out) return VH_STATUS_ERR_INVALID_ARG;
+    if (out->struct_size < sizeof out->struct_size)
+        return p->host->api->fail(p->host, VH_STATUS_ERR_INVALID_ARG,
+                                  "policy: out->struct_size is %u; the caller sets it",
+                                  (unsigned)out->struct_size);
+    vh_precision_policy full;
+    memset(&full, 0, sizeof full);
+    full.param_dtype = VH_DTYPE_F32;
+    full.compute_dtype = VH_DTYPE_F32;
+    full.grad_dtype = VH_DTYPE_F32;
+    full.comm_dtype = VH_DTYPE_F32;
+    full.master_dtype = VH_DTYPE_F32;
+    full.state_dtype = VH_DTYPE_F32;
+    full.fp32_param_flags = 0; /* nothing to keep apart: everything is f32 */
+    full.master_weights = 1;   /* the sharding plugin may alias them to the params */
+    /* The caller's struct may be of an older minor: fill only what it covers,
+     * and leave its struct_size as the caller set it. */
+    size_t n = out->struct_size < sizeof full ? out->struct_size : sizeof full;
+    memcpy((char *)out + sizeof out->struct_size, (const char *)&full + sizeof full.struct_size,
+           n - sizeof out->struct_size);
     return VH_STATUS_OK;
 }
 
@@ -124,52 +149,75 @@ static float fp32_loss_scale(void *self) {
     return 1.0f; /* f32 gradients do not underflow where training cares */
 }
 
-/* 1 when all n values are finite. x * 0 is 0 for a finite x and NaN for Inf
- * or NaN, so the sums stay 0 exactly when everything is finite; eight
- * independent sums let the compiler vectorise, and blocks stop early. */
-static int all_finite(const float *x, size_t n) {
-    enum { BLOCK = 4096 };
-    size_t i = 0;
-    while (i < n) {
-        size_t end = n - i > BLOCK ? i + BLOCK : n;
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; i + 8 <= end; i += 8)
-            for (int k = 0; k < 8; k++) acc[k] += x[i + (size_t)k] * 0.0f;
-        for (; i < end; i++) acc[0] += x[i] * 0.0f;
-        float sum = 0.0f;
-        for (int k = 0; k < 8; k++) sum += acc[k];
-        if (sum != 0.0f) return 0; /* NaN compares unequal to everything */
+/* Makes the multi-tensor list hold at least n entries. */
+static vh_status reserve_list(fp32 *p, int32_t n) {
+    if (n <= p->cap) return VH_STATUS_OK;
+    vh_host *host = p->host;
+    void **t = host->api->alloc(host, (size_t)n * sizeof *t);
+    int64_t *c = host->api->alloc(host, (size_t)n * sizeof *c);
+    vh_dtype *d = host->api->alloc(host, (size_t)n * sizeof *d);
+    if (!t || !c || !d) {
+        host->api->free(host, t);
+        host->api->free(host, c);
+        host->api->free(host, d);
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory for a list of %d grads",
+                               (int)n);
     }
-    return 1;
+    host->api->free(host, p->tensors);
+    host->api->free(host, p->numels);
+    host->api->free(host, p->dtypes);
+    p->tensors = t;
+    p->numels = c;
+    p->dtypes = d;
+    p->cap = n;
+    return VH_STATUS_OK;
 }
 
-/* 1 when every element of this rank's grads is finite; on a non-CPU device
- * the grads pass through the host staging buffer. *ok is set either way. */
-static vh_status local_grads_finite(fp32 *p, const vh_param_slices *grads, int *ok) {
+/* Sets the device flag to 1 when any element of this rank's grads is Inf or
+ * NaN and the sum after it to their sum of squares: one multi-tensor pass
+ * at scale 1 (nothing is multiplied). */
+static vh_status scan_local_grads(fp32 *p, const vh_param_slices *grads) {
     vh_host *host = p->host;
     const vh_device_ops *dev = p->dev;
-    *ok = 1;
-    for (int32_t s = 0; s < grads->count && *ok; s++) {
+    vh_status st = reserve_list(p, grads->count);
+    if (st != VH_STATUS_OK) return st;
+    int32_t n = 0;
+    for (int32_t s = 0; s < grads->count; s++) {
         const vh_param_slice *sl = vh_param_slices_at(grads, s);
         if (sl->count < 0 || (sl->count > 0 && !sl->grad))
             return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                    "slice %d (unit %d, param %d) has %s", (int)s, (int)sl->unit,
                                    (int)sl->param, sl->count < 0 ? "a negative count" : "no grad");
-        size_t n = (size_t)sl->count;
-        if (dev->kind == VH_DEVICE_KIND_CPU) {
-            *ok = all_finite(sl->grad, n);
-            continue;
-        }
-        for (size_t at = 0; at < n && *ok; at += STAGING_FLOATS) {
-            size_t m = n - at < STAGING_FLOATS ? n - at : STAGING_FLOATS;
-            vh_status st = dev->copy(dev->device, p->staging, sl->grad + at, m * sizeof(float),
-                                     VH_COPY_KIND_DEVICE_TO_HOST);
-            if (st != VH_STATUS_OK)
-                return host->api->fail(host, st, "copying grads of slice %d from %s failed",
-                                       (int)s, dev->name ? dev->name : "the device");
-            *ok = all_finite(p->staging, m);
-        }
+        if (sl->count == 0) continue;
+        if (!vh_dtype_is_float(sl->grad_dtype))
+            return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
+                                   "slice %d (unit %d, param %d) has %s grads; the overflow check "
+                                   "reads f32, bf16 or f16",
+                                   (int)s, (int)sl->unit, (int)sl->param,
+                                   vh_dtype_name(sl->grad_dtype));
+        p->tensors[n] = sl->grad;
+        p->numels[n] = sl->count;
+        p->dtypes[n] = sl->grad_dtype;
+        n++;
     }
+    st = dev->memset_zero(dev->device, p->flag, 2 * sizeof(float), NULL);
+    if (st != VH_STATUS_OK)
+        return host->api->fail(host, st, "zeroing the overflow flag on %s failed", dev_name(dev));
+    if (n == 0) return VH_STATUS_OK;
+    vh_multi_tensor_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.count = n;
+    a.tensors = p->tensors;
+    a.numels = p->numels;
+    a.dtypes = p->dtypes;
+    a.scale = 1.0f; /* fp32's loss scale: the op only checks */
+    a.found_inf = p->flag;
+    a.sum_sq = p->flag + 1;
+    st = dev->multi_tensor_scale_check(dev->device, &a);
+    if (st != VH_STATUS_OK)
+        return host->api->fail(host, st, "checking %d grad tensors for Inf/NaN on %s failed",
+                               (int)n, dev_name(dev));
     return VH_STATUS_OK;
 }
 
@@ -186,28 +234,51 @@ static vh_status fp32_unscale_and_check(void *self, const vh_param_slices *grads
                                "unscale_and_check: slices of %u bytes, at least %zu expected",
                                (unsigned)grads->item_size, sizeof(vh_param_slice));
     *found_inf = 0;
+    p->has_sum_sq = 0;
     /* The scale is 1: nothing to divide. Without the check no rank calls the
      * all-reduce below, so the collectives still match across ranks. */
     if (!p->check_finite) return VH_STATUS_OK;
 
-    int ok = 1;
-    vh_status st = local_grads_finite(p, grads, &ok);
+    vh_status st = scan_local_grads(p, grads);
     if (st != VH_STATUS_OK) return st;
 
-    /* Every rank takes part, whatever it found: one MAX over the flags. */
+    /* Every rank takes part, whatever it found: one MAX over the flags, on
+     * the device; then the one float comes back. */
     const vh_device_ops *dev = p->dev;
-    float flag = ok ? 0.0f : 1.0f;
-    st = dev->copy(dev->device, p->flag, &flag, sizeof flag, VH_COPY_KIND_HOST_TO_DEVICE);
-    if (st == VH_STATUS_OK)
-        st = p->comm->ops->all_reduce(p->comm, p->flag, 1, VH_DTYPE_F32, VH_REDUCE_OP_MAX);
+    st = vh_comm_all_reduce(p->comm, p->flag, 1, VH_DTYPE_F32, VH_REDUCE_OP_MAX);
     if (st != VH_STATUS_OK)
         return host->api->fail(host, st, "all-reduce of the overflow flag over %d ranks failed",
                                (int)p->comm->world_size);
-    st = dev->copy(dev->device, &flag, p->flag, sizeof flag, VH_COPY_KIND_DEVICE_TO_HOST);
+    /* Shards hold every element once over all ranks: their sums add up.
+     * Replicas (DDP) hold the same sum on every rank already. The choice is
+     * the sharding plugin's, the same on every rank, so the collectives
+     * still match. */
+    if (!grads->replicated && p->comm->world_size > 1) {
+        st = vh_comm_all_reduce(p->comm, p->flag + 1, 1, VH_DTYPE_F32, VH_REDUCE_OP_SUM);
+        if (st != VH_STATUS_OK)
+            return host->api->fail(host, st,
+                                   "all-reduce of the gradients' sum of squares over %d ranks "
+                                   "failed",
+                                   (int)p->comm->world_size);
+    }
+    float back[2] = {0.0f, 0.0f};
+    st = dev->copy(dev->device, back, p->flag, sizeof back, VH_COPY_KIND_DEVICE_TO_HOST, NULL);
     if (st != VH_STATUS_OK)
         return host->api->fail(host, st, "copying the overflow flag from %s failed",
-                               dev->name ? dev->name : "the device");
-    *found_inf = !(flag == 0.0f);
+                               dev_name(dev));
+    *found_inf = !(back[0] == 0.0f);
+    p->sum_sq = (double)back[1];
+    p->has_sum_sq = 1;
+    return VH_STATUS_OK;
+}
+
+/* The sum of squares of the last check's pass (f32, summed in fp32 by the
+ * device op); none when check_finite is off. */
+static vh_status fp32_grad_sum_sq(void *self, double *out, int *has) {
+    fp32 *p = self;
+    if (!p || !out || !has) return VH_STATUS_ERR_INVALID_ARG;
+    *has = p->has_sum_sq;
+    *out = p->has_sum_sq ? p->sum_sq : 0.0;
     return VH_STATUS_OK;
 }
 
@@ -297,6 +368,7 @@ static const vh_precision_vtable vtable = {
     .state_size = fp32_state_size,
     .state_save = fp32_state_save,
     .state_load = fp32_state_load,
+    .grad_sum_sq = fp32_grad_sum_sq,
 };
 
 VH_PLUGIN_DEFINE(VH_ROLE_PRECISION, "fp32", "0.1.0",

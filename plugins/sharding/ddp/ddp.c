@@ -1,34 +1,55 @@
 /* ddp.c - the sharding role's data-parallel plugin: full replicas on every rank.
  *
- * Every rank keeps the whole model in the device's memory, in flat buffers
- * that share one layout, the parameter table's:
+ * Every rank keeps the whole model in the device's memory, in flat buffers:
  *
- *     params   numel elements of the policy's param_dtype (what gather hands out)
- *     masters  numel f32: the optimizer's copy; the params buffer itself when
- *              param_dtype is f32, a separate buffer otherwise
- *     grads    numel f32
- *     state[k] numel f32 per optimizer state slot
+ *     params   the compute copies: unit after unit, each unit laid out by
+ *              vh_unit_layout_init with the policy's parameter dtypes (every
+ *              parameter at a 64-byte aligned offset); what gather hands out
+ *     grads    the same, with the policy's gradient dtypes; what grads hands
+ *              out and backward accumulates into
+ *     masters  f32, the values the optimizer updates, for the parameters
+ *              whose compute copy is not already them (see "Masters")
+ *     grad32   f32 gradients for the parameters whose gradient dtype is not
+ *              f32: the optimizer's input (see "Gradients in fp32")
+ *     state[k] f32, one per optimizer state slot: the parameters end to end,
+ *              unit after unit, at the table's offsets
  *
- * Unit u occupies [offset_u, offset_u + numel_u) of each, offset_u being the
- * sum of the earlier units' numel, and parameter p of the unit sits at its
- * table offset inside that region. So one (unit, param) pair names the same
- * place in every buffer, and the optimizer's slices are plain pointers.
+ * Each unit's buffers start where the previous unit's end; unit layouts are
+ * multiples of 64 bytes, so every parameter stays aligned. The optimizer's
+ * slices are one per parameter, pointing into masters, grads (or grad32) and
+ * state.
+ *
+ * Masters. With master weights (the policy's master_weights, master_dtype
+ * f32) a parameter whose compute copy is f32 is its own master: the slice
+ * points at the compute copy and nothing is refreshed (fp32 keeps one copy,
+ * as before). A parameter whose compute copy is f16/bf16 gets a separate f32
+ * master in `masters`, and refresh converts masters -> compute copies
+ * (device->convert, round to nearest even). Without master weights the
+ * optimizer updates the compute copy itself, in its dtype. load_unit and
+ * store_unit always speak fp32 values, the parameters end to end.
  *
  * Collectives. A unit is the DDP bucket: when the model's backward of a unit
- * ends it calls reduce, which all-reduces (SUM, comm_dtype f32) the unit's
- * grads while the model goes on with the next unit's backward, then divides
- * them by the world size so every rank holds the mean gradient of the global
- * batch (each rank's loss is the mean over its own samples). The division is
- * done here, after the sum, once per unit and only when world > 1: with f32
- * on the wire the sum cannot overflow where the mean would not, and keeping it
- * here leaves the precision plugins free of any knowledge of ranks. (A later
- * f16 wire format would divide before the sum instead, like PyTorch's
- * gradient_predivide_factor.)
+ * ends it calls reduce, which STARTS the all-reduce (VH_REDUCE_OP_AVG: every
+ * rank then holds the mean gradient of the global batch, each rank's loss
+ * being the mean over its own samples) of the unit's gradients and keeps the
+ * requests; the model goes on with the next unit's backward while they are
+ * in flight, and wait finishes them all, in the order they started. With the
+ * self backend every request has finished when it starts.
  *
- * The comm interface of ABI 1.0 is synchronous, so reduce finishes its
- * collective before it returns and wait has nothing to wait for; the places
- * where an asynchronous backend's requests start and complete are marked
- * ASYNC below.
+ * Wire dtype. A unit's gradients are reduced in runs of consecutive
+ * parameters that share a dtype, each run one collective over the unit's
+ * grad buffer (the zero padding between parameters travels with it, so a
+ * run is one contiguous range): f32 gradients in f32; f16/bf16 gradients in
+ * their own dtype when the policy's comm_dtype is that dtype, or, when
+ * comm_dtype is f32, converted to f32 into grad32 first (in reduce) and
+ * reduced there. Other combinations are refused at setup.
+ *
+ * Gradients in fp32. The optimizer receives f32 gradients (vh_param_slice).
+ * For a parameter with f32 gradients the slice points into `grads`. For one
+ * with f16/bf16 gradients it points into grad32, which is filled by
+ *   - reduce, before the collective, when comm_dtype is f32;
+ *   - wait, after the collectives, when they ran in the 16-bit dtype;
+ *   - wait, for a unit that was not reduced in the step (no collective).
  *
  * Call order is checked, since a mistake there silently desynchronises ranks:
  * a unit is reduced at most once per step (zero_grads starts a step), its
@@ -46,12 +67,38 @@
 #include "vithost/vh_plugin.h"
 #include "vithost/vh_sharding.h"
 
-typedef struct ddp_unit {
-    const char *name; /* the table's, for messages; lives as long as the model */
-    int64_t offset;   /* first element of the unit in every flat buffer */
+typedef struct ddp_param {
     int64_t numel;
-    int32_t gathered; /* gathers not yet released */
-    int32_t reduced;  /* reduce was called for this unit in the current step */
+    int64_t state_at;     /* first element in every state buffer */
+    vh_dtype param_dtype; /* of the compute copy */
+    vh_dtype grad_dtype;  /* as backward writes it */
+    size_t param_at;      /* byte offset of the compute copy in `params` */
+    size_t grad_at;       /* byte offset of the gradient in `grads` */
+    int aliased;          /* the master is the compute copy */
+    int64_t master_at;    /* element offset in `masters` when not aliased */
+    int64_t grad32_at;    /* element offset in `grad32`; -1 when grads are f32 */
+} ddp_param;
+
+/* One collective of a unit's reduction. */
+typedef struct ddp_run {
+    int32_t first, count; /* the unit's params it covers */
+    int in_grad32;        /* reduced in grad32 (f32), after a conversion */
+    vh_dtype dtype;       /* on the wire */
+    size_t at;            /* byte offset in `grads`, or element offset in grad32 */
+    size_t elems;         /* elements of dtype, padding included */
+    vh_comm_request *req; /* in flight, or NULL */
+} ddp_run;
+
+typedef struct ddp_unit {
+    const char *name;   /* the table's, for messages; lives as long as the model */
+    int64_t numel;
+    int32_t first_param, num_params; /* into ddp.params_ */
+    size_t param_at, param_bytes;    /* the unit's range of `params` */
+    size_t grad_at, grad_bytes;      /* and of `grads` */
+    int32_t first_run, num_runs;     /* into ddp.runs */
+    int32_t gathered;   /* gathers not yet released */
+    int32_t reduced;    /* reduce was called for this unit in the current step */
+    int32_t converted;  /* its 16-bit grads are in grad32 for this step */
 } ddp_unit;
 
 typedef struct ddp {
@@ -60,25 +107,37 @@ typedef struct ddp {
     vh_comm *comm;
     int32_t world;       /* comm->world_size, read at setup */
     int ready;           /* setup succeeded */
-    vh_dtype param_dtype;
-    size_t param_size;   /* bytes per element of params */
+    vh_precision_policy policy; /* the setup's, read into this SDK's struct */
     int32_t state_slots;
     ddp_unit *units;     /* host memory */
     int32_t num_units;
+    ddp_param *params_;  /* host memory, every parameter of every unit in order */
+    int32_t num_params;
+    ddp_run *runs;       /* host memory */
+    int32_t num_runs;
     int64_t numel;       /* sum over units */
-    void *params;        /* device memory from here on */
-    float *masters;      /* == params when param_dtype is f32 */
-    float *grads;
+    int64_t max_numel;   /* of one parameter */
+    /* device memory from here on */
+    void *params;
+    size_t params_bytes;
+    void *grads;
+    size_t grads_bytes;
+    float *masters;
+    int64_t masters_numel;
+    float *grad32;
+    int64_t grad32_numel;
     float *state[VH_OPTIM_MAX_STATE_SLOTS];
-    float *inv_world;    /* one f32, 1/world; only when world > 1 */
     vh_param_slice *slices; /* host memory, one per parameter */
-    int32_t num_slices;
-    int32_t pending;     /* reductions started and not yet waited for */
+    int32_t pending;     /* units reduced and not yet waited for */
 } ddp;
 
 static const vh_config_key schema[] = {
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
+
+static const char *unit_name(const ddp_unit *u) { return u->name ? u->name : "?"; }
+
+static const char *dev_name(const ddp *d) { return d->dev->name ? d->dev->name : "the device"; }
 
 /* ---- life cycle --------------------------------------------------------- */
 
@@ -94,9 +153,9 @@ static vh_status ddp_create(vh_host *host, void **self) {
                                "needs for its buffers",
                                dev->name ? dev->name : "?");
     vh_comm *comm = host->api->comm(host);
-    if (!comm || !comm->ops || !comm->ops->all_reduce)
+    if (!comm || !comm->ops || !comm->ops->all_reduce_start || !comm->ops->wait)
         return host->api->fail(host, VH_STATUS_ERR_INTERNAL,
-                               "the host gave no communicator with all_reduce");
+                               "the host gave no communicator with all_reduce_start and wait");
     ddp *d = host->api->alloc(host, sizeof *d);
     if (!d) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory");
     memset(d, 0, sizeof *d);
@@ -111,23 +170,42 @@ static void dev_free(ddp *d, void *ptr) {
     if (ptr) d->dev->free(d->dev->device, ptr);
 }
 
+/* Finishes every request still in flight; returns the first failure. */
+static vh_status wait_runs(ddp *d) {
+    vh_status first = VH_STATUS_OK;
+    for (int32_t r = 0; r < d->num_runs; r++) {
+        if (!d->runs[r].req) continue;
+        vh_status st = d->comm->ops->wait(d->comm, d->runs[r].req);
+        d->runs[r].req = NULL;
+        if (st != VH_STATUS_OK && first == VH_STATUS_OK) first = st;
+    }
+    return first;
+}
+
 /* Frees every buffer and returns to the state before setup. */
 static void release_buffers(ddp *d) {
     vh_host *host = d->host;
-    if (d->masters != d->params) dev_free(d, d->masters);
+    /* The buffers belong to a collective until it has finished. */
+    if (d->runs) (void)wait_runs(d);
     dev_free(d, d->params);
     dev_free(d, d->grads);
+    dev_free(d, d->masters);
+    dev_free(d, d->grad32);
     for (int32_t k = 0; k < VH_OPTIM_MAX_STATE_SLOTS; k++) dev_free(d, d->state[k]);
-    dev_free(d, d->inv_world);
     host->api->free(host, d->units);
+    host->api->free(host, d->params_);
+    host->api->free(host, d->runs);
     host->api->free(host, d->slices);
-    d->params = NULL;
-    d->masters = d->grads = d->inv_world = NULL;
+    d->params = d->grads = NULL;
+    d->masters = d->grad32 = NULL;
     memset(d->state, 0, sizeof d->state);
     d->units = NULL;
+    d->params_ = NULL;
+    d->runs = NULL;
     d->slices = NULL;
-    d->num_units = d->num_slices = 0;
-    d->numel = 0;
+    d->num_units = d->num_params = d->num_runs = 0;
+    d->numel = d->max_numel = d->masters_numel = d->grad32_numel = 0;
+    d->params_bytes = d->grads_bytes = 0;
     d->pending = 0;
     d->ready = 0;
 }
@@ -135,42 +213,44 @@ static void release_buffers(ddp *d) {
 static void ddp_destroy(void *self) {
     ddp *d = self;
     if (!d) return;
-    /* ASYNC: an asynchronous backend would wait for (or cancel) the requests
-     * still in flight here, before their buffers go. */
     release_buffers(d);
     d->host->api->free(d->host, d);
 }
 
 /* ---- setup -------------------------------------------------------------- */
 
+static int is_half(vh_dtype t) { return t == VH_DTYPE_F16 || t == VH_DTYPE_BF16; }
+
 static vh_status check_policy(ddp *d, const vh_precision_policy *pol) {
     vh_host *host = d->host;
-    if (pol->master_dtype != VH_DTYPE_F32)
+    if (pol->master_weights && pol->master_dtype != VH_DTYPE_F32)
         return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
                                "master copies must be f32 (the policy asks for %s)",
                                vh_dtype_name(pol->master_dtype));
-    if (pol->grad_dtype != VH_DTYPE_F32 || pol->comm_dtype != VH_DTYPE_F32)
+    if (pol->state_dtype != VH_DTYPE_F32)
         return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
-                               "ddp keeps and all-reduces f32 gradients; the policy asks for "
-                               "%s grads and %s on the wire (the amp/fp16 precision policies "
-                               "with reduced-precision gradients come later)",
-                               vh_dtype_name(pol->grad_dtype), vh_dtype_name(pol->comm_dtype));
-    switch (pol->param_dtype) {
-    case VH_DTYPE_F32: break;
-    case VH_DTYPE_F16:
-    case VH_DTYPE_BF16:
-        if (!d->dev->convert)
-            return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
-                                   "%s parameters need the device's convert op, which %s lacks",
-                                   vh_dtype_name(pol->param_dtype),
-                                   d->dev->name ? d->dev->name : "the device");
-        break;
-    default:
+                               "ddp keeps the optimizer state in f32 (the policy asks for %s)",
+                               vh_dtype_name(pol->state_dtype));
+    if (!vh_dtype_is_float(pol->param_dtype))
         return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
-                               "parameters of dtype %s are not supported (f32, f16 or bf16; "
-                               "the amp/fp16 precision policies come later)",
+                               "parameters of dtype %s are not supported (f32, f16 or bf16)",
                                vh_dtype_name(pol->param_dtype));
-    }
+    if (!vh_dtype_is_float(pol->grad_dtype))
+        return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
+                               "gradients of dtype %s are not supported (f32, f16 or bf16)",
+                               vh_dtype_name(pol->grad_dtype));
+    /* f32 gradients travel in f32; 16-bit ones in their dtype or in f32. */
+    if (pol->comm_dtype != VH_DTYPE_F32 && pol->comm_dtype != pol->grad_dtype)
+        return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
+                               "ddp reduces gradients in their own dtype or in f32; the policy "
+                               "asks for %s grads with %s on the wire",
+                               vh_dtype_name(pol->grad_dtype), vh_dtype_name(pol->comm_dtype));
+    if ((is_half(pol->param_dtype) || is_half(pol->grad_dtype)) && !d->dev->convert)
+        return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
+                               "%s parameters or %s gradients need the device's convert op, "
+                               "which %s lacks",
+                               vh_dtype_name(pol->param_dtype), vh_dtype_name(pol->grad_dtype),
+                               dev_name(d));
     return VH_STATUS_OK;
 }
 
@@ -198,7 +278,7 @@ static vh_status check_table(ddp *d, const vh_param_table *t) {
                                        (int)u, ud->name ? ud->name : "?", (int)i,
                                        pd->name ? pd->name : "?", (long long)pd->offset,
                                        (long long)pd->numel);
-            if (pd->numel > INT64_MAX / 4 - sum)
+            if (pd->numel > INT64_MAX / 16 - sum)
                 return host->api->fail(host, VH_STATUS_ERR_NOMEM, "unit %d is too large", (int)u);
             sum += pd->numel;
         }
@@ -207,7 +287,7 @@ static vh_status check_table(ddp *d, const vh_param_table *t) {
                                    "unit %d (%s): numel %lld, its params sum to %lld", (int)u,
                                    ud->name ? ud->name : "?", (long long)ud->numel,
                                    (long long)sum);
-        if (sum > INT64_MAX / 4 - total)
+        if (sum > INT64_MAX / 16 - total)
             return host->api->fail(host, VH_STATUS_ERR_NOMEM, "the table is too large");
         total += sum;
         params += ud->num_params;
@@ -216,10 +296,120 @@ static vh_status check_table(ddp *d, const vh_param_table *t) {
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                "table numel %lld, its units sum to %lld", (long long)t->numel,
                                (long long)total);
-    if ((uint64_t)total > SIZE_MAX / sizeof(float) || params > INT32_MAX)
+    /* Padding adds at most 64 bytes a parameter to the 4 of an element. */
+    if ((uint64_t)total > SIZE_MAX / 8 / sizeof(float) || params > INT32_MAX / 2)
         return host->api->fail(host, VH_STATUS_ERR_NOMEM,
                                "%lld parameters do not fit this machine's address space",
                                (long long)total);
+    return VH_STATUS_OK;
+}
+
+/* Where everything goes: the per-parameter records, the unit ranges and the
+ * reduction runs, from the two layouts of every unit. Host memory only. */
+static vh_status plan(ddp *d, const vh_param_table *t) {
+    vh_host *host = d->host;
+    const vh_precision_policy *pol = &d->policy;
+    int32_t nparams = 0;
+    for (int32_t u = 0; u < t->num_units; u++) nparams += t->units[u].num_params;
+    size_t unit_bytes = (size_t)t->num_units * sizeof *d->units;
+    size_t param_bytes = (size_t)nparams * sizeof *d->params_;
+    size_t run_bytes = (size_t)nparams * sizeof *d->runs; /* at most one a parameter */
+    d->units = host->api->alloc(host, unit_bytes);
+    d->params_ = host->api->alloc(host, param_bytes);
+    d->runs = host->api->alloc(host, run_bytes);
+    if (!d->units || !d->params_ || !d->runs)
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory for %d units",
+                               (int)t->num_units);
+    memset(d->units, 0, unit_bytes);
+    memset(d->params_, 0, param_bytes);
+    memset(d->runs, 0, run_bytes);
+    d->num_units = t->num_units;
+    d->num_params = nparams;
+
+    int32_t n = 0, r = 0;
+    int64_t state_at = 0;
+    for (int32_t u = 0; u < t->num_units; u++) {
+        const vh_unit_desc *ud = &t->units[u];
+        ddp_unit *un = &d->units[u];
+        vh_unit_layout pl, gl;
+        vh_status st = vh_unit_layout_init(&pl, ud, vh_policy_param_dtype, pol);
+        if (st == VH_STATUS_OK) {
+            st = vh_unit_layout_init(&gl, ud, vh_policy_grad_dtype, pol);
+            if (st != VH_STATUS_OK) vh_unit_layout_free(&pl);
+        }
+        if (st != VH_STATUS_OK)
+            return host->api->fail(host, st, "laying out unit %d (%s) failed", (int)u,
+                                   ud->name ? ud->name : "?");
+        un->name = ud->name;
+        un->numel = ud->numel;
+        un->first_param = n;
+        un->num_params = ud->num_params;
+        un->param_at = d->params_bytes;
+        un->param_bytes = pl.bytes;
+        un->grad_at = d->grads_bytes;
+        un->grad_bytes = gl.bytes;
+        un->first_run = r;
+        for (int32_t i = 0; i < ud->num_params; i++, n++) {
+            ddp_param *p = &d->params_[n];
+            p->numel = ud->params[i].numel;
+            p->state_at = state_at + ud->params[i].offset;
+            p->param_dtype = pl.dtypes[i];
+            p->grad_dtype = gl.dtypes[i];
+            p->param_at = un->param_at + pl.offsets[i];
+            p->grad_at = un->grad_at + gl.offsets[i];
+            /* Without master weights the compute copy is the master, in its
+             * dtype; with them an f32 compute copy is its own master. */
+            p->aliased = !pol->master_weights || p->param_dtype == VH_DTYPE_F32;
+            p->master_at = -1;
+            if (!p->aliased) {
+                p->master_at = d->masters_numel;
+                d->masters_numel += p->numel;
+            }
+            p->grad32_at = -1;
+            if (p->grad_dtype != VH_DTYPE_F32) {
+                p->grad32_at = d->grad32_numel;
+                d->grad32_numel += p->numel;
+            }
+            if (p->numel > d->max_numel) d->max_numel = p->numel;
+
+            /* The wire: see "Wire dtype" above. */
+            int in_grad32 = p->grad_dtype != VH_DTYPE_F32 && pol->comm_dtype == VH_DTYPE_F32;
+            vh_dtype wire = in_grad32 ? VH_DTYPE_F32 : p->grad_dtype;
+            ddp_run *last = r > un->first_run ? &d->runs[r - 1] : NULL;
+            if (last && last->in_grad32 == in_grad32 && last->dtype == wire) {
+                last->count++;
+            } else {
+                ddp_run *run = &d->runs[r++];
+                run->first = i;
+                run->count = 1;
+                run->in_grad32 = in_grad32;
+                run->dtype = wire;
+                run->at = in_grad32 ? (size_t)p->grad32_at : p->grad_at;
+            }
+        }
+        /* Each run's length: to the next run's start (padding included) in
+         * `grads`; the parameters themselves in grad32 (packed). */
+        for (int32_t k = un->first_run; k < r; k++) {
+            ddp_run *run = &d->runs[k];
+            if (run->in_grad32) {
+                int64_t elems = 0;
+                for (int32_t i = run->first; i < run->first + run->count; i++)
+                    elems += ud->params[i].numel;
+                run->elems = (size_t)elems;
+            } else {
+                int32_t end = run->first + run->count;
+                size_t end_at = end < ud->num_params ? gl.offsets[end] : gl.bytes;
+                run->elems = (end_at - gl.offsets[run->first]) / vh_dtype_size(run->dtype);
+            }
+        }
+        un->num_runs = r - un->first_run;
+        d->params_bytes += pl.bytes;
+        d->grads_bytes += gl.bytes;
+        state_at += ud->numel;
+        vh_unit_layout_free(&pl);
+        vh_unit_layout_free(&gl);
+    }
+    d->num_runs = r;
     return VH_STATUS_OK;
 }
 
@@ -227,88 +417,84 @@ static vh_status check_table(ddp *d, const vh_param_table *t) {
 static vh_status alloc_zeroed(ddp *d, size_t bytes, void **out, const char *what) {
     const vh_device_ops *dev = d->dev;
     *out = NULL;
+    if (bytes == 0) return VH_STATUS_OK;
     vh_status st = dev->alloc(dev->device, bytes, out);
     if (st != VH_STATUS_OK || !*out) {
         *out = NULL;
         return d->host->api->fail(d->host, st != VH_STATUS_OK ? st : VH_STATUS_ERR_NOMEM,
                                   "allocating %s (%zu bytes) on %s failed", what, bytes,
-                                  dev->name ? dev->name : "the device");
+                                  dev_name(d));
     }
-    st = dev->memset_zero(dev->device, *out, bytes);
+    st = dev->memset_zero(dev->device, *out, bytes, NULL);
     if (st != VH_STATUS_OK)
-        return d->host->api->fail(d->host, st, "zeroing %s on %s failed", what,
-                                  dev->name ? dev->name : "the device");
+        return d->host->api->fail(d->host, st, "zeroing %s on %s failed", what, dev_name(d));
     return VH_STATUS_OK;
 }
 
 static vh_status alloc_buffers(ddp *d) {
-    const vh_device_ops *dev = d->dev;
-    size_t n = (size_t)d->numel;
-    size_t f32_bytes = n * sizeof(float);
-    vh_status st = alloc_zeroed(d, n * d->param_size, &d->params, "the parameters");
-    if (st != VH_STATUS_OK) return st;
-    if (d->param_dtype == VH_DTYPE_F32) {
-        d->masters = d->params;
-    } else {
-        void *m;
-        st = alloc_zeroed(d, f32_bytes, &m, "the f32 master parameters");
-        d->masters = m;
-        if (st != VH_STATUS_OK) return st;
+    size_t f32_bytes = (size_t)d->numel * sizeof(float);
+    vh_status st = alloc_zeroed(d, d->params_bytes, &d->params, "the parameters");
+    if (st == VH_STATUS_OK) st = alloc_zeroed(d, d->grads_bytes, &d->grads, "the gradients");
+    void *buf;
+    if (st == VH_STATUS_OK) {
+        st = alloc_zeroed(d, (size_t)d->masters_numel * sizeof(float), &buf,
+                          "the f32 master parameters");
+        d->masters = buf;
     }
-    void *g;
-    st = alloc_zeroed(d, f32_bytes, &g, "the gradients");
-    d->grads = g;
-    if (st != VH_STATUS_OK) return st;
-    for (int32_t k = 0; k < d->state_slots; k++) {
-        void *s;
-        st = alloc_zeroed(d, f32_bytes, &s, "the optimizer state");
-        d->state[k] = s;
-        if (st != VH_STATUS_OK) return st;
+    if (st == VH_STATUS_OK) {
+        st = alloc_zeroed(d, (size_t)d->grad32_numel * sizeof(float), &buf,
+                          "the f32 gradients");
+        d->grad32 = buf;
     }
-    if (d->world > 1) {
-        void *w;
-        st = alloc_zeroed(d, sizeof(float), &w, "the gradient averaging factor");
-        d->inv_world = w;
-        if (st != VH_STATUS_OK) return st;
-        float inv = 1.0f / (float)d->world;
-        st = dev->copy(dev->device, d->inv_world, &inv, sizeof inv, VH_COPY_KIND_HOST_TO_DEVICE);
-        if (st != VH_STATUS_OK)
-            return d->host->api->fail(d->host, st, "copying 1/world to %s failed",
-                                      dev->name ? dev->name : "the device");
+    for (int32_t k = 0; k < d->state_slots && st == VH_STATUS_OK; k++) {
+        st = alloc_zeroed(d, f32_bytes, &buf, "the optimizer state");
+        d->state[k] = buf;
     }
-    return VH_STATUS_OK;
+    return st;
+}
+
+static void *param_ptr(const ddp *d, const ddp_param *p) { return (char *)d->params + p->param_at; }
+static void *grad_ptr(const ddp *d, const ddp_param *p) { return (char *)d->grads + p->grad_at; }
+
+/* The master of a parameter: its compute copy when aliased. */
+static void *master_ptr(const ddp *d, const ddp_param *p) {
+    return p->aliased ? param_ptr(d, p) : (void *)(d->masters + p->master_at);
+}
+static vh_dtype master_dtype(const ddp_param *p) {
+    return p->aliased ? p->param_dtype : VH_DTYPE_F32;
+}
+
+/* Where the optimizer reads the f32 gradient. */
+static float *grad32_ptr(const ddp *d, const ddp_param *p) {
+    return p->grad32_at < 0 ? (float *)grad_ptr(d, p) : d->grad32 + p->grad32_at;
 }
 
 /* One slice per parameter, each the whole parameter: nothing is sharded. */
 static vh_status build_slices(ddp *d, const vh_param_table *t) {
     vh_host *host = d->host;
-    int32_t count = 0;
-    for (int32_t u = 0; u < t->num_units; u++) count += t->units[u].num_params;
-    d->slices = host->api->alloc(host, (size_t)count * sizeof(vh_param_slice));
+    d->slices = host->api->alloc(host, (size_t)d->num_params * sizeof(vh_param_slice));
     if (!d->slices)
         return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory for %d slices",
-                               (int)count);
-    memset(d->slices, 0, (size_t)count * sizeof(vh_param_slice));
-    vh_param_slices list = {d->slices, count, (uint32_t)sizeof(vh_param_slice)};
-    int32_t n = 0;
+                               (int)d->num_params);
+    memset(d->slices, 0, (size_t)d->num_params * sizeof(vh_param_slice));
     for (int32_t u = 0; u < t->num_units; u++) {
-        const vh_unit_desc *ud = &t->units[u];
-        int64_t base = d->units[u].offset;
-        for (int32_t i = 0; i < ud->num_params; i++, n++) {
-            const vh_param_desc *pd = &ud->params[i];
-            int64_t at = base + pd->offset;
-            vh_param_slice *sl = vh_param_slices_at(&list, n);
+        const ddp_unit *un = &d->units[u];
+        for (int32_t i = 0; i < un->num_params; i++) {
+            const ddp_param *p = &d->params_[un->first_param + i];
+            vh_param_slice *sl = &d->slices[un->first_param + i];
             sl->unit = u;
             sl->param = i;
             sl->offset = 0;
-            sl->count = pd->numel;
-            sl->flags = pd->flags;
-            sl->master = d->masters + at;
-            sl->grad = d->grads + at;
-            for (int32_t k = 0; k < d->state_slots; k++) sl->state[k] = d->state[k] + at;
+            sl->count = p->numel;
+            sl->flags = t->units[u].params[i].flags;
+            sl->master = master_ptr(d, p);
+            sl->master_dtype = master_dtype(p);
+            sl->grad = grad32_ptr(d, p);
+            sl->grad_dtype = VH_DTYPE_F32;
+            for (int32_t k = 0; k < d->state_slots; k++) sl->state[k] = d->state[k] + p->state_at;
+            sl->state_dtype = VH_DTYPE_F32;
         }
     }
-    d->num_slices = count;
     return VH_STATUS_OK;
 }
 
@@ -319,51 +505,35 @@ static vh_status ddp_setup(void *self, const vh_sharding_setup *setup) {
     if (d->ready)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                "setup called twice; ddp allocates its buffers once");
-    if (!setup || setup->struct_size < sizeof *setup)
+    /* Older (smaller) setups and policies read with their missing members
+     * zero, the defaults. */
+    vh_sharding_setup s;
+    if (!vh_struct_upgrade(&s, sizeof s, setup))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "sharding setup missing");
+    if (s.state_slots < 0 || s.state_slots > VH_OPTIM_MAX_STATE_SLOTS)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "sharding setup missing or too small (%u bytes, %zu expected)",
-                               setup ? (unsigned)setup->struct_size : 0u, sizeof *setup);
-    if (setup->state_slots < 0 || setup->state_slots > VH_OPTIM_MAX_STATE_SLOTS)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "%d optimizer state slots, 0 to %d allowed",
-                               (int)setup->state_slots, VH_OPTIM_MAX_STATE_SLOTS);
-    vh_status st = check_policy(d, &setup->policy);
+                               "%d optimizer state slots, 0 to %d allowed", (int)s.state_slots,
+                               VH_OPTIM_MAX_STATE_SLOTS);
+    vh_status st = check_table(d, s.table);
     if (st != VH_STATUS_OK) return st;
-    st = check_table(d, setup->table);
+    vh_precision_policy pol;
+    if (!vh_struct_upgrade(&pol, sizeof pol, s.policy))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                               "sharding setup without a precision policy");
+    st = check_policy(d, &pol);
     if (st != VH_STATUS_OK) return st;
     if (d->comm->world_size < 1 || d->comm->rank < 0 || d->comm->rank >= d->comm->world_size)
         return host->api->fail(host, VH_STATUS_ERR_INTERNAL,
                                "communicator of rank %d in a world of %d",
                                (int)d->comm->rank, (int)d->comm->world_size);
-    if (d->comm->world_size > 1 && !d->dev->scale_rows)
-        return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
-                               "averaging gradients over %d ranks needs the device's "
-                               "scale_rows op, which %s lacks",
-                               (int)d->comm->world_size, d->dev->name ? d->dev->name : "it");
 
-    const vh_param_table *t = setup->table;
+    const vh_param_table *t = s.table;
     d->world = d->comm->world_size;
-    d->param_dtype = setup->policy.param_dtype;
-    d->param_size = vh_dtype_size(d->param_dtype);
-    d->state_slots = setup->state_slots;
+    d->policy = pol;
+    d->state_slots = s.state_slots;
     d->numel = t->numel;
-    d->units = host->api->alloc(host, (size_t)t->num_units * sizeof *d->units);
-    if (!d->units) {
-        release_buffers(d);
-        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory for %d units",
-                               (int)t->num_units);
-    }
-    memset(d->units, 0, (size_t)t->num_units * sizeof *d->units);
-    d->num_units = t->num_units;
-    int64_t offset = 0;
-    for (int32_t u = 0; u < t->num_units; u++) {
-        d->units[u].name = t->units[u].name;
-        d->units[u].offset = offset;
-        d->units[u].numel = t->units[u].numel;
-        offset += t->units[u].numel;
-    }
-
-    st = alloc_buffers(d);
+    st = plan(d, t);
+    if (st == VH_STATUS_OK) st = alloc_buffers(d);
     if (st == VH_STATUS_OK) st = build_slices(d, t);
     if (st != VH_STATUS_OK) {
         /* Leave the plugin as before setup; the message is already recorded. */
@@ -393,9 +563,19 @@ static ddp_unit *unit_at(ddp *d, int32_t unit, const char *call, vh_status *st) 
     return &d->units[unit];
 }
 
-static const char *unit_name(const ddp_unit *u) { return u->name ? u->name : "?"; }
-
-static const char *dev_name(const ddp *d) { return d->dev->name ? d->dev->name : "the device"; }
+/* A device f32 scratch buffer of n elements for load_unit / store_unit of
+ * parameters whose only copy is 16-bit (no master weights); freed by the
+ * caller. Rare (init, checkpoints), so it is not kept. */
+static vh_status scratch_f32(ddp *d, int64_t n, float **out) {
+    void *buf = NULL;
+    vh_status st = d->dev->alloc(d->dev->device, (size_t)n * sizeof(float), &buf);
+    *out = buf;
+    if (st != VH_STATUS_OK || !buf)
+        return d->host->api->fail(d->host, st != VH_STATUS_OK ? st : VH_STATUS_ERR_NOMEM,
+                                  "allocating %lld f32 of scratch on %s failed", (long long)n,
+                                  dev_name(d));
+    return VH_STATUS_OK;
+}
 
 static vh_status ddp_load_unit(void *self, int32_t unit, const float *values) {
     ddp *d = self;
@@ -406,20 +586,41 @@ static vh_status ddp_load_unit(void *self, int32_t unit, const float *values) {
     if (!values)
         return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG, "load_unit: NULL values");
     const vh_device_ops *dev = d->dev;
-    float *master = d->masters + u->offset;
-    size_t n = (size_t)u->numel;
     /* Every rank was given the same values and keeps all of them. */
-    st = dev->copy(dev->device, master, values, n * sizeof(float), VH_COPY_KIND_HOST_TO_DEVICE);
-    if (st != VH_STATUS_OK)
-        return d->host->api->fail(d->host, st, "load_unit: copying unit %d (%s) to %s failed",
-                                  (int)unit, unit_name(u), dev_name(d));
-    if (d->masters != d->params) {
-        char *params = (char *)d->params + (size_t)u->offset * d->param_size;
-        st = dev->convert(dev->device, params, d->param_dtype, master, VH_DTYPE_F32, n);
+    const float *at = values;
+    for (int32_t i = 0; i < u->num_params; i++) {
+        const ddp_param *p = &d->params_[u->first_param + i];
+        size_t n = (size_t)p->numel;
+        void *master = master_ptr(d, p);
+        float *scratch = NULL;
+        const char *what = "copying";
+        if (master_dtype(p) == VH_DTYPE_F32) {
+            st = dev->copy(dev->device, master, at, n * sizeof(float),
+                           VH_COPY_KIND_HOST_TO_DEVICE, NULL);
+            if (st == VH_STATUS_OK && !p->aliased) {
+                what = "converting";
+                st = dev->convert(dev->device, param_ptr(d, p), p->param_dtype, master,
+                                  VH_DTYPE_F32, n, NULL);
+            }
+        } else { /* the 16-bit compute copy is the master: through f32 scratch */
+            st = scratch_f32(d, p->numel, &scratch);
+            if (st != VH_STATUS_OK) return st;
+            st = dev->copy(dev->device, scratch, at, n * sizeof(float),
+                           VH_COPY_KIND_HOST_TO_DEVICE, NULL);
+            if (st == VH_STATUS_OK) {
+                what = "converting";
+                st = dev->convert(dev->device, master, p->param_dtype, scratch, VH_DTYPE_F32, n,
+                                  NULL);
+            }
+            /* The CPU has finished; a stream device must before the free. */
+            if (st == VH_STATUS_OK && dev->synchronize) st = dev->synchronize(dev->device);
+            dev_free(d, scratch);
+        }
         if (st != VH_STATUS_OK)
-            return d->host->api->fail(d->host, st,
-                                      "load_unit: converting unit %d (%s) to %s failed",
-                                      (int)unit, unit_name(u), vh_dtype_name(d->param_dtype));
+            return d->host->api->fail(d->host, st, "load_unit: %s unit %d (%s) param %d to %s "
+                                                   "failed",
+                                      what, (int)unit, unit_name(u), (int)i, dev_name(d));
+        at += n;
     }
     return VH_STATUS_OK;
 }
@@ -434,11 +635,31 @@ static vh_status ddp_store_unit(void *self, int32_t unit, float *values) {
         return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG, "store_unit: NULL values");
     /* Collective by contract; a full replica needs no communication. */
     const vh_device_ops *dev = d->dev;
-    st = dev->copy(dev->device, values, d->masters + u->offset, (size_t)u->numel * sizeof(float),
-                   VH_COPY_KIND_DEVICE_TO_HOST);
-    if (st != VH_STATUS_OK)
-        return d->host->api->fail(d->host, st, "store_unit: copying unit %d (%s) from %s failed",
-                                  (int)unit, unit_name(u), dev_name(d));
+    float *at = values;
+    for (int32_t i = 0; i < u->num_params; i++) {
+        const ddp_param *p = &d->params_[u->first_param + i];
+        size_t n = (size_t)p->numel;
+        const void *master = master_ptr(d, p);
+        if (master_dtype(p) == VH_DTYPE_F32) {
+            st = dev->copy(dev->device, at, master, n * sizeof(float),
+                           VH_COPY_KIND_DEVICE_TO_HOST, NULL);
+        } else {
+            float *scratch = NULL;
+            st = scratch_f32(d, p->numel, &scratch);
+            if (st != VH_STATUS_OK) return st;
+            st = dev->convert(dev->device, scratch, VH_DTYPE_F32, master, p->param_dtype, n,
+                              NULL);
+            if (st == VH_STATUS_OK)
+                st = dev->copy(dev->device, at, scratch, n * sizeof(float),
+                               VH_COPY_KIND_DEVICE_TO_HOST, NULL);
+            dev_free(d, scratch);
+        }
+        if (st != VH_STATUS_OK)
+            return d->host->api->fail(d->host, st,
+                                      "store_unit: copying unit %d (%s) param %d from %s failed",
+                                      (int)unit, unit_name(u), (int)i, dev_name(d));
+        at += n;
+    }
     return VH_STATUS_OK;
 }
 
@@ -453,11 +674,12 @@ static vh_status ddp_zero_grads(void *self) {
                                "zero_grads with %d reduction(s) not waited for: call wait "
                                "after backward",
                                (int)d->pending);
+    /* grad32 needs no zeroing: it is written whole before it is read. */
     const vh_device_ops *dev = d->dev;
-    vh_status st = dev->memset_zero(dev->device, d->grads, (size_t)d->numel * sizeof(float));
+    vh_status st = dev->memset_zero(dev->device, d->grads, d->grads_bytes, NULL);
     if (st != VH_STATUS_OK)
         return host->api->fail(host, st, "zeroing the gradients on %s failed", dev_name(d));
-    for (int32_t u = 0; u < d->num_units; u++) d->units[u].reduced = 0;
+    for (int32_t u = 0; u < d->num_units; u++) d->units[u].reduced = d->units[u].converted = 0;
     return VH_STATUS_OK;
 }
 
@@ -475,7 +697,7 @@ static vh_status ddp_gather(void *self, int32_t unit, const void **params) {
                                   (int)unit, unit_name(u), (int)u->gathered);
     /* A replica is always whole: nothing to gather. */
     u->gathered++;
-    *params = (const char *)d->params + (size_t)u->offset * d->param_size;
+    *params = (const char *)d->params + u->param_at;
     return VH_STATUS_OK;
 }
 
@@ -506,23 +728,27 @@ static vh_status ddp_grads(void *self, int32_t unit, void **grads) {
                                   "grads of unit %d (%s) asked for after its reduce in this "
                                   "step; whatever is added now would miss the other ranks",
                                   (int)unit, unit_name(u));
-    *grads = d->grads + u->offset;
+    *grads = (char *)d->grads + u->grad_at;
     return VH_STATUS_OK;
 }
 
-/* grads *= 1/world on the device: scale_rows with one factor for every row.
- * Rows of ROW elements let the device spread the work; the tail is one short
- * row. In place is fine: each element is read once, then written. */
-static vh_status average(ddp *d, float *g, int64_t n) {
-    enum { ROW = 4096 };
+/* grad32 <- the 16-bit gradients of params [first, first + count) of unit u
+ * (those with grad32_at >= 0), on the current stream. */
+static vh_status convert_grads(ddp *d, const ddp_unit *u, int32_t first, int32_t count) {
     const vh_device_ops *dev = d->dev;
-    int64_t rows = n / ROW, tail = n % ROW;
-    vh_status st = VH_STATUS_OK;
-    if (rows > 0) st = dev->scale_rows(dev->device, g, g, d->inv_world, rows, ROW, 1, 1, 0);
-    if (st == VH_STATUS_OK && tail > 0)
-        st = dev->scale_rows(dev->device, g + rows * ROW, g + rows * ROW, d->inv_world, 1, tail,
-                             1, 1, 0);
-    return st;
+    for (int32_t i = first; i < first + count; i++) {
+        const ddp_param *p = &d->params_[u->first_param + i];
+        if (p->grad32_at < 0) continue;
+        vh_status st = dev->convert(dev->device, d->grad32 + p->grad32_at, VH_DTYPE_F32,
+                                    grad_ptr(d, p), p->grad_dtype, (size_t)p->numel, NULL);
+        if (st != VH_STATUS_OK)
+            return d->host->api->fail(d->host, st,
+                                      "converting unit %s param %d's %s gradients to f32 on %s "
+                                      "failed",
+                                      unit_name(u), (int)i, vh_dtype_name(p->grad_dtype),
+                                      dev_name(d));
+    }
+    return VH_STATUS_OK;
 }
 
 static vh_status ddp_reduce(void *self, int32_t unit) {
@@ -537,26 +763,33 @@ static vh_status ddp_reduce(void *self, int32_t unit) {
                                "reduce of unit %d (%s) twice in one step: its grads are "
                                "already all-reduced (zero_grads starts the next step)",
                                (int)unit, unit_name(u));
-    float *g = d->grads + u->offset;
-    /* ASYNC: with NCCL or MPI_Iallreduce this starts the collective (on the
-     * comm stream, after an event recorded on the compute stream) and keeps
-     * the request in the unit; the averaging below is then queued behind it
-     * and `wait` completes both. The self/MPI backends of ABI 1.0 return when
-     * the sum is done. */
-    st = d->comm->ops->all_reduce(d->comm, g, (size_t)u->numel, VH_DTYPE_F32, VH_REDUCE_OP_SUM);
-    if (st != VH_STATUS_OK)
-        return host->api->fail(host, st, "all-reduce of unit %d (%s)'s grads over %d ranks "
-                                         "failed",
-                               (int)unit, unit_name(u), (int)d->world);
-    if (d->world > 1) {
-        st = average(d, g, u->numel);
-        if (st != VH_STATUS_OK)
-            return host->api->fail(host, st,
-                                   "averaging unit %d (%s)'s grads over %d ranks on %s failed",
-                                   (int)unit, unit_name(u), (int)d->world, dev_name(d));
-    }
+    /* From here the unit counts as reduced, even if a start below fails:
+     * wait then finishes what did start, and the step is abandoned anyway. */
     u->reduced = 1;
     d->pending++;
+    for (int32_t k = u->first_run; k < u->first_run + u->num_runs; k++) {
+        ddp_run *run = &d->runs[k];
+        void *buf;
+        if (run->in_grad32) {
+            /* f32 on the wire for 16-bit grads: convert first, then reduce
+             * the f32 copy (the collective is ordered after the conversion
+             * on the same stream). */
+            if ((st = convert_grads(d, u, run->first, run->count)) != VH_STATUS_OK) return st;
+            buf = d->grad32 + run->at;
+        } else {
+            buf = (char *)d->grads + run->at;
+        }
+        st = d->comm->ops->all_reduce_start(d->comm, buf, run->elems, run->dtype,
+                                            VH_REDUCE_OP_AVG, NULL, &run->req);
+        if (st != VH_STATUS_OK) {
+            run->req = NULL;
+            return host->api->fail(host, st,
+                                   "starting the all-reduce of unit %d (%s)'s grads (%zu %s) "
+                                   "over %d ranks failed",
+                                   (int)unit, unit_name(u), run->elems,
+                                   vh_dtype_name(run->dtype), (int)d->world);
+        }
+    }
     return VH_STATUS_OK;
 }
 
@@ -565,9 +798,6 @@ static vh_status ddp_wait(void *self) {
     if (!d) return VH_STATUS_ERR_INVALID_ARG;
     vh_host *host = d->host;
     if (!d->ready) return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "wait before setup");
-    /* ASYNC: wait here for every request started by reduce (ncclGroupEnd +
-     * stream wait on the compute stream, or MPI_Waitall). Nothing is in
-     * flight with the synchronous backends. */
     if (d->pending > 0) {
         for (int32_t u = 0; u < d->num_units; u++)
             if (!d->units[u].reduced)
@@ -576,7 +806,26 @@ static vh_status ddp_wait(void *self) {
                                        "others were; its grads would differ across ranks",
                                        (int)u, unit_name(&d->units[u]));
     }
+    /* Every request started by reduce, in the order they started. */
+    vh_status st = wait_runs(d);
     d->pending = 0;
+    if (st != VH_STATUS_OK)
+        return host->api->fail(host, st, "waiting for the gradient all-reduces over %d ranks "
+                                         "failed",
+                               (int)d->world);
+    /* The optimizer reads f32: convert what was reduced in 16 bits (and the
+     * 16-bit grads of a step that reduced nothing). */
+    if (d->grad32_numel == 0) return VH_STATUS_OK;
+    for (int32_t u = 0; u < d->num_units; u++) {
+        ddp_unit *un = &d->units[u];
+        if (un->converted) continue;
+        for (int32_t k = un->first_run; k < un->first_run + un->num_runs; k++) {
+            const ddp_run *run = &d->runs[k];
+            if (un->reduced && run->in_grad32) continue; /* converted before its reduce */
+            if ((st = convert_grads(d, un, run->first, run->count)) != VH_STATUS_OK) return st;
+        }
+        un->converted = 1;
+    }
     return VH_STATUS_OK;
 }
 
@@ -585,9 +834,11 @@ static vh_status ddp_slices(void *self, vh_param_slices *out) {
     if (!d || !out) return VH_STATUS_ERR_INVALID_ARG;
     if (!d->ready)
         return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG, "slices before setup");
+    memset(out, 0, sizeof *out);
     out->items = d->slices;
-    out->count = d->num_slices;
+    out->count = d->num_params;
     out->item_size = (uint32_t)sizeof(vh_param_slice);
+    out->replicated = 1; /* every rank holds every slice: sums over them are local */
     return VH_STATUS_OK;
 }
 
@@ -596,14 +847,108 @@ static vh_status ddp_refresh(void *self) {
     if (!d) return VH_STATUS_ERR_INVALID_ARG;
     if (!d->ready)
         return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG, "refresh before setup");
-    if (d->masters == d->params) return VH_STATUS_OK; /* f32: the master is the compute copy */
-    /* The buffers share offsets, so one conversion refreshes every unit. */
+    /* Aliased masters are the compute copies already (all of them under fp32). */
     const vh_device_ops *dev = d->dev;
-    vh_status st = dev->convert(dev->device, d->params, d->param_dtype, d->masters, VH_DTYPE_F32,
-                                (size_t)d->numel);
-    if (st != VH_STATUS_OK)
-        return d->host->api->fail(d->host, st, "refresh: converting the masters to %s failed",
-                                  vh_dtype_name(d->param_dtype));
+    for (int32_t n = 0; n < d->num_params; n++) {
+        const ddp_param *p = &d->params_[n];
+        if (p->aliased) continue;
+        vh_status st = dev->convert(dev->device, param_ptr(d, p), p->param_dtype,
+                                    d->masters + p->master_at, VH_DTYPE_F32, (size_t)p->numel,
+                                    NULL);
+        if (st != VH_STATUS_OK)
+            return d->host->api->fail(d->host, st,
+                                      "refresh: converting the masters of unit %d param %d to "
+                                      "%s failed",
+                                      (int)d->slices[n].unit, (int)d->slices[n].param,
+                                      vh_dtype_name(p->param_dtype));
+    }
+    return VH_STATUS_OK;
+}
+
+/* ---- optimizer state and memory ------------------------------------------ */
+
+/* Every slice's state slots through io, whole (offset 0, count numel), f32,
+ * through a host buffer (the state is device memory). Every rank holds the
+ * same state, so on save rank 0 alone writes; on load every rank reads. */
+static vh_status state_io(ddp *d, const vh_state_io *io, int save) {
+    vh_host *host = d->host;
+    const char *call = save ? "state_save" : "state_load";
+    if (!d->ready) return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s before setup", call);
+    vh_state_io v;
+    if (!vh_struct_upgrade(&v, sizeof v, io) || (save ? !v.write : !v.read))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s: no state io or no %s", call,
+                               save ? "write" : "read");
+    if (d->state_slots == 0 || (save && d->comm->rank != 0)) return VH_STATUS_OK;
+    const vh_device_ops *dev = d->dev;
+    float *buf = host->api->alloc(host, (size_t)d->max_numel * sizeof(float));
+    if (!buf)
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "%s: out of memory for %lld values",
+                               call, (long long)d->max_numel);
+    vh_status st = VH_STATUS_OK;
+    for (int32_t n = 0; n < d->num_params && st == VH_STATUS_OK; n++) {
+        const vh_param_slice *sl = &d->slices[n];
+        size_t bytes = (size_t)sl->count * sizeof(float);
+        for (int32_t k = 0; k < d->state_slots && st == VH_STATUS_OK; k++) {
+            const char *what = "copying";
+            if (save) {
+                st = dev->copy(dev->device, buf, sl->state[k], bytes,
+                               VH_COPY_KIND_DEVICE_TO_HOST, NULL);
+                if (st == VH_STATUS_OK) {
+                    what = "writing";
+                    st = v.write(v.ctx, sl->unit, sl->param, k, 0, sl->count, VH_DTYPE_F32, buf);
+                }
+            } else {
+                what = "reading";
+                st = v.read(v.ctx, sl->unit, sl->param, k, 0, sl->count, VH_DTYPE_F32, buf);
+                if (st == VH_STATUS_OK) {
+                    what = "copying";
+                    st = dev->copy(dev->device, sl->state[k], buf, bytes,
+                                   VH_COPY_KIND_HOST_TO_DEVICE, NULL);
+                }
+            }
+            if (st != VH_STATUS_OK)
+                st = host->api->fail(host, st, "%s: %s state slot %d of unit %d (%s) param %d "
+                                               "failed",
+                                     call, what, (int)k, (int)sl->unit,
+                                     unit_name(&d->units[sl->unit]), (int)sl->param);
+        }
+    }
+    host->api->free(host, buf);
+    return st;
+}
+
+static vh_status ddp_state_save(void *self, const vh_state_io *io) {
+    if (!self) return VH_STATUS_ERR_INVALID_ARG;
+    return state_io(self, io, 1);
+}
+
+static vh_status ddp_state_load(void *self, const vh_state_io *io) {
+    if (!self) return VH_STATUS_ERR_INVALID_ARG;
+    return state_io(self, io, 0);
+}
+
+/* Bytes on this rank: params are the compute copies (layouts with their
+ * padding); grads the grad buffer plus the f32 copies of 16-bit grads;
+ * masters only the separate f32 masters (an aliased master is counted once,
+ * under params); comm_buffers 0, since every collective runs in place. */
+static vh_status ddp_memory(void *self, vh_sharding_memory *out) {
+    ddp *d = self;
+    if (!d || !out) return VH_STATUS_ERR_INVALID_ARG;
+    if (out->struct_size < sizeof out->struct_size)
+        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG,
+                                  "memory: out->struct_size is %u; the caller sets it",
+                                  (unsigned)out->struct_size);
+    vh_sharding_memory m;
+    memset(&m, 0, sizeof m);
+    m.params = (int64_t)d->params_bytes;
+    m.grads = (int64_t)d->grads_bytes + d->grad32_numel * (int64_t)sizeof(float);
+    m.masters = d->masters_numel * (int64_t)sizeof(float);
+    m.optim_state = (int64_t)d->state_slots * d->numel * (int64_t)sizeof(float);
+    m.comm_buffers = 0;
+    /* Fill what the caller's (possibly older) struct covers. */
+    size_t n = out->struct_size < sizeof m ? out->struct_size : sizeof m;
+    memcpy((char *)out + sizeof m.struct_size, (const char *)&m + sizeof m.struct_size,
+           n - sizeof m.struct_size);
     return VH_STATUS_OK;
 }
 
@@ -622,6 +967,9 @@ static const vh_sharding_vtable vtable = {
     .wait = ddp_wait,
     .slices = ddp_slices,
     .refresh = ddp_refresh,
+    .state_save = ddp_state_save,
+    .state_load = ddp_state_load,
+    .memory = ddp_memory,
 };
 
 VH_PLUGIN_DEFINE(VH_ROLE_SHARDING, "ddp", "0.1.0",

@@ -6,6 +6,10 @@
  * values out of range or outside `choices` are refused with file:line:col, and
  * missing keys are filled from `default_value`. A plugin therefore reads only
  * values that already passed its schema.
+ *
+ * vh_config_key (an array in the plugin) and vh_config_origin (filled into
+ * the plugin's memory) are FROZEN for every ABI 2.x: no struct_size, never
+ * grow; a change would be a new type.
  */
 #ifndef VITHOST_VH_CONFIG_H
 #define VITHOST_VH_CONFIG_H

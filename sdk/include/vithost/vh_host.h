@@ -13,7 +13,9 @@
  * or a type mismatch, both plugin bugs.
  *
  * Append-only: members are only ever added at the end, in a new minor ABI
- * version; a plugin built for minor m may use the members that minor m has.
+ * version; a plugin built for minor m may use the members that minor m has,
+ * and checks VH_STRUCT_HAS(host->api, vh_host_api, member) before using a
+ * newer one.
  */
 #ifndef VITHOST_VH_HOST_H
 #define VITHOST_VH_HOST_H
@@ -87,6 +89,11 @@ typedef struct vh_host_api {
 
     /* The run's seed (`run.seed`), for plugins that draw random numbers. */
     uint64_t (*seed)(vh_host *host);
+
+    /* ---- ABI 2.0 ---- */
+    /* Optional host capabilities by name (LV2-style); NULL when the host
+     * does not have `name`. */
+    const void *(*get_extension)(vh_host *host, const char *name);
 } vh_host_api;
 
 struct vh_host {

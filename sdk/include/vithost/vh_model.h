@@ -32,14 +32,53 @@ typedef struct vh_model_setup {
     int32_t channels, height, width; /* from the data plugin */
     int32_t num_classes;             /* from the data plugin */
     int64_t max_batch;               /* per rank */
-    vh_precision_policy policy;
+    const vh_precision_policy *policy;
+    int32_t rank, world_size;        /* random draws (dropout) differ per rank */
 } vh_model_setup;
 
 typedef struct vh_model_output {
     uint32_t struct_size; /* set by the caller */
-    float loss;       /* mean over the batch */
-    vh_tensor logits; /* (B, num_classes) f32 on the device; owned by the model */
+    /* The mean loss over the batch: one f32 in device memory, owned by the
+     * model and valid until the next forward; the host copies it back only
+     * when it needs the number. */
+    const float *loss;
+    vh_tensor logits; /* (B, num_classes) on the device, any float dtype; owned by the model */
 } vh_model_output;
+
+/* ---- named weights ----------------------------------------------------------
+ * A weights file (safetensors, under the model's own names) as the host
+ * opened it. The model looks up the tensors it wants; the host reports the
+ * rest as ignored. */
+typedef struct vh_weights_source {
+    uint32_t struct_size;
+    void *ctx;
+    const char *path;   /* for messages */
+    /* 1 and a host-memory view when the file has `name`, 0 when not. */
+    int (*find)(void *ctx, const char *name, vh_tensor *out);
+} vh_weights_source;
+
+typedef enum vh_weights_mode {
+    /* Every parameter must be in the file with its exact shape (resume,
+     * evaluation). */
+    VH_WEIGHTS_MODE_STRICT = 0,
+    /* Starting a run from pretrained weights: the model decides what it
+     * re-initialises (e.g. a head of another class count). */
+    VH_WEIGHTS_MODE_PRETRAINED = 1,
+} vh_weights_mode;
+
+/* What the model did with each of its parameters, told to the host. */
+typedef enum vh_weights_action {
+    VH_WEIGHTS_ACTION_LOADED = 0,
+    VH_WEIGHTS_ACTION_REINITIALISED = 1,
+} vh_weights_action;
+
+typedef struct vh_weights_report {
+    uint32_t struct_size;
+    void *ctx;
+    /* why: one phrase, e.g. "file has 1000 classes, the data 10". */
+    void (*record)(void *ctx, const char *param_name, vh_weights_action action,
+                   const char *why);
+} vh_weights_report;
 
 typedef struct vh_model_vtable {
     uint32_t struct_size;
@@ -61,6 +100,17 @@ typedef struct vh_model_vtable {
     vh_status (*state_size)(void *self, size_t *bytes);
     vh_status (*state_save)(void *self, void *buf, size_t bytes);
     vh_status (*state_load)(void *self, const void *buf, size_t bytes);
+    /* The weights file the recipe asks the run to start from (the model's
+     * own key, e.g. vit's `pretrained`), or *path = NULL for the init rules. */
+    vh_status (*initial_weights)(void *self, const char **path);
+    /* Fills a unit's full fp32 values (table order; they hold the init
+     * rules' values on entry) from `src`, recording each parameter's action
+     * in `report`. A parameter the file lacks or has in another shape is an
+     * error in STRICT mode; in PRETRAINED mode the model may keep its init
+     * and record REINITIALISED, saying why. */
+    vh_status (*load_weights)(void *self, int32_t unit, const vh_weights_source *src,
+                              vh_weights_mode mode, float *values,
+                              const vh_weights_report *report);
 } vh_model_vtable;
 
 #ifdef __cplusplus

@@ -5,7 +5,16 @@
  * and checks it before calling any plugin code:
  *
  *   magic == VH_PLUGIN_MAGIC, abi_major == host's major, abi_minor <= host's
- *   minor, struct_size large enough, role known, vtable_size large enough.
+ *   minor, struct_size large enough, role known, vtable_size covering the
+ *   role's required calls, and none of the required calls NULL (the loader
+ *   names the missing one). Optional calls may be NULL or lie past a
+ *   shorter (older-minor) vtable_size: the host then uses its default.
+ *
+ * What a minor version may add (and nothing else): members at the end of a
+ * struct or table, optional calls at the end of a role's vtable, new enum
+ * values, new SDK functions, new extensions. Never: a new required call, a
+ * changed member, a removed one. A plugin built for minor m runs on every
+ * host of the same major with minor >= m.
  *
  * The first four fields are the header and never change, whatever the major
  * version, so any host can read them and say which versions disagree.
@@ -32,7 +41,7 @@
 extern "C" {
 #endif
 
-#define VH_ABI_MAJOR 1
+#define VH_ABI_MAJOR 2
 #define VH_ABI_MINOR 0
 
 #define VH_PLUGIN_MAGIC 0x47505856u /* "VXPG" little-endian: a vithost plugin */
@@ -60,6 +69,11 @@ typedef struct vh_plugin_descriptor {
     const vh_config_key *schema; /* ends with a {NULL} entry; never NULL */
     const void *vtable;      /* the role's vtable */
     uint32_t vtable_size;    /* sizeof that vtable */
+    /* ABI 2.0 */
+    /* Optional capabilities beyond the role's vtable, by name (LV2's
+     * extension_data): returns a struct whose layout the name defines, or
+     * NULL when the plugin does not have it. May itself be NULL. */
+    const void *(*get_extension)(const char *name);
 } vh_plugin_descriptor;
 
 /* "model", "precision", "sharding", "optim", "data"; "?" when out of range. */
@@ -72,10 +86,16 @@ VH_SDK_API const char *vh_role_name(vh_role role);
 #endif
 
 #define VH_PLUGIN_DEFINE(role_, name_, version_, description_, schema_, vtable_) \
-    VH_PLUGIN_EXPORT const vh_plugin_descriptor vh_plugin = {                   \
-        VH_PLUGIN_MAGIC, VH_ABI_MAJOR, VH_ABI_MINOR,                             \
-        (uint32_t)sizeof(vh_plugin_descriptor), (role_), (name_), (version_),    \
-        (description_), (schema_), &(vtable_), (uint32_t)sizeof(vtable_)}
+    VH_PLUGIN_DEFINE_EXT(role_, name_, version_, description_, schema_, vtable_, NULL)
+
+/* The same, with a get_extension function. */
+#define VH_PLUGIN_DEFINE_EXT(role_, name_, version_, description_, schema_, vtable_,   \
+                             get_extension_)                                          \
+    VH_PLUGIN_EXPORT const vh_plugin_descriptor vh_plugin = {                         \
+        VH_PLUGIN_MAGIC, VH_ABI_MAJOR, VH_ABI_MINOR,                                   \
+        (uint32_t)sizeof(vh_plugin_descriptor), (role_), (name_), (version_),          \
+        (description_), (schema_), &(vtable_), (uint32_t)sizeof(vtable_),              \
+        (get_extension_)}
 
 #ifdef __cplusplus
 }

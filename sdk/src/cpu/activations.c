@@ -1,8 +1,8 @@
 /* activations.c - element-wise and row-wise ops: GELU, add, mul, bias
- * gradient, softmax, per-sample row scaling (drop path) and dropout. */
+ * gradient, softmax, per-sample row scaling (drop path) and dropout.
+ * fp32 kernels: ops.c reads the arguments and converts other dtypes. */
 #include <math.h>
 #include <stddef.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_ops.h"
@@ -45,22 +45,16 @@ static inline float gelu_cdf(float x, float *pdf) {
     return x < 0.0f ? half : 1.0f - half;
 }
 
-vh_status vh_cpu_gelu_forward(vh_device *dev, float *out, const float *x, int64_t n) {
-    (void)dev;
-    if (n < 0 || (n > 0 && (!out || !x))) return VH_STATUS_ERR_INVALID_ARG;
+void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n) {
 #pragma omp parallel for simd schedule(static) PAR(n)
     for (int64_t i = 0; i < n; i++) {
         float pdf;
         const float v = x[i];
         out[i] = v * gelu_cdf(v, &pdf);
     }
-    return VH_STATUS_OK;
 }
 
-vh_status vh_cpu_gelu_backward(vh_device *dev, float *dx, const float *x, const float *dout,
-                               int64_t n) {
-    (void)dev;
-    if (n < 0 || (n > 0 && (!dx || !x || !dout))) return VH_STATUS_ERR_INVALID_ARG;
+void vh_cpu_k_gelu_backward(float *dx, const float *x, const float *dout, int64_t n) {
 #pragma omp parallel for simd schedule(static) PAR(n)
     for (int64_t i = 0; i < n; i++) {
         float pdf;
@@ -68,21 +62,14 @@ vh_status vh_cpu_gelu_backward(vh_device *dev, float *dx, const float *x, const 
         const float cdf = gelu_cdf(v, &pdf);
         dx[i] += dout[i] * (cdf + v * pdf);
     }
-    return VH_STATUS_OK;
 }
 
-vh_status vh_cpu_add(vh_device *dev, float *out, const float *a, const float *b, int64_t n) {
-    (void)dev;
-    if (n < 0 || (n > 0 && (!out || !a || !b))) return VH_STATUS_ERR_INVALID_ARG;
+void vh_cpu_k_add(float *out, const float *a, const float *b, int64_t n) {
 #pragma omp parallel for simd schedule(static) PAR(n)
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
-    return VH_STATUS_OK;
 }
 
-vh_status vh_cpu_mul(vh_device *dev, float *out, const float *a, const float *b, int64_t n,
-                     int32_t accumulate) {
-    (void)dev;
-    if (n < 0 || (n > 0 && (!out || !a || !b))) return VH_STATUS_ERR_INVALID_ARG;
+void vh_cpu_k_mul(float *out, const float *a, const float *b, int64_t n, int32_t accumulate) {
     if (accumulate) {
 #pragma omp parallel for simd schedule(static) PAR(n)
         for (int64_t i = 0; i < n; i++) out[i] += a[i] * b[i];
@@ -90,18 +77,12 @@ vh_status vh_cpu_mul(vh_device *dev, float *out, const float *a, const float *b,
 #pragma omp parallel for simd schedule(static) PAR(n)
         for (int64_t i = 0; i < n; i++) out[i] = a[i] * b[i];
     }
-    return VH_STATUS_OK;
 }
 
-vh_status vh_cpu_bias_backward(vh_device *dev, float *dbias, const float *dout, int64_t rows,
-                               int64_t cols) {
-    (void)dev;
-    if (rows < 0 || cols < 0) return VH_STATUS_ERR_INVALID_ARG;
-    if (rows == 0 || cols == 0) return VH_STATUS_OK;
-    if (!dbias || !dout) return VH_STATUS_ERR_INVALID_ARG;
+void vh_cpu_k_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols) {
+    if (rows == 0 || cols == 0) return;
     const int64_t chunks = (rows + BIAS_CHUNK_ROWS - 1) / BIAS_CHUNK_ROWS;
-    float *part = malloc((size_t)chunks * (size_t)cols * sizeof(float));
-    if (!part) return VH_STATUS_ERR_NOMEM;
+    float *part = vh_cpu_scratch_alloc((size_t)chunks * (size_t)cols * sizeof(float));
 #pragma omp parallel for schedule(static) PAR(rows * cols)
     for (int64_t c = 0; c < chunks; c++) {
         float *pc = part + c * cols;
@@ -119,27 +100,20 @@ vh_status vh_cpu_bias_backward(vh_device *dev, float *dbias, const float *dout, 
         for (int64_t j = 0; j < cols; j++) part[j] += pc[j];
     }
     for (int64_t j = 0; j < cols; j++) dbias[j] += part[j];
-    free(part);
-    return VH_STATUS_OK;
 }
 
-vh_status vh_cpu_softmax(vh_device *dev, float *x, int64_t rows, int64_t cols) {
-    (void)dev;
-    if (rows < 0 || cols < 0) return VH_STATUS_ERR_INVALID_ARG;
-    if (rows == 0 || cols == 0) return VH_STATUS_OK;
-    if (!x) return VH_STATUS_ERR_INVALID_ARG;
+void vh_cpu_k_softmax(float *out, const float *x, int64_t rows, int64_t cols) {
+    if (rows == 0 || cols == 0) return;
 #pragma omp parallel for schedule(static) PAR(rows * cols)
-    for (int64_t r = 0; r < rows; r++) vh_softmax_row(x + r * cols, cols);
-    return VH_STATUS_OK;
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = out + r * cols;
+        if (row != x + r * cols) memcpy(row, x + r * cols, (size_t)cols * sizeof(float));
+        vh_softmax_row(row, cols);
+    }
 }
 
-vh_status vh_cpu_scale_rows(vh_device *dev, float *out, const float *in, const float *scale,
-                            int64_t rows, int64_t dim, int64_t div, int64_t mod,
-                            int32_t accumulate) {
-    (void)dev;
-    if (rows < 0 || dim < 0 || div <= 0 || mod <= 0) return VH_STATUS_ERR_INVALID_ARG;
-    if (rows == 0 || dim == 0) return VH_STATUS_OK;
-    if (!out || !in || !scale) return VH_STATUS_ERR_INVALID_ARG;
+void vh_cpu_k_scale_rows(float *out, const float *in, const float *scale, int64_t rows,
+                         int64_t dim, int64_t div, int64_t mod, int32_t accumulate) {
 #pragma omp parallel for schedule(static) PAR(rows * dim)
     for (int64_t r = 0; r < rows; r++) {
         const float s = scale[(r / div) % mod];
@@ -153,16 +127,12 @@ vh_status vh_cpu_scale_rows(vh_device *dev, float *out, const float *in, const f
             for (int64_t j = 0; j < dim; j++) dst[j] = src[j] * s;
         }
     }
-    return VH_STATUS_OK;
 }
 
 /* keep[i] = u(seed, i) >= p with u the 24-bit uniform of cpu_ops.h's stream
  * mix64(seed); p = 1 drops everything. */
-vh_status vh_cpu_dropout_forward(vh_device *dev, float *out, float *mask, const float *x,
-                                 int64_t n, float p, uint64_t seed) {
-    (void)dev;
-    if (n < 0 || !(p >= 0.0f && p <= 1.0f)) return VH_STATUS_ERR_INVALID_ARG;
-    if (n > 0 && (!out || !mask || !x)) return VH_STATUS_ERR_INVALID_ARG;
+void vh_cpu_k_dropout_forward(float *out, float *mask, const float *x, int64_t n, float p,
+                              uint64_t seed) {
     const uint64_t key = vh_splitmix64_mix(seed);
     const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
 #pragma omp parallel for simd schedule(static) PAR(n)
@@ -173,5 +143,4 @@ vh_status vh_cpu_dropout_forward(vh_device *dev, float *out, float *mask, const 
         mask[i] = m;
         out[i] = v * m;
     }
-    return VH_STATUS_OK;
 }

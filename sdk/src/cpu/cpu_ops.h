@@ -1,17 +1,25 @@
 /* cpu_ops.h - the CPU compute ops behind vh_cpu_device_ops() (internal).
  *
  * Semantics are those of vh_device.h ("compute ops"); this header only adds
- * what the CPU files share: the op entry points, the counter-based random
- * numbers used by dropout and vh_param_init, and the OpenMP thresholds.
+ * what the CPU files share:
+ * - the op entry points (args structs of any minor, every dtype), in ops.c,
+ *   gemm.c and attention.c;
+ * - the fp32 kernels they run (one per op; other dtypes are converted to and
+ *   from fp32 around them, rounding once at the store);
+ * - a per-thread scratch arena, so that steady-state calls allocate nothing;
+ * - array conversions between f32, bf16 and f16 (half.c);
+ * - the counter-based random numbers used by dropout and vh_param_init, and
+ *   the OpenMP thresholds.
  *
- * Threads: one OpenMP pool for everything. OpenBLAS is the OpenMP build, so a
- * cblas call made outside a parallel region uses that pool, and one made
- * inside a parallel region runs single-threaded (no oversubscription).
+ * Threads: one OpenMP pool for everything. oneDNN (Debian's build) uses the
+ * same libgomp runtime, so a matmul issued outside a parallel region uses that
+ * pool and our own loops use it in between.
  */
 #ifndef VITHOST_CPU_OPS_H
 #define VITHOST_CPU_OPS_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -23,6 +31,45 @@
 /* Element-wise loops go parallel above this many elements; below it the
  * fork/join costs more than the loop. */
 #define VH_CPU_PAR_ELEMS ((int64_t)1 << 15)
+
+/* ---- scratch arena ---------------------------------------------------------
+ * One per thread, for the temporaries of one op call (fp32 copies of bf16
+ * tensors, per-chunk partial sums, oneDNN's scratchpad). vh_cpu_scratch_alloc
+ * returns 64-byte aligned memory valid until the mark it was taken after is
+ * released; memory only grows, so after the first calls of a training step
+ * nothing is allocated. A mark/release pair brackets every op entry point. */
+typedef struct vh_cpu_scratch_mark {
+    size_t used;
+    int level;
+} vh_cpu_scratch_mark;
+
+VH_CPU_HIDDEN vh_cpu_scratch_mark vh_cpu_scratch_begin(void);
+VH_CPU_HIDDEN void *vh_cpu_scratch_alloc(size_t bytes);
+VH_CPU_HIDDEN void vh_cpu_scratch_end(vh_cpu_scratch_mark mark);
+/* Heap allocations this thread's arena has made (growth and overflow). */
+VH_CPU_HIDDEN uint64_t vh_cpu_scratch_allocations(void);
+
+/* ---- dtypes ------------------------------------------------------------- */
+
+static inline int vh_cpu_is_float(vh_dtype t) {
+    return t == VH_DTYPE_F32 || t == VH_DTYPE_F16 || t == VH_DTYPE_BF16;
+}
+
+/* Array conversions (half.c), round to nearest even, NaN kept; vectorised,
+ * and threaded for long arrays. The _serial forms never open a parallel
+ * region: for rows inside a parallel loop. */
+VH_CPU_HIDDEN void vh_cpu_to_f32(float *dst, const void *src, vh_dtype src_dtype, int64_t n);
+VH_CPU_HIDDEN void vh_cpu_from_f32(void *dst, vh_dtype dst_dtype, const float *src, int64_t n);
+VH_CPU_HIDDEN void vh_cpu_to_f32_serial(float *dst, const void *src, vh_dtype src_dtype,
+                                        int64_t n);
+VH_CPU_HIDDEN void vh_cpu_from_f32_serial(void *dst, vh_dtype dst_dtype, const float *src,
+                                          int64_t n);
+
+/* An fp32 view of a tensor of n elements: the tensor itself when it is f32,
+ * else a scratch copy (converted when `load`). vh_cpu_f32_store writes a
+ * view back to its tensor (nothing to do for f32). */
+VH_CPU_HIDDEN float *vh_cpu_f32_view(const void *p, vh_dtype t, int64_t n, int load);
+VH_CPU_HIDDEN void vh_cpu_f32_store(void *p, vh_dtype t, const float *view, int64_t n);
 
 /* ---- random numbers: a pure function of (key, counter) -------------------
  * vh_random.h's splitmix64: the u-th value of stream `key` is
@@ -88,71 +135,80 @@ static inline void vh_softmax_row(float *row, int64_t n) {
     for (int64_t j = 0; j < n; j++) row[j] *= inv;
 }
 
-/* ---- ops (vh_device.h) ---------------------------------------------------- */
+/* ---- op entry points (vh_device.h) ---------------------------------------- */
 
 VH_CPU_HIDDEN vh_status vh_cpu_gemm(vh_device *dev, const vh_gemm_args *args);
-
-VH_CPU_HIDDEN vh_status vh_cpu_layernorm_forward(vh_device *dev, float *out, float *mean,
-                                                 float *rstd, const float *x,
-                                                 const float *weight, const float *bias,
-                                                 int64_t rows, int64_t dim, float eps);
-VH_CPU_HIDDEN vh_status vh_cpu_layernorm_backward(vh_device *dev, float *dx, float *dweight,
-                                                  float *dbias, const float *dout,
-                                                  const float *x, const float *weight,
-                                                  const float *mean, const float *rstd,
-                                                  int64_t rows, int64_t dim);
-
-VH_CPU_HIDDEN vh_status vh_cpu_gelu_forward(vh_device *dev, float *out, const float *x,
-                                            int64_t n);
-VH_CPU_HIDDEN vh_status vh_cpu_gelu_backward(vh_device *dev, float *dx, const float *x,
-                                             const float *dout, int64_t n);
-VH_CPU_HIDDEN vh_status vh_cpu_add(vh_device *dev, float *out, const float *a, const float *b,
-                                   int64_t n);
-VH_CPU_HIDDEN vh_status vh_cpu_bias_backward(vh_device *dev, float *dbias, const float *dout,
-                                             int64_t rows, int64_t cols);
-VH_CPU_HIDDEN vh_status vh_cpu_softmax(vh_device *dev, float *x, int64_t rows, int64_t cols);
-VH_CPU_HIDDEN vh_status vh_cpu_scale_rows(vh_device *dev, float *out, const float *in,
-                                          const float *scale, int64_t rows, int64_t dim,
-                                          int64_t div, int64_t mod, int32_t accumulate);
-VH_CPU_HIDDEN vh_status vh_cpu_dropout_forward(vh_device *dev, float *out, float *mask,
-                                               const float *x, int64_t n, float p,
-                                               uint64_t seed);
-VH_CPU_HIDDEN vh_status vh_cpu_mul(vh_device *dev, float *out, const float *a, const float *b,
-                                   int64_t n, int32_t accumulate);
-
+VH_CPU_HIDDEN vh_status vh_cpu_layernorm_forward(vh_device *dev, const vh_layernorm_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_layernorm_backward(vh_device *dev,
+                                                  const vh_layernorm_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_gelu_forward(vh_device *dev, const vh_eltwise_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_gelu_backward(vh_device *dev, const vh_eltwise_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_add(vh_device *dev, const vh_eltwise_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_mul(vh_device *dev, const vh_eltwise_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_dropout_forward(vh_device *dev, const vh_eltwise_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_scale_rows(vh_device *dev, const vh_eltwise_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_bias_backward(vh_device *dev, const vh_rows_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_softmax(vh_device *dev, const vh_rows_args *args);
 VH_CPU_HIDDEN vh_status vh_cpu_attention_forward(vh_device *dev, const vh_attention_args *args);
 VH_CPU_HIDDEN vh_status vh_cpu_attention_backward(vh_device *dev,
                                                   const vh_attention_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_softmax_cross_entropy(vh_device *dev, const vh_xent_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_mean_pool_forward(vh_device *dev, const vh_tokens_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_mean_pool_backward(vh_device *dev, const vh_tokens_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_patchify(vh_device *dev, const vh_tokens_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_embed_forward(vh_device *dev, const vh_tokens_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_embed_backward(vh_device *dev, const vh_tokens_args *args);
+VH_CPU_HIDDEN vh_status vh_cpu_multi_tensor_scale_check(vh_device *dev,
+                                                        const vh_multi_tensor_args *args);
 
-VH_CPU_HIDDEN vh_status vh_cpu_softmax_cross_entropy(vh_device *dev, float *loss,
-                                                     float *dlogits, const float *logits,
-                                                     const int32_t *labels, int64_t batch,
-                                                     int64_t classes, float smoothing,
-                                                     float dloss_scale);
+/* ---- fp32 kernels (arguments already checked) ------------------------------ */
 
-VH_CPU_HIDDEN vh_status vh_cpu_mean_pool_forward(vh_device *dev, float *out, const float *x,
-                                                 int64_t batch, int64_t first, int64_t count,
-                                                 int64_t dim, int64_t batch_stride,
-                                                 int64_t token_stride);
-VH_CPU_HIDDEN vh_status vh_cpu_mean_pool_backward(vh_device *dev, float *dx,
-                                                  const float *dout, int64_t batch,
-                                                  int64_t first, int64_t count, int64_t dim,
-                                                  int64_t batch_stride, int64_t token_stride);
-VH_CPU_HIDDEN vh_status vh_cpu_patchify(vh_device *dev, float *out, const float *images,
-                                        int64_t batch, int64_t channels, int64_t height,
-                                        int64_t width, int64_t patch, int64_t batch_stride,
-                                        int64_t token_stride);
-VH_CPU_HIDDEN vh_status vh_cpu_embed_forward(vh_device *dev, float *x, const float *patches,
-                                             const float *cls, const float *pos,
-                                             int64_t batch, int64_t num_patches, int64_t dim,
-                                             int64_t batch_stride, int64_t token_stride,
-                                             int64_t patch_batch_stride,
-                                             int64_t patch_token_stride);
-VH_CPU_HIDDEN vh_status vh_cpu_embed_backward(vh_device *dev, float *dpatches, float *dcls,
-                                              float *dpos, const float *dx, int64_t batch,
-                                              int64_t num_patches, int64_t dim,
-                                              int64_t batch_stride, int64_t token_stride,
-                                              int64_t patch_batch_stride,
-                                              int64_t patch_token_stride);
+VH_CPU_HIDDEN void vh_cpu_k_layernorm_forward(float *out, float *mean, float *rstd,
+                                              const float *x, const float *weight,
+                                              const float *bias, int64_t rows, int64_t dim,
+                                              float eps);
+/* dweight/dbias may be NULL (skipped). */
+VH_CPU_HIDDEN void vh_cpu_k_layernorm_backward(float *dx, float *dweight, float *dbias,
+                                               const float *dout, const float *x,
+                                               const float *weight, const float *mean,
+                                               const float *rstd, int64_t rows, int64_t dim);
+VH_CPU_HIDDEN void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n);
+VH_CPU_HIDDEN void vh_cpu_k_gelu_backward(float *dx, const float *x, const float *dout,
+                                          int64_t n);
+VH_CPU_HIDDEN void vh_cpu_k_add(float *out, const float *a, const float *b, int64_t n);
+VH_CPU_HIDDEN void vh_cpu_k_mul(float *out, const float *a, const float *b, int64_t n,
+                                int32_t accumulate);
+VH_CPU_HIDDEN void vh_cpu_k_bias_backward(float *dbias, const float *dout, int64_t rows,
+                                          int64_t cols);
+VH_CPU_HIDDEN void vh_cpu_k_softmax(float *out, const float *x, int64_t rows, int64_t cols);
+VH_CPU_HIDDEN void vh_cpu_k_scale_rows(float *out, const float *in, const float *scale,
+                                       int64_t rows, int64_t dim, int64_t div, int64_t mod,
+                                       int32_t accumulate);
+VH_CPU_HIDDEN void vh_cpu_k_dropout_forward(float *out, float *mask, const float *x, int64_t n,
+                                            float p, uint64_t seed);
+/* Loss of the batch into *loss (host or device memory: the same on the CPU). */
+VH_CPU_HIDDEN void vh_cpu_k_softmax_cross_entropy(float *loss, float *dlogits,
+                                                  const float *logits, const int32_t *labels,
+                                                  int64_t batch, int64_t classes,
+                                                  float smoothing, float dloss_scale);
+VH_CPU_HIDDEN void vh_cpu_k_mean_pool_forward(float *out, const float *x, int64_t batch,
+                                              int64_t first, int64_t count, int64_t dim,
+                                              int64_t batch_stride, int64_t token_stride);
+VH_CPU_HIDDEN void vh_cpu_k_mean_pool_backward(float *dx, const float *dout, int64_t batch,
+                                               int64_t first, int64_t count, int64_t dim,
+                                               int64_t batch_stride, int64_t token_stride);
+VH_CPU_HIDDEN void vh_cpu_k_patchify(float *out, const float *images, int64_t batch,
+                                     int64_t channels, int64_t height, int64_t width,
+                                     int64_t patch, int64_t batch_stride, int64_t token_stride);
+VH_CPU_HIDDEN void vh_cpu_k_embed_forward(float *x, const float *patches, const float *cls,
+                                          const float *pos, int64_t batch, int64_t num_patches,
+                                          int64_t dim, int64_t batch_stride,
+                                          int64_t token_stride, int64_t patch_batch_stride,
+                                          int64_t patch_token_stride);
+VH_CPU_HIDDEN void vh_cpu_k_embed_backward(float *dpatches, float *dcls, float *dpos,
+                                           const float *dx, int64_t batch, int64_t num_patches,
+                                           int64_t dim, int64_t batch_stride,
+                                           int64_t token_stride, int64_t patch_batch_stride,
+                                           int64_t patch_token_stride);
 
 #endif

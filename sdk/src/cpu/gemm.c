@@ -1,62 +1,371 @@
-/* gemm.c - (batched) GEMM through OpenBLAS, row-major, with a bias epilogue.
+/* gemm.c - the CPU device's GEMM (vh_device.h): oneDNN matmul with its
+ * epilogue (bias, GELU, residual, beta) fused as post-ops where it can be.
  *
- * One big GEMM: a single cblas_sgemm that uses the whole OpenMP pool.
- * Many small ones (batch > 1, each under VH_GEMM_SMALL multiply-adds): an
- * OpenMP loop over the batch, each cblas_sgemm then single-threaded. */
-#include <limits.h>
+ * Why oneDNN and no BLAS. Measured on this project's machines: AMD EPYC Zen 3
+ * (family 25 model 1; AVX2 + FMA, no AVX-512, no bf16 hardware; oneDNN
+ * picks gemm:jit avx2), fp32, GFLOP/s, best of 5 x 0.3 s, OpenBLAS 0.3.21
+ * OpenMP build (with the machines' OPENBLAS_CORETYPE=Haswell) against oneDNN
+ * 2.6 matmul (Debian), side by side in one process, shapes m x n x k of the
+ * ViT configurations; the last column is this file's gemm (the device op,
+ * cache and all) on bf16 operands, converted to f32 here:
+ *
+ *                                        2 threads        1 thread
+ *   shape                               OpenBLAS oneDNN  OpenBLAS oneDNN  bf16
+ *   2048^3                                 144    145       83     80      -
+ *   1576x1536x384, B^T (T3 fc1)            125    152       78     85     82
+ *   6400x256x64, B^T (T1 fc1)               99    131       51     70     75
+ *   6400x64x256 (dX)                        85    117       53     65     61
+ *   6400x64x256, A^T                        73    125       57     61     52
+ *   256x64x6400, A^T (T1 dW)                72    109       51     59     57
+ *   64x256x6400, A^T (T1 dW)                86    107       52     61      -
+ *   384x1152x1576, A^T (T3 dW)             134    145       70     73      -
+ *   512 x 50x50x16, B^T (attention QK^T)    43     47       20     21     21
+ *   512 x 50x16x50 (attention PV)           66     77       22     36     32
+ *
+ * (The machines are shared and vary +-30% run to run: each pair is one run,
+ * both libraries side by side.) oneDNN is at least as fast on every ViT
+ * shape, so it is the only engine; on Zen 5 (AVX-512) MACHINE-NOTES.md has it
+ * at about 2x OpenBLAS. bf16 on this CPU: oneDNN 2.6 refuses a bf16 matmul
+ * below avx512_core (at primitive creation), so bf16 operands are converted
+ * to f32 (exact) and multiplied in f32: the same products, accumulated in
+ * fp32, as bf16 hardware would give; where the ISA has avx512_bf16 they go to
+ * oneDNN as they are. f16 is always converted (no f16 kernels for CPUs in
+ * oneDNN 2.6).
+ *
+ * Routes, in order:
+ * 1. fused: one oneDNN matmul: output scale alpha, bias (DNNL_ARG_BIAS,
+ *    only with alpha == 1: oneDNN 2.x scales after the bias), then post-ops
+ *    erf GELU and sum. A residual goes in through the sum: C is first set to
+ *    residual + beta C (a residual that is C itself needs nothing), and the
+ *    sum adds it after the GELU. (oneDNN 2.6's binary-add post-op misreads a
+ *    batched src1 whose batch stride is not m * ldc, so it is not used.)
+ *    f32 or native-bf16 operands; a non-f32 C goes through a dense fp32
+ *    copy, rounded once at the store.
+ * 2. split: when the pre-activation is asked for (GELU with aux), oneDNN
+ *    refuses the fused form, alpha != 1 with a bias, or k = 0 / alpha = 0
+ *    (BLAS semantics: A and B not read): T = alpha A B + bias by a plain
+ *    matmul into aux or scratch, then C = gelu(T) + residual + beta C in one
+ *    pass with our GELU, the one gelu_forward uses (so a model's recomputed
+ *    GELU matches its forward bit for bit; oneDNN's gelu_erf in route 1
+ *    differs from it by about an ulp).
+ * A plain matmul oneDNN refuses (odd strides) is retried on dense copies, and
+ * only then done by a plain loop (never seen on the ViT's shapes).
+ */
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
-#include <cblas.h>
-
 #include "cpu_ops.h"
-
-/* Below this many multiply-adds per GEMM, spread the batch over threads. */
-#define VH_GEMM_SMALL ((int64_t)96 * 96 * 96)
-
-static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
+#include "dnnl_engine.h"
 
 static int64_t max1(int64_t v) { return v > 1 ? v : 1; }
 
-/* One C[i] = alpha op(A) op(B) + beta C (+ bias). */
-static void gemm_one(const vh_gemm_args *g, const float *a, const float *b, float *c) {
-    const int m = (int)g->m, n = (int)g->n, k = (int)g->k;
-    const int64_t ldc = g->ldc;
-    float beta = g->beta;
-    int bias_done = 0;
-    if (g->bias && beta == 0.0f) {
-        /* Preload C with the bias and accumulate into it: no second pass. */
-        for (int i = 0; i < m; i++) memcpy(c + i * ldc, g->bias, (size_t)n * sizeof(float));
-        beta = 1.0f;
-        bias_done = 1;
+/* A matrix operand as oneDNN reads it: batch stride, row stride, column
+ * stride of op(X), in elements. */
+typedef struct operand {
+    const void *p;
+    vh_dtype dtype;
+    int trans;
+    int64_t sbatch, srow, scol;
+} operand;
+
+static operand operand_of(const void *p, vh_dtype t, int trans, int64_t ld, int64_t stride) {
+    operand o = {p, t, trans, stride, trans ? 1 : ld, trans ? ld : 1};
+    return o;
+}
+
+/* Dense fp32 copy of op(X) (batch x rows x cols of the operand as stored),
+ * with the same transposition. */
+static vh_status densify(operand *o, int64_t batch, int64_t rows, int64_t cols) {
+    /* stored rows/cols: a transposed operand is stored cols x rows */
+    const int trans = o->trans;
+    const int64_t sr = trans ? cols : rows, sc = trans ? rows : cols;
+    const int64_t ld = trans ? o->scol : o->srow;
+    const int64_t nb = o->sbatch == 0 ? 1 : batch;
+    float *d = vh_cpu_scratch_alloc((size_t)(nb * sr * sc) * sizeof(float));
+    if (!d) return VH_STATUS_ERR_NOMEM;
+    const size_t es = vh_dtype_size(o->dtype);
+#pragma omp parallel for schedule(static) if (nb * sr * sc > VH_CPU_PAR_ELEMS)
+    for (int64_t i = 0; i < nb * sr; i++) {
+        const int64_t b = i / sr, r = i % sr;
+        const char *src = (const char *)o->p + (size_t)(b * o->sbatch + r * ld) * es;
+        vh_cpu_to_f32_serial(d + i * sc, src, o->dtype, sc);
     }
-    if (k == 0 || g->alpha == 0.0f) {
-        /* C = beta C: BLAS semantics, beta == 0 never reads C. */
-        if (beta != 1.0f) {
-            for (int i = 0; i < m; i++) {
-                float *row = c + i * ldc;
-                if (beta == 0.0f)
-                    memset(row, 0, (size_t)n * sizeof(float));
-                else
-                    for (int j = 0; j < n; j++) row[j] *= beta;
-            }
-        }
-    } else {
-        cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans,
-                    g->trans_b ? CblasTrans : CblasNoTrans, m, n, k, g->alpha, a,
-                    (int)g->lda, b, (int)g->ldb, beta, c, (int)ldc);
+    o->p = d;
+    o->dtype = VH_DTYPE_F32;
+    o->sbatch = o->sbatch == 0 ? 0 : sr * sc;
+    o->srow = trans ? 1 : sc;
+    o->scol = trans ? sc : 1;
+    return VH_STATUS_OK;
+}
+
+/* (batch, m, n) blocks between a strided tensor and a dense fp32 buffer. */
+static void block_to_f32(float *d, const void *p, vh_dtype t, int64_t batch, int64_t sbatch,
+                         int64_t m, int64_t ld, int64_t n) {
+    const size_t es = vh_dtype_size(t);
+#pragma omp parallel for schedule(static) if (batch * m * n > VH_CPU_PAR_ELEMS)
+    for (int64_t i = 0; i < batch * m; i++) {
+        const int64_t b = i / m, r = i % m;
+        vh_cpu_to_f32_serial(d + i * n, (const char *)p + (size_t)(b * sbatch + r * ld) * es, t, n);
     }
-    if (g->bias && !bias_done) {
-        for (int i = 0; i < m; i++) {
-            float *row = c + i * ldc;
-            for (int j = 0; j < n; j++) row[j] += g->bias[j];
+}
+
+static void block_from_f32(void *p, vh_dtype t, const float *d, int64_t batch, int64_t sbatch,
+                           int64_t m, int64_t ld, int64_t n) {
+    const size_t es = vh_dtype_size(t);
+#pragma omp parallel for schedule(static) if (batch * m * n > VH_CPU_PAR_ELEMS)
+    for (int64_t i = 0; i < batch * m; i++) {
+        const int64_t b = i / m, r = i % m;
+        vh_cpu_from_f32_serial((char *)p + (size_t)(b * sbatch + r * ld) * es, t, d + i * n, n);
+    }
+}
+
+/* ---- the matmul itself ------------------------------------------------------ */
+
+typedef struct out_view {
+    float *p; /* fp32 */
+    int64_t sbatch, ld;
+} out_view;
+
+static void describe(vh_dnnl_matmul *mm, const vh_gemm_args *g, int64_t batch,
+                     const operand *a, const operand *b, const out_view *c) {
+    vh_dnnl_matmul_init(mm);
+    mm->m = g->m, mm->n = g->n, mm->k = g->k;
+    int d = 0;
+    if (batch > 1) {
+        mm->batch_dims = 1;
+        mm->batch[0] = batch;
+        mm->sa[0] = a->sbatch, mm->sb[0] = b->sbatch, mm->sc[0] = c->sbatch;
+        d = 1;
+    }
+    mm->sa[d] = a->srow, mm->sa[d + 1] = a->scol;
+    mm->sb[d] = b->srow, mm->sb[d + 1] = b->scol;
+    mm->sc[d] = c->ld, mm->sc[d + 1] = 1;
+    mm->ab_dtype = a->dtype;
+    mm->c_dtype = VH_DTYPE_F32;
+    mm->alpha = g->alpha;
+}
+
+/* The last resort: a loop, fp32 accumulation (operands already f32). */
+static void naive(const vh_gemm_args *g, int64_t batch, const operand *a, const operand *b,
+                  const float *bias, const out_view *t) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < batch * g->m; i++) {
+        const int64_t q = i / g->m, r = i % g->m;
+        const float *pa = (const float *)a->p + q * a->sbatch + r * a->srow;
+        const float *pb = (const float *)b->p + q * b->sbatch;
+        float *row = t->p + q * t->sbatch + r * t->ld;
+        for (int64_t j = 0; j < g->n; j++) {
+            float s = 0.0f;
+            for (int64_t l = 0; l < g->k; l++) s += pa[l * a->scol] * pb[l * b->srow + j * b->scol];
+            row[j] = g->alpha * s + (bias ? bias[j] : 0.0f);
         }
     }
 }
 
-vh_status vh_cpu_gemm(vh_device *dev, const vh_gemm_args *g) {
+/* T += bias, every row. */
+static void add_bias(const vh_gemm_args *g, int64_t batch, const float *bias, const out_view *t) {
+#pragma omp parallel for schedule(static) if (batch * g->m * g->n > VH_CPU_PAR_ELEMS)
+    for (int64_t i = 0; i < batch * g->m; i++) {
+        float *row = t->p + (i / g->m) * t->sbatch + (i % g->m) * t->ld;
+#pragma omp simd
+        for (int64_t j = 0; j < g->n; j++) row[j] += bias[j];
+    }
+}
+
+/* T = alpha A B + bias into t (fp32). oneDNN 2.x applies its output scale
+ * after the bias, alpha (A B + bias), so with alpha != 1 the bias is added
+ * here instead. */
+static vh_status plain(const vh_gemm_args *g, int64_t batch, operand a, operand b,
+                       const float *bias, const out_view *t) {
+    const int fused_bias = bias && g->alpha == 1.0f;
+    vh_dnnl_matmul mm;
+    describe(&mm, g, batch, &a, &b, t);
+    mm.has_bias = fused_bias;
+    vh_status st = vh_dnnl_matmul_run(&mm, a.p, b.p, bias, t->p);
+    if (st == VH_STATUS_ERR_UNSUPPORTED) {
+        /* Dense copies in fp32, which oneDNN always takes. */
+        if ((st = densify(&a, batch, g->m, g->k)) != VH_STATUS_OK ||
+            (st = densify(&b, batch, g->k, g->n)) != VH_STATUS_OK)
+            return st;
+        describe(&mm, g, batch, &a, &b, t);
+        mm.has_bias = fused_bias;
+        st = vh_dnnl_matmul_run(&mm, a.p, b.p, bias, t->p);
+    }
+    if (st == VH_STATUS_ERR_UNSUPPORTED) {
+        naive(g, batch, &a, &b, fused_bias ? bias : NULL, t);
+        st = VH_STATUS_OK;
+    }
+    if (st == VH_STATUS_OK && bias && !fused_bias) add_bias(g, batch, bias, t);
+    return st;
+}
+
+/* c = r + beta c (the fused route's residual, added by the sum post-op). */
+static void preload(const vh_gemm_args *g, int64_t batch, const out_view *c,
+                    const out_view *r) {
+    const int64_t n = g->n;
+    const float beta = g->beta;
+#pragma omp parallel for schedule(static) if (batch * g->m * n > VH_CPU_PAR_ELEMS)
+    for (int64_t i = 0; i < batch * g->m; i++) {
+        const int64_t q = i / g->m, row = i % g->m;
+        float *ci = c->p + q * c->sbatch + row * c->ld;
+        const float *ri = r->p + q * r->sbatch + row * r->ld;
+        if (beta != 0.0f) {
+#pragma omp simd
+            for (int64_t j = 0; j < n; j++) ci[j] = ri[j] + beta * ci[j];
+        } else {
+            memcpy(ci, ri, (size_t)n * sizeof(float));
+        }
+    }
+}
+
+/* C = epilogue(T) + residual + beta C, row by row, each element read before
+ * it is written (residual may be C itself). */
+static vh_status finish(const vh_gemm_args *g, int64_t batch, const out_view *t,
+                        const out_view *c, const out_view *res, float beta) {
+    float *rows = vh_cpu_scratch_alloc((size_t)g->n * sizeof(float) * 2);
+    if (!rows) return VH_STATUS_ERR_NOMEM;
+    const int gelu = g->epilogue == VH_EPILOGUE_GELU;
+    const int64_t n = g->n;
+    const int par = batch * g->m * n > VH_CPU_PAR_ELEMS;
+#pragma omp parallel if (par)
+    {
+        float *row = NULL;
+        vh_cpu_scratch_mark mark = {0, 0};
+        if (par) { /* each thread its own row from its own arena */
+            mark = vh_cpu_scratch_begin();
+            row = vh_cpu_scratch_alloc((size_t)n * sizeof(float));
+        } else {
+            row = rows;
+        }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < batch * g->m; i++) {
+            if (!row) continue;
+            const int64_t q = i / g->m, r = i % g->m;
+            const float *ti = t->p + q * t->sbatch + r * t->ld;
+            float *ci = c->p + q * c->sbatch + r * c->ld;
+            const float *ri = res->p ? res->p + q * res->sbatch + r * res->ld : NULL;
+            if (gelu)
+                vh_cpu_k_gelu_forward(row, ti, n);
+            else
+                memcpy(row, ti, (size_t)n * sizeof(float));
+            if (ri && beta != 0.0f) {
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) ci[j] = row[j] + ri[j] + beta * ci[j];
+            } else if (ri) {
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) ci[j] = row[j] + ri[j];
+            } else if (beta != 0.0f) {
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) ci[j] = row[j] + beta * ci[j];
+            } else {
+                memcpy(ci, row, (size_t)n * sizeof(float));
+            }
+        }
+        if (par) vh_cpu_scratch_end(mark);
+    }
+    return VH_STATUS_OK;
+}
+
+static vh_status run(const vh_gemm_args *g, int64_t batch) {
+    vh_status st;
+    const int64_t m = g->m, n = g->n, k = g->k;
+    const int multiply = k > 0 && g->alpha != 0.0f;
+    const int gelu = g->epilogue == VH_EPILOGUE_GELU;
+    const int want_aux = gelu && g->aux;
+    const int res_is_c = g->residual && g->residual == g->c;
+    int beta0 = 0; /* the residual and beta C are already in C */
+
+    /* Operands: f32 or native bf16 as they are, others as fp32 copies. */
+    operand a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
+    operand b = operand_of(g->b, g->ab_dtype, g->trans_b, g->ldb, g->stride_b);
+    if (multiply && g->ab_dtype != VH_DTYPE_F32 &&
+        !(g->ab_dtype == VH_DTYPE_BF16 && vh_dnnl_native_bf16())) {
+        if ((st = densify(&a, batch, m, k)) != VH_STATUS_OK ||
+            (st = densify(&b, batch, k, n)) != VH_STATUS_OK)
+            return st;
+    }
+    const float *bias = vh_cpu_f32_view(g->bias, g->bias_dtype, n, 1);
+    if (g->bias && !bias) return VH_STATUS_ERR_NOMEM;
+
+    /* Outputs in fp32: C itself, or a dense copy (loaded when read). */
+    const int c32 = g->c_dtype == VH_DTYPE_F32;
+    out_view c = {g->c, g->stride_c, g->ldc};
+    if (!c32) {
+        c.p = vh_cpu_scratch_alloc((size_t)(batch * m * n) * sizeof(float));
+        if (!c.p) return VH_STATUS_ERR_NOMEM;
+        c.sbatch = m * n, c.ld = n;
+        if (g->beta != 0.0f || res_is_c)
+            block_to_f32(c.p, g->c, g->c_dtype, batch, g->stride_c, m, g->ldc, n);
+    }
+    out_view res = {NULL, 0, 0};
+    if (res_is_c) {
+        res = c;
+    } else if (g->residual && c32) {
+        res = (out_view){(float *)(uintptr_t)g->residual, g->stride_c, g->ldc};
+    } else if (g->residual) {
+        res.p = vh_cpu_scratch_alloc((size_t)(batch * m * n) * sizeof(float));
+        if (!res.p) return VH_STATUS_ERR_NOMEM;
+        res.sbatch = m * n, res.ld = n;
+        block_to_f32(res.p, g->residual, g->c_dtype, batch, g->stride_c, m, g->ldc, n);
+    }
+
+    if (multiply && !want_aux && !(bias && g->alpha != 1.0f)) { /* 1. fused */
+        /* A residual that is not C is added to C first (c = r + beta c), so
+         * the matmul's sum post-op adds it: oneDNN 2.6's binary post-op
+         * misreads a batched residual whose batch stride is not m * ldc. */
+        if (res.p && !res_is_c) preload(g, batch, &c, &res);
+        vh_dnnl_matmul mm;
+        describe(&mm, g, batch, &a, &b, &c);
+        mm.has_bias = bias != NULL;
+        mm.gelu = gelu;
+        mm.sum = res.p ? (res_is_c ? 1.0f + g->beta : 1.0f) : g->beta;
+        st = vh_dnnl_matmul_run(&mm, a.p, b.p, bias, c.p);
+        if (st == VH_STATUS_OK && !c32)
+            block_from_f32(g->c, g->c_dtype, c.p, batch, g->stride_c, m, g->ldc, n);
+        if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
+        if (res.p && !res_is_c) { /* C now holds r + beta C: the residual, alone */
+            res = c;
+            beta0 = 1;
+        }
+    }
+
+    /* 2. split: T into aux (f32) or a dense scratch, then the epilogue. */
+    out_view t = {NULL, m * n, n};
+    if (want_aux && c32) {
+        t = (out_view){g->aux, g->stride_c, g->ldc};
+    } else {
+        t.p = vh_cpu_scratch_alloc((size_t)(batch * m * n) * sizeof(float));
+        if (!t.p) return VH_STATUS_ERR_NOMEM;
+    }
+    if (multiply) {
+        if ((st = plain(g, batch, a, b, bias, &t)) != VH_STATUS_OK) return st;
+    } else {
+        for (int64_t i = 0; i < batch * m; i++) {
+            float *row = t.p + (i / m) * t.sbatch + (i % m) * t.ld;
+            if (bias)
+                memcpy(row, bias, (size_t)n * sizeof(float));
+            else
+                memset(row, 0, (size_t)n * sizeof(float));
+        }
+    }
+    if ((st = finish(g, batch, &t, &c, &res, beta0 ? 0.0f : g->beta)) != VH_STATUS_OK)
+        return st;
+    if (want_aux && !c32) block_from_f32(g->aux, g->c_dtype, t.p, batch, g->stride_c, m, g->ldc, n);
+    if (!c32) block_from_f32(g->c, g->c_dtype, c.p, batch, g->stride_c, m, g->ldc, n);
+    return VH_STATUS_OK;
+}
+
+vh_status vh_cpu_gemm(vh_device *dev, const vh_gemm_args *in) {
     (void)dev;
-    if (!g || g->struct_size < sizeof(vh_gemm_args)) return VH_STATUS_ERR_INVALID_ARG;
+    vh_gemm_args ga, *g = &ga;
+    /* 1.0 callers end at bias: everything after reads as zero (f32, no epilogue). */
+    if (!in || in->struct_size < offsetof(vh_gemm_args, ab_dtype) ||
+        !vh_struct_upgrade(g, sizeof *g, in))
+        return VH_STATUS_ERR_INVALID_ARG;
+    if (!vh_cpu_is_float(g->ab_dtype) || !vh_cpu_is_float(g->c_dtype) ||
+        !vh_cpu_is_float(g->bias_dtype) || (unsigned)g->epilogue > VH_EPILOGUE_GELU)
+        return VH_STATUS_ERR_INVALID_ARG;
     if (g->m < 0 || g->n < 0 || g->k < 0 || g->batch < 0) return VH_STATUS_ERR_INVALID_ARG;
     if (g->stride_a < 0 || g->stride_b < 0 || g->stride_c < 0)
         return VH_STATUS_ERR_INVALID_ARG;
@@ -69,20 +378,9 @@ vh_status vh_cpu_gemm(vh_device *dev, const vh_gemm_args *g) {
         return VH_STATUS_ERR_INVALID_ARG;
     if (!g->c || (g->k > 0 && (!g->a || !g->b))) return VH_STATUS_ERR_INVALID_ARG;
     if (batch > 1 && g->stride_c == 0) return VH_STATUS_ERR_INVALID_ARG; /* C[i] would alias */
-    if (!fits_int(g->m) || !fits_int(g->n) || !fits_int(g->k) || !fits_int(g->lda) ||
-        !fits_int(g->ldb) || !fits_int(g->ldc))
-        return VH_STATUS_ERR_UNSUPPORTED; /* 32-bit BLAS integers */
-
-    if (batch == 1) {
-        gemm_one(g, g->a, g->b, g->c);
-        return VH_STATUS_OK;
-    }
-    const int small = (double)g->m * (double)g->n * (double)g->k <= (double)VH_GEMM_SMALL;
-    /* Each cblas call inside the parallel region runs on its own thread. */
-#pragma omp parallel for schedule(static) if (small)
-    for (int64_t i = 0; i < batch; i++) {
-        gemm_one(g, g->a ? g->a + i * g->stride_a : NULL, g->b ? g->b + i * g->stride_b : NULL,
-                 g->c + i * g->stride_c);
-    }
-    return VH_STATUS_OK;
+    if (g->epilogue == VH_EPILOGUE_NONE) g->aux = NULL;
+    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
+    vh_status st = run(g, batch);
+    vh_cpu_scratch_end(mark);
+    return st;
 }

@@ -2,10 +2,11 @@
  *
  * Rows run in parallel. In backward, the parameter gradients are sums over
  * rows: each fixed chunk of rows sums its own, and the chunks are added in
- * order, so the result does not depend on the number of threads. */
+ * order, so the result does not depend on the number of threads.
+ * fp32 kernels: ops.c reads the arguments and converts other dtypes; the
+ * statistics are fp32 whatever the storage. */
 #include <math.h>
 #include <stddef.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_ops.h"
@@ -13,14 +14,9 @@
 /* Rows per chunk of the parameter-gradient sums. */
 #define LN_CHUNK_ROWS 64
 
-vh_status vh_cpu_layernorm_forward(vh_device *dev, float *out, float *mean, float *rstd,
-                                   const float *x, const float *weight, const float *bias,
-                                   int64_t rows, int64_t dim, float eps) {
-    (void)dev;
-    if (rows < 0 || dim < 0 || !(eps >= 0.0f)) return VH_STATUS_ERR_INVALID_ARG;
-    if (rows == 0) return VH_STATUS_OK;
-    if (dim == 0 || !out || !x || !mean || !rstd || !weight || !bias)
-        return VH_STATUS_ERR_INVALID_ARG;
+void vh_cpu_k_layernorm_forward(float *out, float *mean, float *rstd, const float *x,
+                                const float *weight, const float *bias, int64_t rows,
+                                int64_t dim, float eps) {
 #pragma omp parallel for schedule(static) if (rows * dim > VH_CPU_PAR_ELEMS)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
@@ -44,22 +40,15 @@ vh_status vh_cpu_layernorm_forward(vh_device *dev, float *out, float *mean, floa
         mean[r] = m;
         rstd[r] = s;
     }
-    return VH_STATUS_OK;
 }
 
-vh_status vh_cpu_layernorm_backward(vh_device *dev, float *dx, float *dweight, float *dbias,
-                                    const float *dout, const float *x, const float *weight,
-                                    const float *mean, const float *rstd, int64_t rows,
-                                    int64_t dim) {
-    (void)dev;
-    if (rows < 0 || dim < 0) return VH_STATUS_ERR_INVALID_ARG;
-    if (rows == 0) return VH_STATUS_OK;
-    if (dim == 0 || !dx || !dweight || !dbias || !dout || !x || !weight || !mean || !rstd)
-        return VH_STATUS_ERR_INVALID_ARG;
+void vh_cpu_k_layernorm_backward(float *dx, float *dweight, float *dbias, const float *dout,
+                                 const float *x, const float *weight, const float *mean,
+                                 const float *rstd, int64_t rows, int64_t dim) {
+    if (rows == 0 || dim == 0) return;
     const int64_t chunks = (rows + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
     /* Per chunk of rows: partial dweight (dim values) then partial dbias. */
-    float *part = malloc((size_t)chunks * 2 * (size_t)dim * sizeof(float));
-    if (!part) return VH_STATUS_ERR_NOMEM;
+    float *part = vh_cpu_scratch_alloc((size_t)chunks * 2 * (size_t)dim * sizeof(float));
 
     /* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight. */
 #pragma omp parallel for schedule(static) if (rows * dim > VH_CPU_PAR_ELEMS)
@@ -95,10 +84,8 @@ vh_status vh_cpu_layernorm_backward(vh_device *dev, float *dx, float *dweight, f
 #pragma omp simd
         for (int64_t j = 0; j < 2 * dim; j++) part[j] += pc[j];
     }
-    for (int64_t j = 0; j < dim; j++) {
-        dweight[j] += part[j];
-        dbias[j] += part[dim + j];
-    }
-    free(part);
-    return VH_STATUS_OK;
+    if (dweight)
+        for (int64_t j = 0; j < dim; j++) dweight[j] += part[j];
+    if (dbias)
+        for (int64_t j = 0; j < dim; j++) dbias[j] += part[dim + j];
 }

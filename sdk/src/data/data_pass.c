@@ -52,11 +52,15 @@ static vh_status fill_slot(void *ctx, int64_t batch, vh_prefetch_slot *slot, int
 vh_status vh_data_pass_init(vh_host *host, const vh_data_pass_setup *setup, vh_data_pass **out) {
     if (!host || !out) return VH_STATUS_ERR_INVALID_ARG;
     *out = NULL;
-    if (!setup || setup->struct_size < sizeof *setup || !setup->fill || !setup->data ||
-        !setup->name)
+    /* Setups of an older minor read with their missing members zero. */
+    vh_data_pass_setup setup_v;
+    vh_data_setup data_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup) || !setup_v.fill ||
+        !vh_struct_upgrade(&data_v, sizeof data_v, setup_v.data) || !setup_v.name)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "data pass setup missing, too small, or without a fill function, "
-                               "data setup or name");
+                               "data pass setup missing, or without a fill function, data setup "
+                               "or name");
+    setup = &setup_v;
     const char *name = setup->name;
     if (setup->channels < 1 || setup->height < 1 || setup->width < 1 || setup->eval_size < 0)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
@@ -81,7 +85,7 @@ vh_status vh_data_pass_init(vh_host *host, const vh_data_pass_setup *setup, vh_d
     p->stopped = setup->stopped;
     p->ctx = setup->ctx;
 
-    const vh_data_setup *ds = setup->data;
+    const vh_data_setup *ds = &data_v;
     vh_status st = VH_STATUS_OK;
     for (int k = 0; k < 2 && st == VH_STATUS_OK; k++) {
         if (p->sizes[k] == 0 && k == VH_SPLIT_EVAL) break;

@@ -113,9 +113,12 @@ static void *worker_main(void *arg) {
 vh_status vh_prefetch_init(vh_host *host, const vh_prefetch_setup *setup, vh_prefetch **out) {
     if (!host || !out) return VH_STATUS_ERR_INVALID_ARG;
     *out = NULL;
-    if (!setup || setup->struct_size < sizeof *setup || !setup->fill)
+    /* An older (smaller) setup reads with its missing members zero. */
+    vh_prefetch_setup setup_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup) || !setup_v.fill)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "prefetch setup missing, too small or without a fill function");
+                               "prefetch setup missing or without a fill function");
+    setup = &setup_v;
     if (setup->workers < 0 || setup->workers > 64 || setup->depth < 1 || setup->depth > 256)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                "prefetch: %d workers (0..64) and depth %d (1..256) are invalid",

@@ -45,9 +45,11 @@ static uint64_t draw_below(uint64_t key, uint64_t *counter, uint64_t n) {
 vh_status vh_sampler_init(vh_host *host, const vh_sampler_setup *setup, vh_sampler **out) {
     if (!host || !out) return VH_STATUS_ERR_INVALID_ARG;
     *out = NULL;
-    if (!setup || setup->struct_size < sizeof *setup)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "sampler setup missing or too small");
+    /* An older (smaller) setup reads with its missing members zero. */
+    vh_sampler_setup setup_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "sampler setup missing");
+    setup = &setup_v;
     if (setup->world_size < 1 || setup->rank < 0 || setup->rank >= setup->world_size)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                "sampler: rank %d of world %d is invalid", (int)setup->rank,

@@ -1,9 +1,10 @@
-/* train.h - `vithost run` and `vithost eval`: the training loop around the
- * trainer, with a run folder, metrics, checkpoints, resume and signals. */
-#ifndef VITHOST_HOST_TRAIN_H
-#define VITHOST_HOST_TRAIN_H
+/* train_loop.h - `vithost run`: epochs of training steps with evaluation,
+ * progress lines, metrics, checkpoints, resume, and a clean stop on a
+ * signal or --stop-after. */
+#ifndef VITHOST_HOST_TRAIN_LOOP_H
+#define VITHOST_HOST_TRAIN_LOOP_H
 
-#include <stdio.h>
+#include <stdint.h>
 
 #include "diag.h"
 #include "runtime.h"
@@ -17,9 +18,5 @@ typedef struct vh_train_options {
 /* Trains to the end. VH_STATUS_ERR_INTERRUPTED: stopped early by a signal or
  * stop_after, with a checkpoint written (the run can be resumed). */
 vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d);
-
-/* Evaluates weights (a checkpoint folder, a run folder, or a
- * .safetensors file) on the eval split and prints one JSON object. */
-vh_status train_eval(vh_run *run, const char *weights, FILE *out, vh_diag *d);
 
 #endif

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""bench_step.py - vithost's full training step beside PyTorch's, in one run, on the same threads.
+
+    /usr/bin/python3 bench/bench_step.py [--build build] [--configs T1,T2,T3] [--threads 2]
+                                         [--precision fp32] [--torch /usr/bin/python3] [--quick]
+
+What one run prints (a benchmark, not a test: ctest never runs it):
+1. the CPU model and the ISA features that decide the engine's kernels (avx2, avx512f,
+   avx512_bf16, amx), and the thread count both sides get;
+2. the GEMM peak of this machine as the SDK's CPU engine measures it, fp32 and bf16
+   (build/bench/bench_gemm);
+3. per configuration, the median images/s of full training steps (forward, backward, AdamW):
+   vithost through `vithost run` (synthetic data, `precision.plugin` as given, ddp, mta adamw;
+   per-step img/s from metrics.jsonl after the warm-up steps) and PyTorch through
+   bench_step_torch.py (fp32, and bf16 autocast), each PyTorch case run with libgomp's default
+   wait policy and with OMP_WAIT_POLICY=PASSIVE, the faster counted;
+4. one table with the ratios and the issue's goals, and the fp32 GEMM peak share of vithost.
+
+Configurations (DESIGN.md's letters):
+  T1  D64  L4  H4 P4,  28x28x1,  B128, 10 classes
+  T2  D192 L12 H3 P4,  32x32x3,  B64,  10 classes
+  T3  ViT-S/16 (D384 L12 H6 P16), 224x224x3, B8, 1000 classes
+Timings drift +-30% between runs on shared machines: compare ratios within one run.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+CONFIGS = {
+    #      dim depth heads mlp patch channels side classes batch steps warmup goal(fp32 vs torch)
+    "T1": (64, 4, 4, 256, 4, 1, 28, 10, 128, 30, 5, 2.0),
+    "T2": (192, 12, 3, 768, 4, 3, 32, 10, 64, 12, 3, 1.8),
+    "T3": (384, 12, 6, 1536, 16, 3, 224, 1000, 8, 8, 2, 1.6),
+}
+
+
+def cpu_facts():
+    model, flags = "?", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "?":
+                    model = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = [x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16")
+           if x in flags]
+    return model, isa
+
+
+def gemm_peaks(build):
+    exe = os.path.join(build, "bench", "bench_gemm")
+    out = subprocess.run([exe, "3"], capture_output=True, text=True, check=True).stdout
+    peaks = {}
+    for line in out.splitlines():
+        if line.startswith("PEAK "):
+            p = json.loads(line[5:])
+            peaks[p["dtype"]] = p["gflops"]
+        else:
+            print("  " + line)
+    return peaks
+
+
+def recipe(cfg, precision):
+    dim, depth, heads, mlp, patch, ch, side, classes, batch, steps, warmup, _ = cfg
+    return f"""run:       {{ device: cpu, seed: 0, epochs: 1, steps: {steps + warmup}, batch_size: {batch},
+             eval_every: 0, log_every: 1 }}
+model:     {{ plugin: vit, dim: {dim}, depth: {depth}, heads: {heads}, mlp_dim: {mlp},
+             patch_size: {patch} }}
+precision: {{ plugin: {precision} }}
+sharding:  {{ plugin: ddp }}
+optim:     {{ plugin: mta, algo: adamw, lr: 1.0e-4, weight_decay: 0.05 }}
+data:      {{ plugin: synthetic, channels: {ch}, image_size: {side}, num_classes: {classes},
+             train_size: {batch * (steps + warmup) * 2}, eval_size: {batch} }}
+"""
+
+
+def run_vithost(build, name, cfg, precision, env):
+    steps, warmup = cfg[9], cfg[10]
+    work = tempfile.mkdtemp(prefix=f"bench-{name}-")
+    try:
+        path = os.path.join(work, f"{name}.yaml")
+        with open(path, "w") as f:
+            f.write(recipe(cfg, precision))
+        out = os.path.join(work, "run")
+        r = subprocess.run([os.path.join(build, "vithost"), "run", path, "--out", out],
+                           capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            print(f"  vithost {name}: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+            return None
+        rates = []
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            for line in f:
+                m = json.loads(line)
+                if "img_per_s" in m and m["step"] > warmup:
+                    rates.append(m["img_per_s"])
+        return statistics.median(rates) if rates else None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_torch(python, names, threads, autocast, quick):
+    jobs = []
+    for n in names:
+        dim, depth, heads, mlp, patch, ch, side, classes, batch, steps, warmup, _ = CONFIGS[n]
+        if quick:
+            steps, warmup = max(3, steps // 3), 1
+        jobs += ["--job", f"name={n},batch={batch},channels={ch},side={side},patch={patch},"
+                          f"dim={dim},depth={depth},heads={heads},mlp={mlp},classes={classes},"
+                          f"steps={steps},warmup={warmup}"]
+    best = {}
+    for policy in ("PASSIVE", None):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+        env.pop("OMP_WAIT_POLICY", None)
+        if policy:
+            env["OMP_WAIT_POLICY"] = policy
+        r = subprocess.run([python, os.path.join(HERE, "bench_step_torch.py"), "--threads",
+                            str(threads), "--autocast", autocast] + jobs,
+                           capture_output=True, text=True, env=env)
+        for line in r.stdout.splitlines():
+            if line.startswith("INFO") and policy:
+                print("  " + line)
+            if line.startswith("SKIP"):
+                print("  " + line)
+                return {}
+            if line.startswith("RESULT"):
+                _, n, median, _, _ = line.split()
+                ms = float(median)
+                best[n] = min(best.get(n, ms), ms)
+        if r.returncode not in (0,):
+            print(f"  torch ({autocast}): exit {r.returncode}: {r.stderr[-1500:]}")
+    return {n: CONFIGS[n][8] / (ms / 1e3) for n, ms in best.items()}
+
+
+def flops_per_image(cfg):
+    """pycls convention: 6 x MACs of every matmul, attention's included."""
+    dim, depth, heads, mlp, patch, ch, side, classes = cfg[:8]
+    np_ = (side // patch) ** 2
+    n = np_ + 1
+    macs = np_ * ch * patch * patch * dim
+    macs += depth * (n * dim * 3 * dim + 2 * n * n * dim + n * dim * dim + 2 * n * dim * mlp)
+    macs += dim * classes
+    return 6.0 * macs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--configs", default="T1,T2,T3")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", default="fp32", help="precision plugin of the vithost side")
+    ap.add_argument("--torch", default="/usr/bin/python3", help="interpreter that has torch")
+    ap.add_argument("--quick", action="store_true", help="fewer PyTorch steps")
+    args = ap.parse_args()
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    for n in names:
+        if n not in CONFIGS:
+            sys.exit(f"bench_step: unknown config '{n}' (have {', '.join(CONFIGS)})")
+
+    model, isa = cpu_facts()
+    print(f"CPU: {model}; ISA: {' '.join(isa) or '?'}; threads: {args.threads}")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    print("GEMM peak through the SDK's CPU engine (best of 3):")
+    peaks = gemm_peaks(args.build)
+
+    ours = {}
+    for n in names:
+        ours[n] = run_vithost(args.build, n, CONFIGS[n], args.precision, env)
+    torch32 = run_torch(args.torch, names, args.threads, "none", args.quick)
+    torchbf = run_torch(args.torch, names, args.threads, "bf16", args.quick)
+
+    print()
+    print(f"full training step (forward, backward, AdamW), img/s, {args.threads} threads; "
+          f"vithost precision: {args.precision}")
+    print("cfg | vithost | torch fp32 | torch bf16 autocast | vithost/torch fp32 (goal) | "
+          "vithost/torch bf16 | vithost GFLOP/s (% of f32 GEMM peak)")
+    for n in names:
+        v, t, b = ours.get(n), torch32.get(n), torchbf.get(n)
+        goal = CONFIGS[n][11]
+        gf = v * flops_per_image(CONFIGS[n]) / 1e9 if v else None
+        pk = peaks.get("f32")
+
+        def fmt(x, spec=".1f"):
+            return format(x, spec) if x is not None else "-"
+        r32 = f"{v / t:.2f}x ({goal:.1f}x{'' if v / t >= goal else ' MISSED'})" if v and t else "-"
+        rbf = f"{v / b:.2f}x" if v and b else "-"
+        share = f"{gf:.0f} ({100 * gf / pk:.0f}%)" if gf and pk else "-"
+        print(f"{n}  | {fmt(v)} | {fmt(t)} | {fmt(b)} | {r32} | {rbf} | {share}")
+    print("JSON " + json.dumps({"cpu": model, "isa": isa, "threads": args.threads,
+                                "gemm_peak_gflops": peaks, "vithost_img_s": ours,
+                                "torch_fp32_img_s": torch32, "torch_bf16_img_s": torchbf,
+                                "precision": args.precision}))
+
+
+if __name__ == "__main__":
+    main()

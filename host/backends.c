@@ -1,0 +1,131 @@
+/* backends.c - the run's device (run.device) and communicator (run.comm).
+ *
+ * The CPU device and the one-process communicator are built into the SDK.
+ * The others live in their own shared objects, loaded only when a recipe
+ * asks for them, so a build without CUDA or MPI still runs everything else:
+ * libvh_cuda.so, libvh_comm_mpi.so, libvh_comm_nccl.so, in <exe dir>/lib in
+ * the build tree and in the libdir once installed.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <dlfcn.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime.h"
+#include "vithost/vh_runtime.h"
+
+/* dlopen of the first `file` found where backends live. *found: whether a
+ * file exists at all (loaded or not); why: dlerror of the last failure. */
+static void *open_backend_lib(const char *file, int *found, char *why, size_t why_len) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char candidates[2][4200];
+    int count = 0;
+    if (n > 0) {
+        exe[n] = '\0';
+        snprintf(candidates[count++], sizeof candidates[0], "%s/lib/%s", dirname(exe), file);
+    }
+#ifdef VH_INSTALL_LIB_DIR
+    snprintf(candidates[count++], sizeof candidates[0], "%s/%s", VH_INSTALL_LIB_DIR, file);
+#endif
+    *found = 0;
+    why[0] = '\0';
+    for (int i = 0; i < count; i++) {
+        if (access(candidates[i], F_OK) != 0) continue;
+        *found = 1;
+        void *lib = dlopen(candidates[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib) return lib;
+        snprintf(why, why_len, "%s", dlerror());
+    }
+    return NULL;
+}
+
+vh_status run_open_device(vh_run *run, vh_diag *d) {
+    const char *device = run_config_string(run, "device");
+    if (strcmp(device, "cpu") == 0) {
+        run->device = vh_cpu_device_ops();
+        return VH_STATUS_OK;
+    }
+    char why[1024];
+    int found;
+    run->cuda_lib = open_backend_lib("libvh_cuda.so", &found, why, sizeof why);
+    if (!run->cuda_lib && !found)
+        snprintf(why, sizeof why, "libvh_cuda.so is not installed (this vithost was built "
+                                  "without the CUDA toolkit)");
+    if (!run->cuda_lib)
+        return diag_set(d, VH_STATUS_ERR_DEVICE,
+                        "run.device is cuda, but the CUDA device library cannot be loaded: %s "
+                        "(use `--set run.device=cpu` to train on the CPU)",
+                        why);
+    vh_cuda_device_open_fn open_fn;
+    *(void **)&open_fn = dlsym(run->cuda_lib, VH_CUDA_OPEN_SYMBOL);
+    if (!open_fn)
+        return diag_set(d, VH_STATUS_ERR_DEVICE, "libvh_cuda.so lacks %s: rebuild vithost",
+                        VH_CUDA_OPEN_SYMBOL);
+    /* The GPU of this rank: its place among the ranks of its machine. */
+    vh_cuda_open_args args = {.struct_size = sizeof args, .abi_major = VH_ABI_MAJOR,
+                              .abi_minor = VH_ABI_MINOR, .ordinal = run->comm.local_rank};
+    vh_status st = open_fn(&args, &run->cuda_ops, sizeof run->cuda_ops, why, sizeof why);
+    if (st != VH_STATUS_OK)
+        return diag_set(d, st, "run.device is cuda: %s (use `--set run.device=cpu`)", why);
+    run->device = &run->cuda_ops;
+    return VH_STATUS_OK;
+}
+
+/* "MPI", "NCCL": how the message names a backend. */
+static void upper(char *out, size_t len, const char *name) {
+    size_t i = 0;
+    for (; name[i] && i + 1 < len; i++)
+        out[i] = (char)(name[i] >= 'a' && name[i] <= 'z' ? name[i] - 'a' + 'A' : name[i]);
+    out[i] = '\0';
+}
+
+vh_status run_open_comm(vh_run *run, vh_diag *d) {
+    const char *name = run_config_string(run, "comm");
+    /* self: run_open already installed the one-process communicator (and a
+     * test may have put its own in its place). */
+    if (strcmp(name, "self") == 0) return VH_STATUS_OK;
+    char file[64], label[16], why[1024];
+    snprintf(file, sizeof file, "libvh_comm_%s.so", name);
+    upper(label, sizeof label, name);
+    int found;
+    run->comm_lib = open_backend_lib(file, &found, why, sizeof why);
+    if (!run->comm_lib && !found)
+        return diag_set(d, VH_STATUS_ERR_COMM,
+                        "run.comm is %s, but this vithost has no %s backend (%s not found); "
+                        "use run.comm: self",
+                        name, label, file);
+    if (!run->comm_lib)
+        return diag_set(d, VH_STATUS_ERR_COMM,
+                        "run.comm is %s, but %s cannot be loaded: %s (install the %s library "
+                        "it needs, or use run.comm: self)",
+                        name, file, why, label);
+    vh_comm_open_fn open_fn;
+    *(void **)&open_fn = dlsym(run->comm_lib, VH_COMM_OPEN_SYMBOL);
+    *(void **)&run->comm_close = dlsym(run->comm_lib, VH_COMM_CLOSE_SYMBOL);
+    if (!open_fn || !run->comm_close)
+        return diag_set(d, VH_STATUS_ERR_COMM, "%s lacks %s or %s: rebuild vithost", file,
+                        VH_COMM_OPEN_SYMBOL, VH_COMM_CLOSE_SYMBOL);
+    vh_comm_open_args args = {.struct_size = sizeof args, .abi_major = VH_ABI_MAJOR,
+                              .abi_minor = VH_ABI_MINOR, .device = run->device};
+    vh_status st = open_fn(&args, &run->comm_opened, why, sizeof why);
+    if (st != VH_STATUS_OK)
+        return diag_set(d, st,
+                        "run.comm is %s: %s (use run.comm: self for one process)", name, why);
+    if (!run->comm_opened || !run->comm_opened->ops)
+        return diag_set(d, VH_STATUS_ERR_COMM, "%s opened no communicator: rebuild vithost",
+                        file);
+    run->comm = *run->comm_opened;
+    return VH_STATUS_OK;
+}
+
+void run_close_backends(vh_run *run) {
+    if (run->comm_opened && run->comm_close) run->comm_close(run->comm_opened);
+    run->comm_opened = NULL;
+    if (run->comm_lib) dlclose(run->comm_lib);
+    run->comm_lib = NULL;
+    if (run->cuda_lib) dlclose(run->cuda_lib);
+    run->cuda_lib = NULL;
+}

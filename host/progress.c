@@ -1,0 +1,63 @@
+/* progress.c - throughput windows and the terminal's redrawn line (see
+ * progress.h). The lines that stay are printed by the loop. */
+#define _POSIX_C_SOURCE 200809L
+#include "progress.h"
+
+#include <time.h>
+#include <unistd.h>
+
+double progress_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void progress_init(vh_progress *p, FILE *out) {
+    p->out = out;
+    p->tty = isatty(fileno(out));
+    p->run_start = p->window_start = progress_now();
+    p->last_draw = 0.0;
+    p->window_images = 0;
+}
+
+double progress_img_per_s(const vh_progress *p) {
+    double dt = progress_now() - p->window_start;
+    return dt > 0 ? (double)p->window_images / dt : 0.0;
+}
+
+void progress_restart_window(vh_progress *p) {
+    p->window_start = progress_now();
+    p->window_images = 0;
+}
+
+void progress_pause(vh_progress *p, double since) { p->window_start += progress_now() - since; }
+
+static void format_eta(char *buf, size_t len, double seconds) {
+    if (!(seconds >= 0) || seconds > 1e7) {
+        snprintf(buf, len, "?");
+        return;
+    }
+    long s = (long)seconds;
+    if (s >= 3600) snprintf(buf, len, "%ldh%02ldm", s / 3600, s / 60 % 60);
+    else snprintf(buf, len, "%ldm%02lds", s / 60, s % 60);
+}
+
+int progress_due(const vh_progress *p, int64_t step, int64_t total) {
+    return p->tty && (progress_now() - p->last_draw >= 0.1 || step == total);
+}
+
+void progress_draw(vh_progress *p, int64_t step, int64_t total, float loss) {
+    if (!p->tty) return;
+    double now = progress_now();
+    p->last_draw = now;
+    double elapsed = now - p->run_start;
+    char eta[32];
+    format_eta(eta, sizeof eta, step > 0 ? elapsed / (double)step * (double)(total - step) : -1);
+    fprintf(p->out, "\r\033[Kstep %lld/%lld  loss %.4f  %.0f img/s  eta %s", (long long)step,
+            (long long)total, (double)loss, progress_img_per_s(p), eta);
+    fflush(p->out);
+}
+
+void progress_clear(vh_progress *p) {
+    if (p->tty) fputs("\r\033[K", p->out);
+}

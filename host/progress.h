@@ -1,0 +1,37 @@
+/* progress.h - the lines a run prints while it trains: one line per logged
+ * step, one per evaluation, and on a terminal one line redrawn in place
+ * between them; and the clock they measure throughput with. */
+#ifndef VITHOST_HOST_PROGRESS_H
+#define VITHOST_HOST_PROGRESS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct vh_progress {
+    FILE *out;
+    int tty;
+    double window_start, last_draw, run_start;
+    int64_t window_images;
+} vh_progress;
+
+/* Seconds on a monotonic clock. */
+double progress_now(void);
+
+void progress_init(vh_progress *p, FILE *out);
+
+/* Images per second since the window started (the last logged step). */
+double progress_img_per_s(const vh_progress *p);
+/* A new window starts (after a logged step). */
+void progress_restart_window(vh_progress *p);
+/* Time spent since `since` (evaluation, checkpoints) is not training time. */
+void progress_pause(vh_progress *p, double since);
+
+/* On a terminal, one line redrawn in place (at most 10 times a second):
+ * whether the next progress_draw draws (so the caller fetches the loss only
+ * then), and the drawing. */
+int progress_due(const vh_progress *p, int64_t step, int64_t total);
+void progress_draw(vh_progress *p, int64_t step, int64_t total, float loss);
+/* Clears the redrawn line before a line that stays. */
+void progress_clear(vh_progress *p);
+
+#endif

@@ -1,0 +1,89 @@
+/* session.h - the five plugin instances of a run and where the run stands,
+ * shared by the training step (step.c), evaluation (evaluate.c), the loop
+ * (train_loop.c), checkpoints (checkpoint.c) and weight files (weights.c).
+ *
+ * session_open opens the device and the communicator, creates the plugins in
+ * dependency order and allocates the batch buffers; it leaves the parameters
+ * unset: weights_load_model sets them (from the init rules, a file, or a
+ * checkpoint), once.
+ */
+#ifndef VITHOST_HOST_SESSION_H
+#define VITHOST_HOST_SESSION_H
+
+#include <stdio.h>
+
+#include "diag.h"
+#include "metrics.h"
+#include "runtime.h"
+
+typedef struct vh_session {
+    vh_run *run;
+    FILE *out;
+    int trace;
+    void *self[VH_ROLE_COUNT];
+    /* The host's full-size copies (loader.h): optional calls a plugin lacks
+     * are the host's defaults, except the ones documented in vtables.h. */
+    const vh_model_vtable *model;
+    const vh_precision_vtable *precision;
+    const vh_sharding_vtable *sharding;
+    const vh_optim_vtable *optim;
+    const vh_data_vtable *data;
+    vh_data_info info;
+    vh_precision_policy policy;
+    const vh_param_table *table;
+    vh_unit_hooks hooks;
+    vh_param_slices slices;
+    int32_t state_slots;
+    int64_t batch_size;
+    /* Device copies of the batch when the device is not the CPU. */
+    void *dev_images, *dev_labels;
+    float *host_logits;
+
+    /* where the run stands */
+    int64_t step, epoch;   /* steps done; epoch of the pass in progress */
+    int epoch_in_progress; /* a training pass was started (or resumed) */
+    vh_metrics metrics;
+} vh_session;
+
+vh_status session_open(vh_session *s, vh_run *run, vh_diag *d);
+void session_close(vh_session *s);
+
+/* A failed plugin call as one message naming role, plugin, call and the
+ * plugin's own words. */
+vh_status session_plugin_error(vh_session *s, vh_role role, vh_status st, const char *call,
+                               vh_diag *d);
+
+/* With --trace, prints "trace: " and the line. */
+void session_trace(const vh_session *s, const char *fmt, ...) VH_PRINTF_LIKE(2, 3);
+
+/* The next training or eval batch: data.next, checked against the data's
+ * info, copied to the device. *has = 0 at the end of the pass. */
+vh_status session_next_batch(vh_session *s, vh_batch *host_batch, vh_batch *batch, int *has,
+                             vh_diag *d);
+
+/* The loss a forward left in device memory, copied back: only when the
+ * host needs the number (a log line, a NaN check, evaluation). */
+vh_status session_read_loss(vh_session *s, const float *dev_loss, float *out, vh_diag *d);
+
+/* ---- step.c -------------------------------------------------------------- */
+
+/* One training step on a batch (DESIGN.md's order). *dev_loss: the step's
+ * mean loss, in device memory until the next forward; *skipped when the
+ * precision plugin found an overflow and the optimizer step was skipped. */
+vh_status session_step(vh_session *s, const vh_batch *batch, int64_t step,
+                       const float **dev_loss, double *lr, int *skipped, vh_diag *d);
+
+/* The order of one training step, as printed at the start of a run. */
+extern const char vh_step_order[];
+
+/* ---- evaluate.c ---------------------------------------------------------- */
+
+typedef struct vh_eval_result {
+    int64_t samples;
+    double loss, top1, top5;
+} vh_eval_result;
+
+/* One evaluation pass over the eval split, summed over ranks. */
+vh_status session_evaluate(vh_session *s, vh_eval_result *res, vh_diag *d);
+
+#endif

@@ -1,0 +1,346 @@
+/* train_loop.c - `vithost run`: the loop of epochs and steps around
+ * session_step, with evaluation, the progress and memory lines, metrics,
+ * checkpoints, resume and a clean stop (see train_loop.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "train_loop.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "flops_probe.h"
+#include "progress.h"
+#include "run_folder.h"
+#include "session.h"
+#include "signals.h"
+#include "weights.h"
+
+typedef struct loop_state {
+    vh_session *s;
+    const char *dir;
+    int64_t total, steps_per_epoch, epochs, log_every, eval_every, eval_every_steps;
+    int64_t checkpoint_every, keep, stop_after, steps_this_run;
+    double flops, peak_tflops;
+    vh_progress prog;
+    vh_eval_result last_eval;
+    int64_t last_eval_step; /* -1: none yet */
+} loop_state;
+
+/* ---- evaluation and checkpoints inside the loop --------------------------- */
+
+/* An evaluation in the middle of a training pass (run.eval_every_steps):
+ * the pass's position is saved before and restored after, so any data
+ * plugin that can resume can be interrupted. */
+static vh_status eval_inside_pass(vh_session *s, vh_eval_result *res, vh_diag *d) {
+    void *data = s->self[VH_ROLE_DATA];
+    size_t size = 0;
+    vh_status st = s->data->state_size(data, &size);
+    if (st != VH_STATUS_OK) return session_plugin_error(s, VH_ROLE_DATA, st, "data.state_size", d);
+    void *saved = malloc(size ? size : 1);
+    if (!saved) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
+    st = s->data->state_save(data, saved, size);
+    if (st != VH_STATUS_OK) st = session_plugin_error(s, VH_ROLE_DATA, st, "data.state_save", d);
+    if (st == VH_STATUS_OK) st = session_evaluate(s, res, d);
+    if (st == VH_STATUS_OK) {
+        st = s->data->state_load(data, saved, size);
+        if (st != VH_STATUS_OK) st = session_plugin_error(s, VH_ROLE_DATA, st, "data.state_load", d);
+    }
+    free(saved);
+    return st;
+}
+
+static vh_status run_eval(loop_state *ls, int inside_pass, vh_diag *d) {
+    vh_session *s = ls->s;
+    double t0 = progress_now();
+    vh_status st = inside_pass ? eval_inside_pass(s, &ls->last_eval, d)
+                               : session_evaluate(s, &ls->last_eval, d);
+    progress_pause(&ls->prog, t0);
+    if (st != VH_STATUS_OK) return st;
+    ls->last_eval_step = s->step;
+    progress_clear(&ls->prog);
+    fprintf(s->out,
+            "eval  step %lld epoch %lld: top1 %.2f%% top5 %.2f%% loss %.4f (%lld images)\n",
+            (long long)s->step, (long long)s->epoch, 100.0 * ls->last_eval.top1,
+            100.0 * ls->last_eval.top5, ls->last_eval.loss, (long long)ls->last_eval.samples);
+    fflush(s->out);
+    metrics_eval(&s->metrics, s->step, s->epoch, ls->last_eval.top1, ls->last_eval.top5,
+                 ls->last_eval.loss, ls->last_eval.samples);
+    return VH_STATUS_OK;
+}
+
+static vh_status save_checkpoint(loop_state *ls, vh_diag *d) {
+    double t0 = progress_now();
+    vh_status st = checkpoint_save(ls->s, ls->dir, ls->keep, d);
+    progress_pause(&ls->prog, t0);
+    if (st == VH_STATUS_OK) {
+        progress_clear(&ls->prog);
+        fprintf(ls->s->out, "vithost: checkpoint %s/checkpoints/step-%08lld (%.2f s)\n",
+                ls->dir, (long long)ls->s->step, progress_now() - t0);
+    }
+    return st;
+}
+
+/* ---- progress lines ---------------------------------------------------------- */
+
+static void log_step(loop_state *ls, float loss, double lr, int skipped) {
+    vh_session *s = ls->s;
+    double img_s = progress_img_per_s(&ls->prog);
+    double tflops = img_s * ls->flops / 1e12;
+    vh_train_metrics m = {.step = s->step, .epoch = s->epoch, .loss = loss, .lr = lr,
+                          .img_per_s = img_s, .tflops = tflops,
+                          .mfu = ls->peak_tflops > 0 ? tflops / ls->peak_tflops : NAN,
+                          .peak_mem_bytes = metrics_peak_rss_bytes(), .skipped = skipped};
+    metrics_train(&s->metrics, &m);
+    progress_clear(&ls->prog);
+    fprintf(s->out,
+            "train step %lld/%lld epoch %lld: loss %.4f lr %.3g img/s %.1f TFLOP/s %.4f",
+            (long long)s->step, (long long)ls->total, (long long)s->epoch, (double)loss, lr,
+            img_s, tflops);
+    if (ls->peak_tflops > 0) fprintf(s->out, " MFU %.1f%%", 100.0 * m.mfu);
+    fprintf(s->out, "%s\n", skipped ? " (step skipped: overflow)" : "");
+    fflush(s->out);
+    progress_restart_window(&ls->prog);
+}
+
+/* "12.3 MiB" */
+static void bytes_text(char *buf, size_t len, int64_t bytes) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) v /= 1024.0, u++;
+    snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+/* One line: the parameter count and, when the sharding plugin says, the
+ * bytes this rank holds for each kind of buffer. */
+static vh_status print_memory(vh_session *s, vh_diag *d) {
+    vh_sharding_memory m = {.struct_size = sizeof m};
+    if (s->sharding->memory) {
+        session_trace(s, "sharding.memory");
+        vh_status st = s->sharding->memory(s->self[VH_ROLE_SHARDING], &m);
+        if (st != VH_STATUS_OK)
+            return session_plugin_error(s, VH_ROLE_SHARDING, st, "sharding.memory", d);
+    }
+    fprintf(s->out, "vithost: %lld parameters", (long long)s->table->numel);
+    if (s->sharding->memory) {
+        char p[32], g[32], ma[32], o[32], c[32];
+        bytes_text(p, sizeof p, m.params);
+        bytes_text(g, sizeof g, m.grads);
+        bytes_text(ma, sizeof ma, m.masters);
+        bytes_text(o, sizeof o, m.optim_state);
+        bytes_text(c, sizeof c, m.comm_buffers);
+        fprintf(s->out, "; on this rank: params %s, grads %s, masters %s, optimizer state %s",
+                p, g, ma, o);
+        if (m.comm_buffers) fprintf(s->out, ", comm buffers %s", c);
+    }
+    fputc('\n', s->out);
+    return VH_STATUS_OK;
+}
+
+/* ---- the loop ------------------------------------------------------------------ */
+
+/* Trains one epoch's pass (or the rest of it, after a resume). The loss is
+ * copied back from the device only on steps that print it. */
+static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d) {
+    vh_session *s = ls->s;
+    if (!s->epoch_in_progress) {
+        session_trace(s, "data.start_epoch split=train epoch=%lld", (long long)s->epoch);
+        vh_status st = s->data->start_epoch(s->self[VH_ROLE_DATA], VH_SPLIT_TRAIN, s->epoch);
+        if (st != VH_STATUS_OK)
+            return session_plugin_error(s, VH_ROLE_DATA, st, "data.start_epoch", d);
+        s->epoch_in_progress = 1;
+    }
+    while (s->step < ls->total) {
+        vh_batch host_batch, batch;
+        int has = 0, skipped = 0;
+        const float *dev_loss = NULL;
+        vh_status st = session_next_batch(s, &host_batch, &batch, &has, d);
+        if (st != VH_STATUS_OK) return st;
+        if (!has) break;
+        st = session_step(s, &batch, s->step, &dev_loss, lr, &skipped, d);
+        if (st == VH_STATUS_OK) st = s->run->device->synchronize(s->run->device->device);
+        if (st != VH_STATUS_OK) return st;
+        s->step++;
+        ls->steps_this_run++;
+        ls->prog.window_images += batch.size;
+        int log = s->step % ls->log_every == 0 || s->step == ls->total;
+        int draw = !log && progress_due(&ls->prog, s->step, ls->total);
+        if (log || draw) {
+            st = session_read_loss(s, dev_loss, loss, d);
+            if (st != VH_STATUS_OK) return st;
+            if (!isfinite(*loss) && !skipped)
+                return diag_set(d, VH_STATUS_ERR_NUMERIC,
+                                "training diverged: the loss is %f at step %lld (lower the "
+                                "learning rate, clip gradients, or use a precision policy with "
+                                "loss scaling)",
+                                (double)*loss, (long long)s->step);
+        }
+        if (log) log_step(ls, *loss, *lr, skipped);
+        else if (draw) progress_draw(&ls->prog, s->step, ls->total, *loss);
+        if (ls->eval_every_steps > 0 && s->step % ls->eval_every_steps == 0) {
+            st = run_eval(ls, 1, d);
+            if (st != VH_STATUS_OK) return st;
+        }
+        int stop = signals_stop_requested() ||
+                   (ls->stop_after > 0 && ls->steps_this_run >= ls->stop_after);
+        if ((ls->checkpoint_every > 0 && s->step % ls->checkpoint_every == 0 &&
+             s->step < ls->total) ||
+            stop) {
+            st = save_checkpoint(ls, d);
+            if (st != VH_STATUS_OK) return st;
+        }
+        if (stop) return VH_STATUS_ERR_INTERRUPTED;
+    }
+    return VH_STATUS_OK;
+}
+
+static vh_status train_loop(loop_state *ls, vh_diag *d) {
+    vh_session *s = ls->s;
+    float loss = NAN;
+    double lr = 0.0;
+    while (s->epoch < ls->epochs && s->step < ls->total) {
+        vh_status st = train_epoch(ls, &loss, &lr, d);
+        if (st != VH_STATUS_OK) return st;
+        int finished_pass = s->step < ls->total || s->step % ls->steps_per_epoch == 0;
+        int last = s->step >= ls->total;
+        /* (not again when eval_every_steps just evaluated these weights) */
+        if (ls->eval_every > 0 && ((s->epoch + 1) % ls->eval_every == 0 || last) &&
+            ls->last_eval_step != s->step) {
+            st = run_eval(ls, 0, d);
+            if (st != VH_STATUS_OK) return st;
+        }
+        if (finished_pass) {
+            s->epoch++;
+            s->epoch_in_progress = 0;
+        }
+    }
+    vh_status st = save_checkpoint(ls, d);
+    if (st != VH_STATUS_OK) return st;
+    progress_clear(&ls->prog);
+    fprintf(s->out, "vithost: finished %lld steps", (long long)s->step);
+    if (isfinite(loss)) fprintf(s->out, "; final loss %.4f", (double)loss);
+    if (ls->last_eval_step == s->step)
+        fprintf(s->out, "; eval top1 %.2f%%", 100.0 * ls->last_eval.top1);
+    fprintf(s->out, "; peak memory %.1f MiB; run folder %s\n",
+            (double)metrics_peak_rss_bytes() / 1048576.0, ls->dir);
+    fflush(s->out);
+    return VH_STATUS_OK;
+}
+
+static vh_status setup_loop(loop_state *ls, vh_session *s, const char *dir,
+                            const vh_train_options *o, vh_diag *d) {
+    vh_run *run = s->run;
+    memset(ls, 0, sizeof *ls);
+    ls->s = s;
+    ls->dir = dir;
+    ls->last_eval_step = -1;
+    ls->log_every = run_config_int(run, "log_every");
+    ls->eval_every = run_config_int(run, "eval_every");
+    ls->eval_every_steps = run_config_int(run, "eval_every_steps");
+    ls->checkpoint_every = run_config_int(run, "checkpoint_every");
+    ls->keep = run_config_int(run, "keep_checkpoints");
+    ls->stop_after = o->stop_after;
+    ls->steps_per_epoch = s->info.train_size / run->comm.world_size / s->batch_size;
+    if (ls->steps_per_epoch < 1)
+        return diag_set(d, VH_STATUS_ERR_CONFIG,
+                        "%s: the training split has %lld samples, fewer than one batch of %lld "
+                        "per rank on %d rank(s); lower run.batch_size",
+                        run->recipe.file, (long long)s->info.train_size,
+                        (long long)s->batch_size, (int)run->comm.world_size);
+    if (ls->eval_every_steps > 0 &&
+        !loader_plugin_has(&run->plugins[VH_ROLE_DATA], offsetof(vh_data_vtable, state_load)))
+        return diag_set(d, VH_STATUS_ERR_CONFIG,
+                        "%s: run.eval_every_steps evaluates in the middle of a training pass, "
+                        "which needs a data plugin that can save its position; '%s' has no "
+                        "state_save/state_load (set run.eval_every_steps: 0)",
+                        run->recipe.file, run->plugins[VH_ROLE_DATA].desc->name);
+    int64_t max_steps = run_config_int(run, "steps");
+    ls->epochs = run_config_int(run, "epochs");
+    /* With run.steps set, epochs go on until the steps are done. */
+    if (max_steps > 0) ls->epochs = (max_steps + ls->steps_per_epoch - 1) / ls->steps_per_epoch;
+    ls->total = max_steps > 0 ? max_steps : ls->steps_per_epoch * ls->epochs;
+    ls->flops = s->model->train_flops_per_image(s->self[VH_ROLE_MODEL]);
+    double peak = 0.0;
+    const vh_config_entry *e = config_find(&run->run_config, "peak_tflops");
+    if (e) peak = e->as.f;
+    ls->peak_tflops = peak > 0 ? peak : flops_probe_peak_tflops(run->device);
+    progress_init(&ls->prog, s->out);
+    return VH_STATUS_OK;
+}
+
+/* The parameters a run starts from: its checkpoint when resumed, else the
+ * weights the model's recipe names (model.initial_weights), else the init
+ * rules. */
+static vh_status starting_weights(vh_session *s, const char *dir, int resume, char *ckpt,
+                                  size_t ckpt_len, vh_diag *d) {
+    if (resume) {
+        vh_status st = checkpoint_latest(dir, ckpt, ckpt_len, d);
+        return st == VH_STATUS_OK ? checkpoint_load(s, ckpt, d) : st;
+    }
+    const char *initial = NULL;
+    session_trace(s, "model.initial_weights");
+    vh_status st = s->model->initial_weights(s->self[VH_ROLE_MODEL], &initial);
+    if (st != VH_STATUS_OK)
+        return session_plugin_error(s, VH_ROLE_MODEL, st, "model.initial_weights", d);
+    return weights_load_model(s, initial, VH_WEIGHTS_MODE_PRETRAINED, d);
+}
+
+/* The lines a run starts with; the memory line asks the sharding plugin. */
+static vh_status print_banner(const loop_state *ls, const vh_train_options *o, const char *ckpt,
+                              vh_diag *d) {
+    vh_session *s = ls->s;
+    fprintf(s->out, "vithost: run folder %s\n", ls->dir);
+    if (o->resume)
+        fprintf(s->out, "vithost: resuming from %s (step %lld, epoch %lld)\n", ckpt,
+                (long long)s->step, (long long)s->epoch);
+    fprintf(s->out,
+            "vithost: training %lld steps (%lld epochs of %lld steps, batch %lld) on %s; ",
+            (long long)ls->total, (long long)ls->epochs, (long long)ls->steps_per_epoch,
+            (long long)s->batch_size, s->run->device->name);
+    if (ls->flops > 0) fprintf(s->out, "%.3g GFLOP per image", ls->flops / 1e9);
+    else fprintf(s->out, "FLOPs per image unknown (the model does not count them)");
+    if (ls->peak_tflops > 0) fprintf(s->out, "; device peak %.1f GFLOP/s", ls->peak_tflops * 1e3);
+    fputc('\n', s->out);
+    vh_status st = print_memory(s, d);
+    if (st != VH_STATUS_OK) return st;
+    fprintf(s->out, "vithost: each step calls, in order: %s\n", vh_step_order);
+    fflush(s->out);
+    return VH_STATUS_OK;
+}
+
+vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
+    char dir[4096];
+    if (o->out_dir) snprintf(dir, sizeof dir, "%s", o->out_dir);
+    else run_folder_default(run, dir, sizeof dir);
+    vh_status st = run_folder_check(run, dir, o->resume, d);
+    if (st != VH_STATUS_OK) return st;
+
+    vh_session s;
+    st = session_open(&s, run, d);
+    if (st == VH_STATUS_OK) st = run_folder_create(run, dir, d);
+    char ckpt[4300] = "";
+    if (st == VH_STATUS_OK) st = starting_weights(&s, dir, o->resume, ckpt, sizeof ckpt, d);
+    if (st == VH_STATUS_OK) st = metrics_open(&s.metrics, dir, o->resume ? s.step : -1, d);
+    loop_state ls;
+    if (st == VH_STATUS_OK) st = setup_loop(&ls, &s, dir, o, d);
+    if (st == VH_STATUS_OK) {
+        /* Handlers first: once the banner is out, a signal stops cleanly. */
+        vh_signals_saved saved;
+        signals_catch_stop(&saved);
+        st = print_banner(&ls, o, ckpt, d);
+        if (st == VH_STATUS_OK) st = train_loop(&ls, d);
+        signals_restore(&saved);
+        if (st == VH_STATUS_ERR_INTERRUPTED) {
+            progress_clear(&ls.prog);
+            diag_set(d, st,
+                     "stopped at step %lld (%s) with a checkpoint; continue with: vithost run "
+                     "%s --out %s --resume",
+                     (long long)s.step, signals_stop_requested() ? "signal" : "--stop-after",
+                     run->recipe.file, dir);
+        }
+    }
+    session_close(&s);
+    return st;
+}

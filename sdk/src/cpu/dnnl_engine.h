@@ -1,0 +1,72 @@
+/* dnnl_engine.h - the one door to oneDNN (internal to the CPU device).
+ *
+ * Every oneDNN call of vithost is in dnnl_engine.c, behind this header, so
+ * that oneDNN 3.x (a different C API: no *_desc_init) is one more file chosen
+ * at configure time, not a port of the ops.
+ *
+ * One operation: a (batched) matmul with fused post-ops,
+ *   T = alpha * A @ B + bias            (bias only with alpha == 1: oneDNN 2.x
+ *                                         scales after it)
+ *   C = gelu?(T) + sum * C
+ * where A is (batch..., m, k), B (batch..., k, n), C (batch..., m, n), each
+ * given by element strides, so transposes, leading
+ * dimensions, broadcast batch members (stride 0) and the per-(sample, head)
+ * blocks of attention read in place through a token stride are all just
+ * strides. Primitives are created once per description and kept in a
+ * per-thread table (see dnnl_engine.c).
+ */
+#ifndef VITHOST_CPU_DNNL_ENGINE_H
+#define VITHOST_CPU_DNNL_ENGINE_H
+
+#include <stdint.h>
+
+#include "cpu_ops.h"
+
+#define VH_DNNL_MAX_BATCH_DIMS 2
+
+/* Zero it (vh_dnnl_matmul_init), then fill: it is also the cache key, compared
+ * byte for byte. */
+typedef struct vh_dnnl_matmul {
+    int64_t batch[VH_DNNL_MAX_BATCH_DIMS];  /* sizes of C's batch dims */
+    int64_t m, n, k;
+    /* Strides in elements, batch dims first: A (.., m, k), B (.., k, n),
+     * C (.., m, n). A batch stride of 0 in A or B broadcasts that operand
+     * over the dim. */
+    int64_t sa[VH_DNNL_MAX_BATCH_DIMS + 2];
+    int64_t sb[VH_DNNL_MAX_BATCH_DIMS + 2];
+    int64_t sc[VH_DNNL_MAX_BATCH_DIMS + 2];
+    /* 4-byte members last: no padding, so byte comparison is exact */
+    int32_t batch_dims;  /* 0, 1 or 2 */
+    vh_dtype ab_dtype;   /* f32 or bf16 (bf16 only where vh_dnnl_native_bf16) */
+    vh_dtype c_dtype;
+    float alpha;
+    int32_t has_bias;    /* f32, n values, every row */
+    int32_t gelu;        /* erf GELU on T */
+    float sum;           /* != 0: C_old * sum is added (beta, +1 for a residual in C) */
+    int32_t reserved;    /* zero: keeps the struct free of padding */
+} vh_dnnl_matmul;
+
+_Static_assert(sizeof(vh_dnnl_matmul) == 17 * 8 + 8 * 4, "vh_dnnl_matmul has no padding");
+
+VH_CPU_HIDDEN void vh_dnnl_matmul_init(vh_dnnl_matmul *mm);
+
+/* Runs one matmul. VH_STATUS_ERR_UNSUPPORTED when oneDNN has no
+ * implementation for it (or only its slow reference one): the caller then
+ * takes a simpler route (plain f32, post-ops done by hand). */
+VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run(const vh_dnnl_matmul *mm, const void *a,
+                                           const void *b, const float *bias, void *c);
+
+/* Does this CPU multiply bf16 natively (avx512_bf16 or AMX)? oneDNN
+ * decides the ISA at run time and honours ONEDNN_MAX_CPU_ISA. */
+VH_CPU_HIDDEN int vh_dnnl_native_bf16(void);
+
+/* The CPU's ISA as oneDNN sees it ("avx2", "avx512_core_bf16", ...). */
+VH_CPU_HIDDEN const char *vh_dnnl_isa_name(void);
+
+/* Primitives this thread has created (the cache's misses). */
+VH_CPU_HIDDEN uint64_t vh_dnnl_primitives_created(void);
+
+/* "oneDNN 2.6.3": the library this process runs on. */
+VH_CPU_HIDDEN const char *vh_dnnl_version_name(void);
+
+#endif

@@ -1,0 +1,866 @@
+/* test_ops_dtypes.c - every compute op of the CPU device on f32, bf16 and f16
+ * storage, against references computed here in double.
+ *
+ * The reference reads the values as stored (inputs are rounded to their dtype
+ * when they are written), so rounding the inputs is not an error the op is
+ * charged with. What is left, per output stored in dtype t:
+ *   - one rounding at the store, to nearest even: at most u(t) relative per
+ *     element, so at most u(t) in the normalised error ||got - ref|| / ||ref||
+ *     (u = 2^-24 f32, 2^-8 bf16, 2^-11 f16: half an ulp);
+ *   - the fp32 arithmetic inside the op (fp32 accumulation, the fast exp and
+ *     GELU): TOL_F32_MATH, the bound the f32 checks of test_ops.c use.
+ * So the tolerance of an output in t is u(t) + TOL_F32_MATH, and nothing is
+ * loosened per op: an op that rounded twice (an fp32 result stored through a
+ * bf16 temporary, a bf16 accumulation) would be about 2u off and fail.
+ * Outputs that accumulate (+=) start from nonzero stored values: the op must
+ * read them, add in fp32 and round once.
+ *
+ * Also: the GEMM with every epilogue, bias, residual, beta, transposes and
+ * batch; multi_tensor_scale_check (sums, Inf/NaN, thread count); and the
+ * engine description. ctest runs this binary twice, the second time with
+ * oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2): on a CPU with bf16 hardware
+ * that is the route of a CPU without it (bf16 converted to f32), which must
+ * give the same results within the same tolerances.
+ */
+#include <math.h>
+#include <omp.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "vithost/vh_cpu_engine.h"
+#include "vithost/vh_runtime.h"
+
+#define TOL_F32_MATH 1e-5
+
+static const vh_device_ops *ops;
+static const vh_dtype kTypes[3] = {VH_DTYPE_F32, VH_DTYPE_BF16, VH_DTYPE_F16};
+
+static double unit_roundoff(vh_dtype t) {
+    return t == VH_DTYPE_BF16 ? 0x1p-8 : t == VH_DTYPE_F16 ? 0x1p-11 : 0x1p-24;
+}
+
+static double tol(vh_dtype t) { return unit_roundoff(t) + TOL_F32_MATH; }
+
+/* ---- tensors of any dtype -------------------------------------------------- */
+
+static uint64_t rng_state;
+
+static double rnd(void) { /* splitmix64, uniform in [0, 1) */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1p-53;
+}
+
+typedef struct tens {
+    vh_dtype t;
+    int64_t n;
+    void *p;
+} tens;
+
+static tens tnew(vh_dtype t, int64_t n) {
+    tens x = {t, n, calloc((size_t)(n > 0 ? n : 1), vh_dtype_size(t))};
+    assert_non_null(x.p);
+    return x;
+}
+
+static void tset(tens *x, int64_t i, double v) {
+    const float f = (float)v;
+    if (x->t == VH_DTYPE_BF16)
+        ((uint16_t *)x->p)[i] = vh_f32_to_bf16(f);
+    else if (x->t == VH_DTYPE_F16)
+        ((uint16_t *)x->p)[i] = vh_f32_to_f16(f);
+    else
+        ((float *)x->p)[i] = f;
+}
+
+static double tget(const tens *x, int64_t i) {
+    if (x->t == VH_DTYPE_BF16) return vh_bf16_to_f32(((const uint16_t *)x->p)[i]);
+    if (x->t == VH_DTYPE_F16) return vh_f16_to_f32(((const uint16_t *)x->p)[i]);
+    return ((const float *)x->p)[i];
+}
+
+static tens trand(vh_dtype t, int64_t n, double lo, double hi) {
+    tens x = tnew(t, n);
+    for (int64_t i = 0; i < n; i++) tset(&x, i, lo + (hi - lo) * rnd());
+    return x;
+}
+
+/* The stored values, in double. */
+static double *tvals(const tens *x) {
+    double *v = malloc((size_t)(x->n > 0 ? x->n : 1) * sizeof(double));
+    assert_non_null(v);
+    for (int64_t i = 0; i < x->n; i++) v[i] = tget(x, i);
+    return v;
+}
+
+static void tfree(tens *x) {
+    free(x->p);
+    x->p = NULL;
+}
+
+static double *dzero(int64_t n) {
+    double *p = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+    assert_non_null(p);
+    return p;
+}
+
+/* ||got - ref|| / ||ref|| <= tolerance (and every value finite). */
+static void check_(const char *what, const tens *got, const double *ref, double tolerance,
+                   const char *file, int line) {
+    double num = 0, den = 0;
+    int64_t worst = 0;
+    double worst_err = -1;
+    for (int64_t i = 0; i < got->n; i++) {
+        const double g = tget(got, i), d = g - ref[i];
+        if (!isfinite(g) && isfinite(ref[i])) {
+            print_error("%s:%d: %s [%s]: element %lld is %g, expected %g\n", file, line, what,
+                        vh_dtype_name(got->t), (long long)i, g, ref[i]);
+            fail();
+        }
+        num += d * d;
+        den += ref[i] * ref[i];
+        if (fabs(d) > worst_err) worst_err = fabs(d), worst = i;
+    }
+    const double err = den > 0 ? sqrt(num / den) : sqrt(num);
+    if (!(err <= tolerance)) {
+        print_error("%s:%d: %s [%s]: normalised error %.3g > %.3g (worst: element %lld is %.9g, "
+                    "expected %.9g)\n",
+                    file, line, what, vh_dtype_name(got->t), err, tolerance, (long long)worst,
+                    tget(got, worst), ref[worst]);
+        fail();
+    }
+}
+#define check(what, got, ref, tolerance) check_(what, got, ref, tolerance, __FILE__, __LINE__)
+
+static int setup(void **state) {
+    (void)state;
+    ops = vh_cpu_device_ops();
+    return ops ? 0 : -1;
+}
+
+/* ---- GEMM ------------------------------------------------------------------- */
+
+static double ref_gelu(double x) { return 0.5 * x * erfc(-x / sqrt(2.0)); }
+
+static double ref_gelu_grad(double x) {
+    return 0.5 * erfc(-x / sqrt(2.0)) + x * exp(-0.5 * x * x) / sqrt(2.0 * 3.14159265358979323846);
+}
+
+typedef struct gemm_case {
+    int ta, tb;
+    int64_t m, n, k, batch;
+    float alpha, beta;
+    int bias, gelu, aux, res, res_is_c, broadcast_a;
+} gemm_case;
+
+static void run_gemm(const gemm_case *gc, vh_dtype ab, vh_dtype ct, vh_dtype bt) {
+    const int64_t m = gc->m, n = gc->n, k = gc->k, pad = 3;
+    const int64_t bc = gc->batch > 1 ? gc->batch : 1;
+    const int64_t lda = (gc->ta ? m : k) + pad, ldb = (gc->tb ? k : n) + 1, ldc = n + 2;
+    const int64_t sa = gc->broadcast_a ? 0 : (gc->ta ? k : m) * lda + 5;
+    const int64_t sb = (gc->tb ? n : k) * ldb, sc = m * ldc + 7;
+    tens a = trand(ab, (gc->broadcast_a ? 1 : bc) * ((gc->ta ? k : m) * lda + 5), -1, 1);
+    tens b = trand(ab, bc * sb, -1, 1);
+    tens c = trand(ct, bc * sc, -1, 1), aux = trand(ct, bc * sc, -1, 1);
+    tens res = trand(ct, bc * sc, -1, 1), bias = trand(bt, n, -1, 1);
+    double *av = tvals(&a), *bv = tvals(&b), *cv = tvals(&c), *auxv = tvals(&aux);
+    double *rv = gc->res_is_c ? tvals(&c) : tvals(&res), *biasv = tvals(&bias);
+    double *want = tvals(&c), *want_aux = tvals(&aux);
+    for (int64_t q = 0; q < bc; q++)
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double t = 0;
+                for (int64_t l = 0; l < k; l++) {
+                    const double x = av[q * sa + (gc->ta ? l * lda + i : i * lda + l)];
+                    const double y = bv[q * sb + (gc->tb ? j * ldb + l : l * ldb + j)];
+                    t += x * y;
+                }
+                t = gc->alpha * t + (gc->bias ? biasv[j] : 0.0);
+                const int64_t ci = q * sc + i * ldc + j;
+                double v = gc->gelu ? ref_gelu(t) : t;
+                if (gc->res) v += rv[ci];
+                if (gc->beta != 0.0f) v += gc->beta * cv[ci];
+                want[ci] = v;
+                if (gc->gelu && gc->aux) want_aux[ci] = t;
+            }
+    vh_gemm_args g = {.struct_size = sizeof g, .trans_a = gc->ta, .trans_b = gc->tb, .m = m,
+                      .n = n, .k = k, .alpha = gc->alpha, .beta = gc->beta, .a = a.p,
+                      .lda = lda, .stride_a = sa, .b = b.p, .ldb = ldb, .stride_b = sb,
+                      .c = c.p, .ldc = ldc, .stride_c = sc, .batch = gc->batch,
+                      .bias = gc->bias ? bias.p : NULL, .ab_dtype = ab, .c_dtype = ct,
+                      .bias_dtype = bt,
+                      .epilogue = gc->gelu ? VH_EPILOGUE_GELU : VH_EPILOGUE_NONE,
+                      .aux = gc->aux ? aux.p : NULL,
+                      .residual = gc->res ? (gc->res_is_c ? c.p : res.p) : NULL};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    char what[160];
+    snprintf(what, sizeof what,
+             "gemm %s->%s ta=%d tb=%d %lldx%lldx%lld batch=%lld alpha=%g beta=%g bias=%d gelu=%d "
+             "aux=%d res=%d%s%s",
+             vh_dtype_name(ab), vh_dtype_name(ct), gc->ta, gc->tb, (long long)m, (long long)n,
+             (long long)k, (long long)gc->batch, (double)gc->alpha, (double)gc->beta, gc->bias,
+             gc->gelu, gc->aux, gc->res, gc->res_is_c ? "(C)" : "",
+             gc->broadcast_a ? " A broadcast" : "");
+    check(what, &c, want, tol(ct));
+    check(what, &aux, want_aux, tol(ct));
+    tfree(&a), tfree(&b), tfree(&c), tfree(&aux), tfree(&res), tfree(&bias);
+    free(av), free(bv), free(cv), free(auxv), free(rv), free(biasv), free(want), free(want_aux);
+}
+
+static const gemm_case kGemmCases[] = {
+    /* ta tb  m   n   k  batch alpha beta bias gelu aux res res_is_c bcast */
+    {0, 1, 23, 19, 37, 1, 1.0f, 0.0f, 1, 0, 0, 0, 0, 0}, /* linear forward */
+    {0, 0, 23, 19, 37, 1, 1.0f, 0.0f, 0, 0, 0, 0, 0, 0}, /* dX */
+    {1, 0, 23, 19, 37, 1, 1.0f, 1.0f, 0, 0, 0, 0, 0, 0}, /* dW += */
+    {1, 1, 23, 19, 37, 1, 0.5f, 0.25f, 0, 0, 0, 0, 0, 0},
+    {0, 1, 23, 19, 37, 1, 1.0f, 0.0f, 1, 1, 1, 0, 0, 0}, /* fc1: GELU + aux */
+    {0, 1, 23, 19, 37, 1, 1.0f, 0.0f, 1, 1, 0, 0, 0, 0}, /* fc1, no aux (eval) */
+    {0, 1, 23, 19, 37, 1, 1.0f, 0.0f, 1, 0, 0, 1, 0, 0}, /* proj + residual */
+    {0, 1, 23, 19, 37, 1, 1.0f, 0.0f, 1, 0, 0, 1, 1, 0}, /* x = x + proj(...) */
+    {0, 1, 23, 19, 37, 1, 1.0f, 0.5f, 1, 1, 1, 1, 0, 0}, /* everything at once */
+    {0, 1, 23, 19, 37, 1, 0.75f, 0.0f, 1, 1, 0, 1, 0, 0}, /* alpha != 1 with bias */
+    {0, 1, 23, 19, 37, 1, 1.0f, 0.5f, 1, 1, 0, 1, 0, 0},  /* GELU, then beta C + residual */
+    {0, 1, 13, 11, 17, 3, 0.25f, 0.0f, 0, 0, 0, 0, 0, 0}, /* attention-like batch */
+    {0, 0, 13, 11, 17, 3, 1.0f, 1.0f, 1, 1, 1, 1, 1, 0},
+    {1, 0, 13, 11, 17, 3, 1.0f, 0.0f, 0, 0, 0, 1, 0, 1}, /* one A for every member */
+    {0, 1, 13, 11, 0, 2, 1.0f, 0.5f, 1, 1, 1, 1, 0, 0},  /* k = 0 */
+    {0, 1, 200, 96, 64, 1, 1.0f, 0.0f, 1, 1, 1, 1, 0, 0}, /* threaded passes */
+};
+
+static void test_gemm_dtypes(void **state) {
+    (void)state;
+    rng_state = 101;
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < sizeof kGemmCases / sizeof *kGemmCases; i++)
+            run_gemm(&kGemmCases[i], kTypes[t], kTypes[t], kTypes[t]);
+    /* Low-precision operands into fp32 results and fp32 bias (gradients kept
+     * in fp32), and fp32 operands into a bf16 result. */
+    for (size_t i = 0; i < sizeof kGemmCases / sizeof *kGemmCases; i++) {
+        run_gemm(&kGemmCases[i], VH_DTYPE_BF16, VH_DTYPE_F32, VH_DTYPE_F32);
+        run_gemm(&kGemmCases[i], VH_DTYPE_F16, VH_DTYPE_F32, VH_DTYPE_F32);
+        run_gemm(&kGemmCases[i], VH_DTYPE_F32, VH_DTYPE_BF16, VH_DTYPE_F32);
+    }
+}
+
+/* The GEMM's products of bf16 values are exact in fp32: 8-bit significands
+ * whose products fit 16 bits. With small integers, so that every partial sum
+ * is exact too, the result is exact whatever the route (bf16 hardware or
+ * conversion to f32), and equal to the double reference bit for bit. */
+static void test_gemm_bf16_exact(void **state) {
+    (void)state;
+    const int64_t m = 31, n = 17, k = 45;
+    tens a = tnew(VH_DTYPE_BF16, m * k), b = tnew(VH_DTYPE_BF16, k * n);
+    tens c = tnew(VH_DTYPE_F32, m * n);
+    for (int64_t i = 0; i < m * k; i++) tset(&a, i, (double)((int)(i * 37 % 255) - 127));
+    for (int64_t i = 0; i < k * n; i++) tset(&b, i, (double)((int)(i * 11 % 127) - 63) / 64.0);
+    vh_gemm_args g = {.struct_size = sizeof g, .trans_b = 0, .m = m, .n = n, .k = k,
+                      .alpha = 1.0f, .a = a.p, .lda = k, .b = b.p, .ldb = n, .c = c.p,
+                      .ldc = n, .ab_dtype = VH_DTYPE_BF16};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0;
+            for (int64_t l = 0; l < k; l++) s += tget(&a, i * k + l) * tget(&b, l * n + j);
+            assert_true(tget(&c, i * n + j) == s);
+        }
+    tfree(&a), tfree(&b), tfree(&c);
+}
+
+/* ---- layer norm ------------------------------------------------------------- */
+
+static void run_layernorm(vh_dtype t, vh_dtype pt) {
+    const int64_t rows = 37, dim = 48, n = rows * dim;
+    tens x = trand(t, n, -2, 2), w = trand(pt, dim, 0.5, 1.5), b = trand(pt, dim, -0.5, 0.5);
+    tens out = trand(t, n, -1, 1), dout = trand(t, n, -1, 1), dx = trand(t, n, -1, 1);
+    tens dw = trand(pt, dim, -1, 1), db = trand(pt, dim, -1, 1);
+    tens mean = tnew(VH_DTYPE_F32, rows), rstd = tnew(VH_DTYPE_F32, rows);
+    double *xv = tvals(&x), *wv = tvals(&w), *bv = tvals(&b), *gv = tvals(&dout);
+    double *want = dzero(n), *wmean = dzero(rows), *wrstd = dzero(rows);
+    double *wdx = tvals(&dx), *wdw = tvals(&dw), *wdb = tvals(&db);
+    for (int64_t r = 0; r < rows; r++) {
+        double mu = 0, var = 0;
+        for (int64_t j = 0; j < dim; j++) mu += xv[r * dim + j];
+        mu /= dim;
+        for (int64_t j = 0; j < dim; j++) var += (xv[r * dim + j] - mu) * (xv[r * dim + j] - mu);
+        const double s = 1.0 / sqrt(var / dim + 1e-5);
+        wmean[r] = mu, wrstd[r] = s;
+        double sg = 0, sgx = 0;
+        for (int64_t j = 0; j < dim; j++) {
+            const double xh = (xv[r * dim + j] - mu) * s, g = gv[r * dim + j];
+            want[r * dim + j] = xh * wv[j] + bv[j];
+            sg += g * wv[j], sgx += g * wv[j] * xh;
+            wdw[j] += g * xh, wdb[j] += g;
+        }
+        for (int64_t j = 0; j < dim; j++) {
+            const double xh = (xv[r * dim + j] - mu) * s, g = gv[r * dim + j];
+            wdx[r * dim + j] += s * (g * wv[j] - sg / dim - xh * sgx / dim);
+        }
+    }
+    vh_layernorm_args a = {.struct_size = sizeof a, .rows = rows, .dim = dim, .eps = 1e-5f,
+                           .dtype = t, .param_dtype = pt, .grad_dtype = pt, .x = x.p,
+                           .weight = w.p, .bias = b.p, .mean = mean.p, .rstd = rstd.p,
+                           .out = out.p, .dout = dout.p, .dx = dx.p, .dweight = dw.p,
+                           .dbias = db.p};
+    assert_int_equal(ops->layernorm_forward(ops->device, &a), VH_STATUS_OK);
+    check("layernorm out", &out, want, tol(t));
+    check("layernorm mean", &mean, wmean, tol(VH_DTYPE_F32));
+    check("layernorm rstd", &rstd, wrstd, tol(VH_DTYPE_F32));
+    assert_int_equal(ops->layernorm_backward(ops->device, &a), VH_STATUS_OK);
+    check("layernorm dx (+=)", &dx, wdx, tol(t));
+    check("layernorm dweight (+=)", &dw, wdw, tol(pt));
+    check("layernorm dbias (+=)", &db, wdb, tol(pt));
+    tfree(&x), tfree(&w), tfree(&b), tfree(&out), tfree(&dout), tfree(&dx), tfree(&dw);
+    tfree(&db), tfree(&mean), tfree(&rstd);
+    free(xv), free(wv), free(bv), free(gv), free(want), free(wmean), free(wrstd), free(wdx);
+    free(wdw), free(wdb);
+}
+
+static void test_layernorm_dtypes(void **state) {
+    (void)state;
+    rng_state = 102;
+    for (int t = 0; t < 3; t++) {
+        run_layernorm(kTypes[t], kTypes[t]);
+        run_layernorm(kTypes[t], VH_DTYPE_F32); /* norm parameters kept in fp32 */
+    }
+}
+
+/* ---- element-wise ------------------------------------------------------------- */
+
+static void test_eltwise_dtypes(void **state) {
+    (void)state;
+    rng_state = 103;
+    const int64_t sizes[2] = {3001, 70001}; /* serial, threaded */
+    for (int t = 0; t < 3; t++)
+        for (int s = 0; s < 2; s++) {
+            const vh_dtype dt = kTypes[t];
+            const int64_t n = sizes[s];
+            tens x = trand(dt, n, -4, 4), y = trand(dt, n, -1, 1), out = trand(dt, n, -1, 1);
+            tens dx = trand(dt, n, -1, 1);
+            double *xv = tvals(&x), *yv = tvals(&y), *want = tvals(&dx);
+            vh_eltwise_args e = {.struct_size = sizeof e, .n = n, .dtype = dt, .x = x.p,
+                                 .a = x.p, .b = y.p, .dout = y.p, .out = out.p, .dx = dx.p};
+            assert_int_equal(ops->gelu_forward(ops->device, &e), VH_STATUS_OK);
+            double *w2 = dzero(n);
+            for (int64_t i = 0; i < n; i++) w2[i] = ref_gelu(xv[i]);
+            check("gelu", &out, w2, tol(dt));
+            for (int64_t i = 0; i < n; i++) want[i] += yv[i] * ref_gelu_grad(xv[i]);
+            assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+            check("gelu backward (+=)", &dx, want, tol(dt));
+
+            for (int64_t i = 0; i < n; i++) w2[i] = xv[i] + yv[i];
+            assert_int_equal(ops->add(ops->device, &e), VH_STATUS_OK);
+            check("add", &out, w2, tol(dt));
+            for (int64_t i = 0; i < n; i++) w2[i] = xv[i] * yv[i];
+            assert_int_equal(ops->mul(ops->device, &e), VH_STATUS_OK);
+            check("mul", &out, w2, tol(dt));
+            double *ov = tvals(&out);
+            for (int64_t i = 0; i < n; i++) w2[i] = ov[i] + xv[i] * yv[i];
+            e.accumulate = 1;
+            assert_int_equal(ops->mul(ops->device, &e), VH_STATUS_OK);
+            check("mul (+=)", &out, w2, tol(dt));
+            e.accumulate = 0;
+            /* in place: out aliases a */
+            for (int64_t i = 0; i < n; i++) w2[i] = xv[i] + yv[i];
+            e.out = x.p;
+            assert_int_equal(ops->add(ops->device, &e), VH_STATUS_OK);
+            check("add in place", &x, w2, tol(dt));
+            tfree(&x), tfree(&y), tfree(&out), tfree(&dx);
+            free(xv), free(yv), free(want), free(w2), free(ov);
+        }
+}
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void test_dropout_scale_rows_dtypes(void **state) {
+    (void)state;
+    rng_state = 104;
+    for (int t = 0; t < 3; t++) {
+        const vh_dtype dt = kTypes[t];
+        const int64_t n = 40000;
+        const float p = 0.25f;
+        tens x = trand(dt, n, -1, 1), out = tnew(dt, n), mask = tnew(dt, n);
+        double *xv = tvals(&x), *wout = dzero(n), *wmask = dzero(n);
+        /* vh_device.h's formula, as any device must draw it */
+        const uint64_t key = mix64(77);
+        for (int64_t i = 0; i < n; i++) {
+            const double u =
+                (double)(mix64(key + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull) >> 40) * 0x1p-24;
+            wmask[i] = u >= p ? 1.0 / (1.0 - p) : 0.0;
+            wout[i] = xv[i] * wmask[i];
+        }
+        vh_eltwise_args e = {.struct_size = sizeof e, .n = n, .dtype = dt, .x = x.p,
+                             .out = out.p, .mask = mask.p, .p = p, .seed = 77};
+        assert_int_equal(ops->dropout_forward(ops->device, &e), VH_STATUS_OK);
+        check("dropout out", &out, wout, tol(dt));
+        check("dropout mask", &mask, wmask, tol(dt));
+
+        /* scale_rows, batch-first (div = N) and batch-second (div = 1) */
+        const int64_t B = 3, N = 5, D = 40, rows = B * N;
+        const float scale[3] = {0.0f, 1.25f, 0.6f};
+        for (int layout = 0; layout < 2; layout++) {
+            tens in = trand(dt, rows * D, -1, 1), o = trand(dt, rows * D, -1, 1);
+            double *iv = tvals(&in), *ov = tvals(&o), *w = dzero(rows * D);
+            vh_eltwise_args s = {.struct_size = sizeof s, .n = rows * D, .dtype = dt,
+                                 .x = in.p, .out = o.p, .scale = scale, .dim = D,
+                                 .div = layout ? 1 : N, .mod = B, .accumulate = 1};
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t j = 0; j < D; j++)
+                    w[r * D + j] = ov[r * D + j] + iv[r * D + j] * scale[(r / s.div) % B];
+            assert_int_equal(ops->scale_rows(ops->device, &s), VH_STATUS_OK);
+            check("scale_rows (+=)", &o, w, tol(dt));
+            s.accumulate = 0;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t j = 0; j < D; j++)
+                    w[r * D + j] = iv[r * D + j] * scale[(r / s.div) % B];
+            assert_int_equal(ops->scale_rows(ops->device, &s), VH_STATUS_OK);
+            check("scale_rows", &o, w, tol(dt));
+            tfree(&in), tfree(&o), free(iv), free(ov), free(w);
+        }
+        tfree(&x), tfree(&out), tfree(&mask), free(xv), free(wout), free(wmask);
+    }
+}
+
+/* ---- rows: bias gradient, softmax ---------------------------------------------------- */
+
+static void test_rows_dtypes(void **state) {
+    (void)state;
+    rng_state = 105;
+    for (int t = 0; t < 3; t++) {
+        const vh_dtype dt = kTypes[t];
+        const int64_t rows = 300, cols = 37;
+        tens g = trand(dt, rows * cols, -1, 1);
+        double *gv = tvals(&g);
+        for (int o = 0; o < 2; o++) { /* dbias in fp32, and in the activations' dtype */
+            const vh_dtype ot = o ? dt : VH_DTYPE_F32;
+            tens db = trand(ot, cols, -1, 1);
+            double *w = tvals(&db);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t j = 0; j < cols; j++) w[j] += gv[r * cols + j];
+            vh_rows_args a = {.struct_size = sizeof a, .rows = rows, .cols = cols, .dtype = dt,
+                              .out_dtype = ot, .dout = g.p, .out = db.p};
+            assert_int_equal(ops->bias_backward(ops->device, &a), VH_STATUS_OK);
+            check("bias_backward (+=)", &db, w, tol(ot));
+            tfree(&db), free(w);
+        }
+        const int64_t sr = 33, sc = 50;
+        tens x = trand(dt, sr * sc, -6, 6);
+        double *xv = tvals(&x), *w = dzero(sr * sc);
+        for (int64_t r = 0; r < sr; r++) {
+            double mx = -INFINITY, s = 0;
+            for (int64_t j = 0; j < sc; j++) mx = fmax(mx, xv[r * sc + j]);
+            for (int64_t j = 0; j < sc; j++) s += exp(xv[r * sc + j] - mx);
+            for (int64_t j = 0; j < sc; j++) w[r * sc + j] = exp(xv[r * sc + j] - mx) / s;
+        }
+        vh_rows_args a = {.struct_size = sizeof a, .rows = sr, .cols = sc, .dtype = dt,
+                          .out_dtype = dt, .x = x.p, .out = x.p};
+        assert_int_equal(ops->softmax(ops->device, &a), VH_STATUS_OK);
+        check("softmax (in place)", &x, w, tol(dt));
+        tfree(&g), tfree(&x), free(gv), free(xv), free(w);
+    }
+}
+
+/* ---- attention ------------------------------------------------------------------------ */
+
+static void run_attention(vh_dtype dt, vh_dtype pt, int second) {
+    const int64_t B = 2, N = 13, H = 2, Dh = 8, D = H * Dh;
+    vh_attention_args a = {.struct_size = sizeof a, .batch = B, .tokens = N, .heads = H,
+                           .head_dim = Dh, .scale = 1.0f / sqrtf((float)Dh), .dtype = dt,
+                           .probs_dtype = pt};
+    a.qkv_batch_stride = second ? 3 * D : N * 3 * D;
+    a.qkv_token_stride = second ? B * 3 * D : 3 * D;
+    a.out_batch_stride = second ? D : N * D;
+    a.out_token_stride = second ? B * D : D;
+    const int64_t nq = B * N * 3 * D, no = B * N * D, np = B * H * N * N;
+    tens qkv = trand(dt, nq, -1.5, 1.5), out = trand(dt, no, -1, 1), dout = trand(dt, no, -1, 1);
+    tens probs = tnew(pt, np), dqkv = trand(dt, nq, -1, 1);
+    a.qkv = qkv.p, a.out = out.p, a.probs = probs.p, a.dout = dout.p, a.dqkv = dqkv.p;
+    double *q = tvals(&qkv), *g = tvals(&dout), *wq = tvals(&dqkv);
+    double *wp = dzero(np), *wo = dzero(no), *dp = dzero(N * N);
+#define QKV(b, t, w, h, d) \
+    ((b) * a.qkv_batch_stride + (t) * a.qkv_token_stride + (w) * D + (h) * Dh + (d))
+#define OUT(b, t, h, d) ((b) * a.out_batch_stride + (t) * a.out_token_stride + (h) * Dh + (d))
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < N; i++) {
+                double *P = wp + ((b * H + h) * N + i) * N, mx = -INFINITY, s = 0;
+                for (int64_t j = 0; j < N; j++) {
+                    double v = 0;
+                    for (int64_t d = 0; d < Dh; d++) v += q[QKV(b, i, 0, h, d)] * q[QKV(b, j, 1, h, d)];
+                    P[j] = v * a.scale;
+                    mx = fmax(mx, P[j]);
+                }
+                for (int64_t j = 0; j < N; j++) s += (P[j] = exp(P[j] - mx));
+                for (int64_t j = 0; j < N; j++) P[j] /= s;
+            }
+    assert_int_equal(ops->attention_forward(ops->device, &a), VH_STATUS_OK);
+    check("attention probs", &probs, wp, tol(pt));
+    /* out = P V with P as stored (vh_device.h: probs in probs_dtype) */
+    double *ps = tvals(&probs);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t d = 0; d < Dh; d++) {
+                    double o = 0;
+                    for (int64_t j = 0; j < N; j++)
+                        o += ps[((b * H + h) * N + i) * N + j] * q[QKV(b, j, 2, h, d)];
+                    wo[OUT(b, i, h, d)] = o;
+                }
+    char what[64];
+    snprintf(what, sizeof what, "attention out (%s, probs %s)", second ? "batch-second" : "batch-first",
+             vh_dtype_name(pt));
+    check(what, &out, wo, tol(dt));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const double *P = ps + (b * H + h) * N * N;
+            for (int64_t i = 0; i < N; i++) {
+                double rs = 0;
+                for (int64_t j = 0; j < N; j++) {
+                    double v = 0;
+                    for (int64_t d = 0; d < Dh; d++) v += g[OUT(b, i, h, d)] * q[QKV(b, j, 2, h, d)];
+                    dp[i * N + j] = v;
+                    rs += v * P[i * N + j];
+                }
+                for (int64_t j = 0; j < N; j++) dp[i * N + j] = P[i * N + j] * (dp[i * N + j] - rs);
+            }
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t d = 0; d < Dh; d++) {
+                    double dq = 0, dk = 0, dv = 0;
+                    for (int64_t j = 0; j < N; j++) {
+                        dq += dp[i * N + j] * q[QKV(b, j, 1, h, d)];
+                        dk += dp[j * N + i] * q[QKV(b, j, 0, h, d)];
+                        dv += P[j * N + i] * g[OUT(b, j, h, d)];
+                    }
+                    wq[QKV(b, i, 0, h, d)] += a.scale * dq;
+                    wq[QKV(b, i, 1, h, d)] += a.scale * dk;
+                    wq[QKV(b, i, 2, h, d)] += dv;
+                }
+        }
+#undef QKV
+#undef OUT
+    assert_int_equal(ops->attention_backward(ops->device, &a), VH_STATUS_OK);
+    snprintf(what, sizeof what, "attention dqkv (+=, %s, probs %s)",
+             second ? "batch-second" : "batch-first", vh_dtype_name(pt));
+    check(what, &dqkv, wq, tol(dt));
+    tfree(&qkv), tfree(&out), tfree(&dout), tfree(&probs), tfree(&dqkv);
+    free(q), free(g), free(wq), free(wp), free(wo), free(dp), free(ps);
+}
+
+static void test_attention_dtypes(void **state) {
+    (void)state;
+    rng_state = 106;
+    for (int t = 0; t < 3; t++)
+        for (int second = 0; second < 2; second++) {
+            run_attention(kTypes[t], kTypes[t], second);
+            run_attention(kTypes[t], VH_DTYPE_F32, second);
+        }
+}
+
+/* ---- loss ------------------------------------------------------------------------------- */
+
+static void test_cross_entropy_dtypes(void **state) {
+    (void)state;
+    rng_state = 107;
+    for (int t = 0; t < 3; t++) {
+        const vh_dtype dt = kTypes[t];
+        const int64_t B = 9, C = 13;
+        const float s = 0.1f, dscale = 2.0f;
+        tens z = trand(dt, B * C, -3, 3), dz = trand(dt, B * C, -0.1, 0.1);
+        tens loss = tnew(VH_DTYPE_F32, 1);
+        int32_t y[9];
+        for (int64_t b = 0; b < B; b++) y[b] = (int32_t)((b * 7) % C);
+        double *zv = tvals(&z), *wg = tvals(&dz), wl = 0;
+        for (int64_t b = 0; b < B; b++) {
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < C; j++) mx = fmax(mx, zv[b * C + j]);
+            for (int64_t j = 0; j < C; j++) sum += exp(zv[b * C + j] - mx);
+            for (int64_t j = 0; j < C; j++) {
+                const double qj = (j == y[b] ? 1.0 - s : 0.0) + s / C;
+                const double lp = zv[b * C + j] - mx - log(sum);
+                wl -= qj * lp / B;
+                wg[b * C + j] += dscale * (exp(lp) - qj) / B;
+            }
+        }
+        vh_xent_args a = {.struct_size = sizeof a, .batch = B, .classes = C, .smoothing = s,
+                          .dloss_scale = dscale, .dtype = dt, .logits = z.p, .labels = y,
+                          .loss = loss.p, .dlogits = dz.p};
+        assert_int_equal(ops->softmax_cross_entropy(ops->device, &a), VH_STATUS_OK);
+        check("cross-entropy loss (device memory)", &loss, &wl, tol(VH_DTYPE_F32));
+        check("cross-entropy dlogits (+=)", &dz, wg, tol(dt));
+        tfree(&z), tfree(&dz), tfree(&loss), free(zv), free(wg);
+    }
+}
+
+/* ---- tokens ------------------------------------------------------------------------------ */
+
+static void test_tokens_dtypes(void **state) {
+    (void)state;
+    rng_state = 108;
+    for (int t = 0; t < 3; t++)
+        for (int layout = 0; layout < 2; layout++) {
+            const vh_dtype dt = kTypes[t];
+            const int64_t B = 3, Np = 16, T = Np + 1, D = 12;
+            const int64_t bs = layout ? D : T * D, ts = layout ? B * D : D;
+            /* mean pool over tokens 1..T-1 */
+            tens x = trand(dt, B * T * D, -1, 1), pooled = tnew(dt, B * D);
+            tens dpool = trand(dt, B * D, -1, 1), dx = trand(dt, B * T * D, -1, 1);
+            double *xv = tvals(&x), *gp = tvals(&dpool), *wp = dzero(B * D), *wdx = tvals(&dx);
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t tk = 1; tk < T; tk++)
+                    for (int64_t d = 0; d < D; d++) {
+                        wp[b * D + d] += xv[b * bs + tk * ts + d] / (T - 1);
+                        wdx[b * bs + tk * ts + d] += gp[b * D + d] / (T - 1);
+                    }
+            vh_tokens_args a = {.struct_size = sizeof a, .batch = B, .tokens = T, .dim = D,
+                                .batch_stride = bs, .token_stride = ts, .dtype = dt,
+                                .param_dtype = dt, .grad_dtype = dt, .first = 1,
+                                .count = T - 1, .x = x.p, .out = pooled.p, .dout = dpool.p,
+                                .dx = dx.p};
+            assert_int_equal(ops->mean_pool_forward(ops->device, &a), VH_STATUS_OK);
+            check("mean_pool", &pooled, wp, tol(dt));
+            assert_int_equal(ops->mean_pool_backward(ops->device, &a), VH_STATUS_OK);
+            check("mean_pool backward (+=)", &dx, wdx, tol(dt));
+
+            /* patchify, from f32 images and from images in dt */
+            const int64_t C = 2, Hh = 8, W = 8, P = 4, np = 4, row = C * P * P;
+            for (int it = 0; it < 2; it++) {
+                const vh_dtype imt = it ? dt : VH_DTYPE_F32;
+                tens img = trand(imt, B * C * Hh * W, -1, 1), pt = trand(dt, B * np * row, -1, 1);
+                double *iv = tvals(&img), *w = dzero(B * np * row);
+                const int64_t pbs = layout ? row : np * row, pts = layout ? B * row : row;
+                for (int64_t b = 0; b < B; b++)
+                    for (int64_t c = 0; c < C; c++)
+                        for (int64_t yy = 0; yy < Hh; yy++)
+                            for (int64_t xx = 0; xx < W; xx++) {
+                                const int64_t p = (yy / P) * (W / P) + xx / P;
+                                const int64_t e = (c * P + yy % P) * P + xx % P;
+                                w[b * pbs + p * pts + e] = iv[((b * C + c) * Hh + yy) * W + xx];
+                            }
+                vh_tokens_args pa = {.struct_size = sizeof pa, .batch = B, .tokens = np,
+                                     .dim = row, .batch_stride = pbs, .token_stride = pts,
+                                     .dtype = dt, .image_dtype = imt, .out = pt.p,
+                                     .images = img.p, .channels = C, .height = Hh, .width = W,
+                                     .patch = P, .num_patches = np};
+                assert_int_equal(ops->patchify(ops->device, &pa), VH_STATUS_OK);
+                check("patchify", &pt, w, tol(dt));
+                tfree(&img), tfree(&pt), free(iv), free(w);
+            }
+
+            /* embedding: cls, batch-first patch rows, pos */
+            tens patches = trand(dt, B * Np * D, -1, 1), cls = trand(dt, D, -1, 1);
+            tens pos = trand(dt, T * D, -1, 1), emb = trand(dt, B * T * D, -1, 1);
+            tens dpatches = trand(dt, B * Np * D, -1, 1), dcls = trand(dt, D, -1, 1);
+            tens dpos = trand(dt, T * D, -1, 1);
+            double *pv = tvals(&patches), *cv = tvals(&cls), *posv = tvals(&pos);
+            double *we = dzero(B * T * D), *wdp = tvals(&dpatches), *wdc = tvals(&dcls);
+            double *wdpos = tvals(&dpos);
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t tk = 0; tk < T; tk++)
+                    for (int64_t d = 0; d < D; d++) {
+                        const double src = tk == 0 ? cv[d] : pv[(b * Np + tk - 1) * D + d];
+                        we[b * bs + tk * ts + d] = src + posv[tk * D + d];
+                        const double gv = xv[b * bs + tk * ts + d]; /* x as the incoming gradient */
+                        wdpos[tk * D + d] += gv;
+                        if (tk == 0)
+                            wdc[d] += gv;
+                        else
+                            wdp[(b * Np + tk - 1) * D + d] += gv;
+                    }
+            vh_tokens_args ea = {.struct_size = sizeof ea, .batch = B, .tokens = T, .dim = D,
+                                 .batch_stride = bs, .token_stride = ts, .dtype = dt,
+                                 .param_dtype = dt, .grad_dtype = dt, .out = emb.p,
+                                 .dout = x.p, .num_patches = Np, .patch_batch_stride = Np * D,
+                                 .patch_token_stride = D, .patches = patches.p, .cls = cls.p,
+                                 .pos = pos.p, .dpatches = dpatches.p, .dcls = dcls.p,
+                                 .dpos = dpos.p};
+            assert_int_equal(ops->embed_forward(ops->device, &ea), VH_STATUS_OK);
+            check("embed_forward", &emb, we, tol(dt));
+            assert_int_equal(ops->embed_backward(ops->device, &ea), VH_STATUS_OK);
+            check("embed_backward dpatches (+=)", &dpatches, wdp, tol(dt));
+            check("embed_backward dcls (+=)", &dcls, wdc, tol(dt));
+            check("embed_backward dpos (+=)", &dpos, wdpos, tol(dt));
+            tfree(&x), tfree(&pooled), tfree(&dpool), tfree(&dx), tfree(&patches), tfree(&cls);
+            tfree(&pos), tfree(&emb), tfree(&dpatches), tfree(&dcls), tfree(&dpos);
+            free(xv), free(gp), free(wp), free(wdx), free(pv), free(cv), free(posv), free(we);
+            free(wdp), free(wdc), free(wdpos);
+        }
+}
+
+/* ---- multi-tensor scale and check ---------------------------------------------------------- */
+
+static float mt_run(tens *ts, int count, float scale, float *sum_sq, float *found_inf) {
+    void *ptrs[4];
+    int64_t numels[4];
+    vh_dtype dtypes[4];
+    for (int i = 0; i < count; i++) ptrs[i] = ts[i].p, numels[i] = ts[i].n, dtypes[i] = ts[i].t;
+    vh_multi_tensor_args a = {.struct_size = sizeof a, .count = count, .tensors = ptrs,
+                              .numels = numels, .dtypes = dtypes, .scale = scale,
+                              .sum_sq = sum_sq, .found_inf = found_inf};
+    assert_int_equal(ops->multi_tensor_scale_check(ops->device, &a), VH_STATUS_OK);
+    return sum_sq ? *sum_sq : 0.0f;
+}
+
+static void test_multi_tensor(void **state) {
+    (void)state;
+    rng_state = 109;
+    tens ts[4] = {trand(VH_DTYPE_F32, 1000, -1, 1), trand(VH_DTYPE_BF16, 100003, -1, 1),
+                  trand(VH_DTYPE_F16, 77, -1, 1), trand(VH_DTYPE_F32, 50000, -2, 2)};
+    double *before[4];
+    for (int i = 0; i < 4; i++) before[i] = tvals(&ts[i]);
+    /* scale 0.5: exact in every dtype (no value here is near underflow) */
+    float sum = -1, inf = 0;
+    mt_run(ts, 4, 0.5f, &sum, &inf);
+    double want = 0;
+    for (int i = 0; i < 4; i++) {
+        double *w = dzero(ts[i].n);
+        for (int64_t j = 0; j < ts[i].n; j++) w[j] = 0.5 * before[i][j], want += w[j] * w[j];
+        check("multi_tensor scaled values", &ts[i], w, 0.0);
+        free(w);
+    }
+    assert_true(fabs((double)sum - want) <= TOL_F32_MATH * want);
+    assert_true(inf == 0.0f);
+
+    /* scale 1 leaves the tensors alone; the sum does not depend on threads */
+    float s1 = 0, s2 = 0;
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    mt_run(ts, 4, 1.0f, &s1, NULL);
+    omp_set_num_threads(threads > 1 ? threads : 2);
+    mt_run(ts, 4, 1.0f, &s2, NULL);
+    omp_set_num_threads(threads);
+    assert_memory_equal(&s1, &s2, sizeof s1);
+    assert_memory_equal(&s1, &sum, sizeof s1);
+
+    /* Inf in a bf16 tensor, NaN in an f16 one: found, and never cleared */
+    ((uint16_t *)ts[1].p)[12345] = 0x7f80;
+    inf = 0;
+    mt_run(ts, 4, 1.0f, &sum, &inf);
+    assert_true(inf == 1.0f);
+    ((uint16_t *)ts[1].p)[12345] = 0;
+    ((uint16_t *)ts[2].p)[5] = 0x7e00;
+    inf = 0;
+    mt_run(ts, 4, 2.0f, NULL, &inf);
+    assert_true(inf == 1.0f);
+    ((uint16_t *)ts[2].p)[5] = 0;
+    mt_run(ts, 4, 1.0f, &sum, &inf);
+    assert_true(inf == 1.0f); /* still set: the caller zeroes it per step */
+    inf = 0;
+    ((float *)ts[0].p)[3] = -INFINITY;
+    mt_run(ts, 1, 1.0f, NULL, &inf);
+    assert_true(inf == 1.0f);
+
+    /* bad arguments */
+    vh_multi_tensor_args bad = {.struct_size = sizeof bad, .count = -1};
+    assert_int_equal(ops->multi_tensor_scale_check(ops->device, &bad), VH_STATUS_ERR_INVALID_ARG);
+    assert_int_equal(ops->multi_tensor_scale_check(ops->device, NULL), VH_STATUS_ERR_INVALID_ARG);
+    for (int i = 0; i < 4; i++) tfree(&ts[i]), free(before[i]);
+}
+
+/* ---- the engine ----------------------------------------------------------------------------- */
+
+/* One layer's worth of ops, forward and backward, in bf16 and f32. */
+static void step_like(vh_dtype dt) {
+    const int64_t rows = 64, d = 32, h = 4 * d, B = 4, N = 16, H = 2;
+    tens x = trand(dt, rows * d, -1, 1), w1 = trand(dt, h * d, -1, 1), b1 = trand(dt, h, -1, 1);
+    tens pre = tnew(dt, rows * h), act = tnew(dt, rows * h), dw = tnew(VH_DTYPE_F32, h * d);
+    vh_gemm_args fc = {.struct_size = sizeof fc, .trans_b = 1, .m = rows, .n = h, .k = d,
+                       .alpha = 1.0f, .a = x.p, .lda = d, .b = w1.p, .ldb = d, .c = act.p,
+                       .ldc = h, .bias = b1.p, .ab_dtype = dt, .c_dtype = dt, .bias_dtype = dt,
+                       .epilogue = VH_EPILOGUE_GELU, .aux = pre.p};
+    assert_int_equal(ops->gemm(ops->device, &fc), VH_STATUS_OK);
+    vh_gemm_args gw = {.struct_size = sizeof gw, .trans_a = 1, .m = h, .n = d, .k = rows,
+                       .alpha = 1.0f, .beta = 1.0f, .a = act.p, .lda = h, .b = x.p, .ldb = d,
+                       .c = dw.p, .ldc = d, .ab_dtype = dt};
+    assert_int_equal(ops->gemm(ops->device, &gw), VH_STATUS_OK);
+    tens qkv = trand(dt, B * N * 3 * d, -1, 1), o = tnew(dt, B * N * d), p = tnew(dt, B * H * N * N);
+    tens dq = tnew(dt, B * N * 3 * d);
+    vh_attention_args at = {.struct_size = sizeof at, .batch = B, .tokens = N, .heads = H,
+                            .head_dim = d / H, .qkv_batch_stride = N * 3 * d,
+                            .qkv_token_stride = 3 * d, .out_batch_stride = N * d,
+                            .out_token_stride = d, .scale = 0.25f, .qkv = qkv.p, .out = o.p,
+                            .probs = p.p, .dout = o.p, .dqkv = dq.p, .dtype = dt,
+                            .probs_dtype = dt};
+    assert_int_equal(ops->attention_forward(ops->device, &at), VH_STATUS_OK);
+    assert_int_equal(ops->attention_backward(ops->device, &at), VH_STATUS_OK);
+    tens lw = trand(VH_DTYPE_F32, d, 0.5, 1.5), lb = tnew(VH_DTYPE_F32, d);
+    tens mean = tnew(VH_DTYPE_F32, rows), rstd = tnew(VH_DTYPE_F32, rows);
+    tens ln = tnew(dt, rows * d), dx = tnew(dt, rows * d), dlw = tnew(VH_DTYPE_F32, d);
+    vh_layernorm_args la = {.struct_size = sizeof la, .rows = rows, .dim = d, .eps = 1e-6f,
+                            .dtype = dt, .x = x.p, .weight = lw.p, .bias = lb.p, .mean = mean.p,
+                            .rstd = rstd.p, .out = ln.p, .dout = ln.p, .dx = dx.p,
+                            .dweight = dlw.p, .dbias = dlw.p};
+    assert_int_equal(ops->layernorm_forward(ops->device, &la), VH_STATUS_OK);
+    assert_int_equal(ops->layernorm_backward(ops->device, &la), VH_STATUS_OK);
+    tens db = tnew(VH_DTYPE_F32, h);
+    vh_rows_args ra = {.struct_size = sizeof ra, .rows = rows, .cols = h, .dtype = dt,
+                       .dout = act.p, .out = db.p};
+    assert_int_equal(ops->bias_backward(ops->device, &ra), VH_STATUS_OK);
+    tens *all[] = {&x, &w1, &b1, &pre, &act, &dw, &qkv, &o, &p, &dq, &lw, &lb, &mean, &rstd,
+                   &ln, &dx, &dlw, &db};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) tfree(all[i]);
+}
+
+/* Once every shape of a step has been seen, a step creates no primitive and
+ * allocates no scratch memory. */
+static void test_steady_state(void **state) {
+    (void)state;
+    rng_state = 110;
+    const vh_cpu_engine_info *info = ops->get_extension(ops->device, VH_CPU_ENGINE_EXTENSION);
+    assert_non_null(info);
+    assert_non_null(info->thread_counters);
+    for (int warm = 0; warm < 2; warm++) step_like(VH_DTYPE_BF16), step_like(VH_DTYPE_F32);
+    uint64_t prims0 = 0, allocs0 = 0, prims1 = 0, allocs1 = 0;
+    info->thread_counters(&prims0, &allocs0);
+    assert_true(prims0 > 0);
+    for (int i = 0; i < 3; i++) step_like(VH_DTYPE_BF16), step_like(VH_DTYPE_F32);
+    info->thread_counters(&prims1, &allocs1);
+    assert_int_equal(prims1, prims0);
+    assert_int_equal(allocs1, allocs0);
+}
+
+static void test_engine_info(void **state) {
+    (void)state;
+    const vh_cpu_engine_info *info = ops->get_extension(ops->device, VH_CPU_ENGINE_EXTENSION);
+    assert_non_null(info);
+    assert_true(info->struct_size >= sizeof *info);
+    assert_non_null(info->engine);
+    assert_non_null(info->isa);
+    print_message("engine: %s, isa %s, native bf16 %d\n", info->engine, info->isa,
+                  info->native_bf16);
+    const char *max_isa = getenv("ONEDNN_MAX_CPU_ISA");
+    if (max_isa && strcmp(max_isa, "AVX2") == 0) {
+        /* held to AVX2: no bf16 hardware, so the conversion route */
+        assert_string_equal(info->isa, "avx2");
+        assert_int_equal(info->native_bf16, 0);
+    }
+    assert_null(ops->get_extension(ops->device, "vh.cpu.nothing"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_engine_info),
+        cmocka_unit_test(test_gemm_dtypes),
+        cmocka_unit_test(test_gemm_bf16_exact),
+        cmocka_unit_test(test_layernorm_dtypes),
+        cmocka_unit_test(test_eltwise_dtypes),
+        cmocka_unit_test(test_dropout_scale_rows_dtypes),
+        cmocka_unit_test(test_rows_dtypes),
+        cmocka_unit_test(test_attention_dtypes),
+        cmocka_unit_test(test_cross_entropy_dtypes),
+        cmocka_unit_test(test_tokens_dtypes),
+        cmocka_unit_test(test_multi_tensor),
+        cmocka_unit_test(test_steady_state),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

@@ -47,59 +47,123 @@ void run_folder_default(const vh_run *run, char *out, size_t len) {
         snprintf(out, len, "runs/%s-%s-%d", base, stamp, i); /* two runs in one second */
 }
 
-/* The resolved recipe without comments: what must not change on resume. */
-static char *recipe_body(FILE *f) {
-    size_t cap = 4096, len = 0;
-    char *out = malloc(cap), line[2048];
-    if (!out) return NULL;
-    out[0] = '\0';
-    while (fgets(line, sizeof line, f)) {
-        char *hash = strstr(line, "  #");
-        if (line[0] == '#') continue;
-        if (hash) strcpy(hash, "\n");
-        /* Keys of the run section that say how long and how often, not what:
-         * a resumed run may extend or re-time itself. */
-        if (strstr(line, "  steps:") == line || strstr(line, "  epochs:") == line ||
-            strstr(line, "  eval_every") == line || strstr(line, "  log_every:") == line ||
-            strstr(line, "  checkpoint_every:") == line ||
-            strstr(line, "  keep_checkpoints:") == line)
-            continue;
-        size_t n = strlen(line);
-        if (len + n + 1 > cap) {
-            char *t = realloc(out, cap = 2 * (len + n + 1));
-            if (!t) {
-                free(out);
-                return NULL;
-            }
-            out = t;
-        }
-        memcpy(out + len, line, n + 1);
-        len += n;
-    }
-    return out;
+/* One "section.key: value" line of a resolved recipe, and whether the value
+ * came from a schema default. */
+typedef struct recipe_line {
+    char *text;    /* "section.key: value" */
+    size_t key_len; /* of "section.key" */
+    int is_default;
+} recipe_line;
+
+typedef struct recipe_lines {
+    recipe_line *items;
+    int count, cap;
+} recipe_lines;
+
+static void lines_free(recipe_lines *l) {
+    for (int i = 0; i < l->count; i++) free(l->items[i].text);
+    free(l->items);
+    memset(l, 0, sizeof *l);
 }
 
-/* Whether the recipe now resolves to what recipe.yaml (already open) says. */
+/* Keys of the run section that say how long and how often, not what: a
+ * resumed run may extend or re-time itself. */
+static int may_change(const char *key) {
+    static const char *const keys[] = {"run.steps", "run.epochs", "run.eval_every",
+                                       "run.eval_every_steps", "run.log_every",
+                                       "run.checkpoint_every", "run.keep_checkpoints", NULL};
+    for (int i = 0; keys[i]; i++)
+        if (strcmp(key, keys[i]) == 0) return 1;
+    return 0;
+}
+
+/* The values of a resolved recipe (as run_print_resolved writes it), what
+ * must not change on resume. Comments and "(not set; optional)" lines carry
+ * no value and are skipped. 0 on out of memory. */
+static int read_lines(FILE *f, recipe_lines *out) {
+    char line[2048], section[256] = "";
+    memset(out, 0, sizeof *out);
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (line[0] == '#' || line[0] == '\0') continue;
+        if (line[0] != ' ') { /* "section:" */
+            snprintf(section, sizeof section, "%.200s", line);
+            char *colon = strchr(section, ':');
+            if (colon) *colon = '\0';
+            continue;
+        }
+        char *key = line + strspn(line, " ");
+        if (key[0] == '#') continue;
+        char *hash = strstr(key, "  #");
+        int is_default = hash && strncmp(hash, "  # default", 11) == 0;
+        if (hash) *hash = '\0';
+        char *colon = strchr(key, ':');
+        if (!colon) continue;
+        size_t klen = (size_t)(colon - key);
+        char full[512];
+        snprintf(full, sizeof full, "%s.%.*s", section, (int)klen, key);
+        if (may_change(full)) continue;
+        if (out->count == out->cap) {
+            int cap = out->cap ? 2 * out->cap : 64;
+            recipe_line *t = realloc(out->items, (size_t)cap * sizeof *t);
+            if (!t) return 0;
+            out->items = t, out->cap = cap;
+        }
+        size_t n = strlen(section) + 1 + strlen(key) + 1;
+        char *text = malloc(n);
+        if (!text) return 0;
+        snprintf(text, n, "%s.%s", section, key);
+        out->items[out->count++] =
+            (recipe_line){.text = text, .key_len = strlen(section) + 1 + klen,
+                          .is_default = is_default};
+    }
+    return 1;
+}
+
+static const recipe_line *find_key(const recipe_lines *l, const recipe_line *like) {
+    for (int i = 0; i < l->count; i++)
+        if (l->items[i].key_len == like->key_len &&
+            strncmp(l->items[i].text, like->text, like->key_len) == 0)
+            return &l->items[i];
+    return NULL;
+}
+
+/* Whether the recipe now resolves to what recipe.yaml (already open) says.
+ * A key that is new since the run started (a newer vithost or plugin added
+ * it) counts as the same when it now has its default: a run folder written
+ * by an older vithost still resumes. Any other difference is a change. */
 static vh_status same_recipe(const vh_run *run, FILE *old, int *same, vh_diag *d) {
-    char *was = recipe_body(old);
+    recipe_lines was, now;
+    int ok_was = read_lines(old, &was);
     char *tmp_text = NULL;
     size_t tmp_len = 0;
     FILE *now_f = open_memstream(&tmp_text, &tmp_len);
-    if (!was || !now_f) {
-        free(was);
-        if (now_f) fclose(now_f);
-        free(tmp_text);
+    int ok_now = 0;
+    memset(&now, 0, sizeof now);
+    if (now_f) {
+        run_print_resolved(run, now_f);
+        fclose(now_f);
+        FILE *now_r = fmemopen(tmp_text, tmp_len, "r");
+        if (now_r) {
+            ok_now = read_lines(now_r, &now);
+            fclose(now_r);
+        }
+    }
+    free(tmp_text);
+    if (!ok_was || !ok_now) {
+        lines_free(&was);
+        lines_free(&now);
         return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
     }
-    run_print_resolved(run, now_f);
-    fclose(now_f);
-    FILE *now_r = fmemopen(tmp_text, tmp_len, "r");
-    char *now = now_r ? recipe_body(now_r) : NULL;
-    if (now_r) fclose(now_r);
-    free(tmp_text);
-    *same = was && now && strcmp(was, now) == 0;
-    free(was);
-    free(now);
+    *same = 1;
+    for (int i = 0; i < was.count && *same; i++) {
+        const recipe_line *n = find_key(&now, &was.items[i]);
+        if (!n || strcmp(n->text, was.items[i].text) != 0) *same = 0;
+    }
+    for (int i = 0; i < now.count && *same; i++)
+        if (!find_key(&was, &now.items[i]) && !now.items[i].is_default) *same = 0;
+    lines_free(&was);
+    lines_free(&now);
     return VH_STATUS_OK;
 }
 

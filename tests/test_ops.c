@@ -1047,7 +1047,8 @@ static void test_attention(void **state) {
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < N; t++) {
             for (int64_t e = 0; e < D; e++)
-                want[out_idx(&bs.a, b, t, 0, e)] = ((const float *)bf.a.out)[out_idx(&bf.a, b, t, 0, e)];
+                want[out_idx(&bs.a, b, t, 0, e)] =
+                    ((const float *)bf.a.out)[out_idx(&bf.a, b, t, 0, e)];
         }
     expect_close("attention out, batch-second vs batch-first", bs.a.out, want, no, TOL_LAYOUT,
                  TOL_LAYOUT);

@@ -9,11 +9,13 @@
  *     (u = 2^-24 f32, 2^-8 bf16, 2^-11 f16: half an ulp);
  *   - the fp32 arithmetic inside the op (fp32 accumulation, the fast exp and
  *     GELU): TOL_F32_MATH, the bound the f32 checks of test_ops.c use.
- * So the tolerance of an output in t is u(t) + TOL_F32_MATH, and nothing is
- * loosened per op: an op that rounded twice (an fp32 result stored through a
- * bf16 temporary, a bf16 accumulation) would be about 2u off and fail.
- * Outputs that accumulate (+=) start from nonzero stored values: the op must
- * read them, add in fp32 and round once.
+ * So the tolerance of an output in t is u(t) + TOL_F32_MATH, the same for
+ * every op. Measured: 0.3-0.4 u for bf16 and f16 outputs (what one rounding
+ * of uniformly spread errors gives), so an op that computed in bf16, or
+ * accumulated in it, would be several u off and fail. Outputs that
+ * accumulate (+=) start from nonzero stored values: the op must read them,
+ * add in fp32 and round once. test_gemm_bf16_exact checks the GEMM's "exact
+ * bf16 products, fp32 sums" bit for bit.
  *
  * Also: the GEMM with every epilogue, bias, residual, beta, transposes and
  * batch; multi_tensor_scale_check (sums, Inf/NaN, thread count); and the
@@ -497,7 +499,8 @@ static void run_attention(vh_dtype dt, vh_dtype pt, int second) {
                 double *P = wp + ((b * H + h) * N + i) * N, mx = -INFINITY, s = 0;
                 for (int64_t j = 0; j < N; j++) {
                     double v = 0;
-                    for (int64_t d = 0; d < Dh; d++) v += q[QKV(b, i, 0, h, d)] * q[QKV(b, j, 1, h, d)];
+                    for (int64_t d = 0; d < Dh; d++)
+                        v += q[QKV(b, i, 0, h, d)] * q[QKV(b, j, 1, h, d)];
                     P[j] = v * a.scale;
                     mx = fmax(mx, P[j]);
                 }
@@ -518,8 +521,8 @@ static void run_attention(vh_dtype dt, vh_dtype pt, int second) {
                     wo[OUT(b, i, h, d)] = o;
                 }
     char what[64];
-    snprintf(what, sizeof what, "attention out (%s, probs %s)", second ? "batch-second" : "batch-first",
-             vh_dtype_name(pt));
+    snprintf(what, sizeof what, "attention out (%s, probs %s)",
+             second ? "batch-second" : "batch-first", vh_dtype_name(pt));
     check(what, &out, wo, tol(dt));
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
@@ -528,7 +531,8 @@ static void run_attention(vh_dtype dt, vh_dtype pt, int second) {
                 double rs = 0;
                 for (int64_t j = 0; j < N; j++) {
                     double v = 0;
-                    for (int64_t d = 0; d < Dh; d++) v += g[OUT(b, i, h, d)] * q[QKV(b, j, 2, h, d)];
+                    for (int64_t d = 0; d < Dh; d++)
+                        v += g[OUT(b, i, h, d)] * q[QKV(b, j, 2, h, d)];
                     dp[i * N + j] = v;
                     rs += v * P[i * N + j];
                 }
@@ -783,7 +787,8 @@ static void step_like(vh_dtype dt) {
                        .alpha = 1.0f, .beta = 1.0f, .a = act.p, .lda = h, .b = x.p, .ldb = d,
                        .c = dw.p, .ldc = d, .ab_dtype = dt};
     assert_int_equal(ops->gemm(ops->device, &gw), VH_STATUS_OK);
-    tens qkv = trand(dt, B * N * 3 * d, -1, 1), o = tnew(dt, B * N * d), p = tnew(dt, B * H * N * N);
+    tens qkv = trand(dt, B * N * 3 * d, -1, 1), o = tnew(dt, B * N * d);
+    tens p = tnew(dt, B * H * N * N);
     tens dq = tnew(dt, B * N * 3 * d);
     vh_attention_args at = {.struct_size = sizeof at, .batch = B, .tokens = N, .heads = H,
                             .head_dim = d / H, .qkv_batch_stride = N * 3 * d,

@@ -138,7 +138,6 @@ static int create(entry *e) {
         !md_init(&b, mm, mm->k, mm->n, mm->sb, mm->ab_dtype) ||
         !md_init(&c, mm, mm->m, mm->n, mm->sc, mm->c_dtype))
         return 0;
-    /* c's batch dims are never broadcast */
     if (mm->has_bias) {
         dnnl_dims_t dims, st;
         for (int i = 0; i < nb + 1; i++) dims[i] = 1, st[i] = mm->n;
@@ -179,7 +178,8 @@ static int create(entry *e) {
     }
     if (ok) ok = dnnl_primitive_create(&e->prim, pd) == dnnl_success;
     if (ok) {
-        const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        const dnnl_memory_desc_t *sp =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         e->scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
         ok = dnnl_memory_create(&e->mem[MEM_A], &a, g_engine, DNNL_MEMORY_NONE) == dnnl_success &&
              dnnl_memory_create(&e->mem[MEM_B], &b, g_engine, DNNL_MEMORY_NONE) == dnnl_success &&

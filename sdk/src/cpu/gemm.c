@@ -3,34 +3,35 @@
  *
  * Why oneDNN and no BLAS. Measured on this project's machines: AMD EPYC Zen 3
  * (family 25 model 1; AVX2 + FMA, no AVX-512, no bf16 hardware; oneDNN
- * picks gemm:jit avx2), fp32, GFLOP/s, best of 5 x 0.3 s, OpenBLAS 0.3.21
- * OpenMP build (with the machines' OPENBLAS_CORETYPE=Haswell) against oneDNN
- * 2.6 matmul (Debian), side by side in one process, shapes m x n x k of the
- * ViT configurations; the last column is this file's gemm (the device op,
- * cache and all) on bf16 operands, converted to f32 here:
+ * picks gemm:jit avx2), 2 threads, fp32 unless said, GFLOP/s, best of 12
+ * alternating 0.1 s runs per library (the machines are shared: best-of keeps
+ * other jobs' interference out). OpenBLAS 0.3.21, OpenMP build, with the
+ * machines' OPENBLAS_CORETYPE=Haswell; batched shapes as the 1.0 engine ran
+ * them (one sgemm per member in an OpenMP loop). oneDNN 2.6 matmul from
+ * Debian. "gemm" is this file's op (the device call, cache and all) on f32
+ * and on bf16 operands (converted to f32 here). Shapes m x n x k of the ViT:
  *
- *                                        2 threads        1 thread
- *   shape                               OpenBLAS oneDNN  OpenBLAS oneDNN  bf16
- *   2048^3                                 144    145       83     80      -
- *   1576x1536x384, B^T (T3 fc1)            125    152       78     85     82
- *   6400x256x64, B^T (T1 fc1)               99    131       51     70     75
- *   6400x64x256 (dX)                        85    117       53     65     61
- *   6400x64x256, A^T                        73    125       57     61     52
- *   256x64x6400, A^T (T1 dW)                72    109       51     59     57
- *   64x256x6400, A^T (T1 dW)                86    107       52     61      -
- *   384x1152x1576, A^T (T3 dW)             134    145       70     73      -
- *   512 x 50x50x16, B^T (attention QK^T)    43     47       20     21     21
- *   512 x 50x16x50 (attention PV)           66     77       22     36     32
+ *   shape                                OpenBLAS  oneDNN  gemm f32  gemm bf16
+ *   2048^3                                  172      163       -         -
+ *   1576x1536x384, B^T (T3 fc1)             144      167     161       163
+ *   6400x256x64, B^T (T1 fc1)                95      134     148       146
+ *   6400x64x256 (T1 fc2, dX)                100      137     126       121
+ *   6400x64x256, A^T                         85      123     121       103
+ *   256x64x6400, A^T (T1 dW)                 78      122     124        99
+ *   64x256x6400, A^T (T1 dW)                 95      112       -         -
+ *   384x1152x1576, A^T (T3 dW)              141      150       -         -
+ *   512 x 50x50x16, B^T (attention QK^T)     45       44      51        42
+ *   512 x 50x16x50 (attention PV)            66       90      76        76
+ *   72 x 197x197x64, B^T (T3 QK^T)          102      128       -         -
  *
- * (The machines are shared and vary +-30% run to run: each pair is one run,
- * both libraries side by side.) oneDNN is at least as fast on every ViT
- * shape, so it is the only engine; on Zen 5 (AVX-512) MACHINE-NOTES.md has it
- * at about 2x OpenBLAS. bf16 on this CPU: oneDNN 2.6 refuses a bf16 matmul
- * below avx512_core (at primitive creation), so bf16 operands are converted
- * to f32 (exact) and multiplied in f32: the same products, accumulated in
- * fp32, as bf16 hardware would give; where the ISA has avx512_bf16 they go to
- * oneDNN as they are. f16 is always converted (no f16 kernels for CPUs in
- * oneDNN 2.6).
+ * oneDNN is faster on every ViT shape but QK^T of T1, a tie (and single
+ * runs, with 1 thread or without best-of, agreed), so it is the only engine;
+ * on Zen 5 (AVX-512) MACHINE-NOTES.md has it at about 2x OpenBLAS. bf16 on
+ * this CPU: oneDNN 2.6 refuses a bf16 matmul below avx512_core (at primitive
+ * creation), so bf16 operands are converted to f32 (exact) and multiplied in
+ * f32: the same products, accumulated in fp32, that bf16 hardware gives;
+ * where the ISA has avx512_bf16 they go to oneDNN as they are. f16 is always
+ * converted (oneDNN 2.6 has no f16 matmul for CPUs).
  *
  * Routes, in order:
  * 1. fused: one oneDNN matmul: output scale alpha, bias (DNNL_ARG_BIAS,
@@ -245,6 +246,13 @@ static vh_status finish(const vh_gemm_args *g, int64_t batch, const out_view *t,
             const float *ti = t->p + q * t->sbatch + r * t->ld;
             float *ci = c->p + q * c->sbatch + r * c->ld;
             const float *ri = res->p ? res->p + q * res->sbatch + r * res->ld : NULL;
+            if (!ri && beta == 0.0f) { /* the common case: straight into C */
+                if (gelu)
+                    vh_cpu_k_gelu_forward(ci, ti, n);
+                else if (ci != ti)
+                    memcpy(ci, ti, (size_t)n * sizeof(float));
+                continue;
+            }
             if (gelu)
                 vh_cpu_k_gelu_forward(row, ti, n);
             else

@@ -162,6 +162,9 @@ def main():
     ap.add_argument("--precision", default="fp32", help="precision plugin of the vithost side")
     ap.add_argument("--torch", default="/usr/bin/python3", help="interpreter that has torch")
     ap.add_argument("--quick", action="store_true", help="fewer PyTorch steps")
+    ap.add_argument("--torch-bf16", choices=("auto", "yes", "no"), default="auto",
+                    help="time PyTorch's bf16 autocast (auto: only where the CPU has "
+                         "avx512_bf16; without it PyTorch 1.13 runs it 12-27x slower than fp32)")
     args = ap.parse_args()
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     for n in names:
@@ -178,7 +181,13 @@ def main():
     for n in names:
         ours[n] = run_vithost(args.build, n, CONFIGS[n], args.precision, env)
     torch32 = run_torch(args.torch, names, args.threads, "none", args.quick)
-    torchbf = run_torch(args.torch, names, args.threads, "bf16", args.quick)
+    want_bf16 = args.torch_bf16 == "yes" or (args.torch_bf16 == "auto" and "avx512_bf16" in isa)
+    if want_bf16:
+        torchbf = run_torch(args.torch, names, args.threads, "bf16", args.quick)
+    else:
+        torchbf = {}
+        print("  PyTorch bf16 autocast: skipped, this CPU has no avx512_bf16 "
+              "(--torch-bf16 yes to time it anyway)")
 
     print()
     print(f"full training step (forward, backward, AdamW), img/s, {args.threads} threads; "

@@ -135,6 +135,16 @@ static vh_status print_memory(vh_session *s, vh_diag *d) {
                 p, g, ma, o);
         if (m.comm_buffers) fprintf(s->out, ", comm buffers %s", c);
     }
+    int64_t act = 0;
+    if (s->model->activation_bytes) {
+        session_trace(s, "model.activation_bytes");
+        vh_status st = s->model->activation_bytes(s->self[VH_ROLE_MODEL], &act);
+        if (st != VH_STATUS_OK)
+            return session_plugin_error(s, VH_ROLE_MODEL, st, "model.activation_bytes", d);
+        char a[32];
+        bytes_text(a, sizeof a, act);
+        fprintf(s->out, ", activations %s", a);
+    }
     fputc('\n', s->out);
     return VH_STATUS_OK;
 }

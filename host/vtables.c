@@ -27,6 +27,7 @@ static const vh_vtable_member model_members[] = {
     OPTIONAL(vh_model_vtable, state_load),
     OPTIONAL(vh_model_vtable, initial_weights),
     OPTIONAL(vh_model_vtable, load_weights),
+    OPTIONAL(vh_model_vtable, activation_bytes),
 };
 
 static const vh_vtable_member precision_members[] = {

@@ -111,6 +111,10 @@ typedef struct vh_model_vtable {
     vh_status (*load_weights)(void *self, int32_t unit, const vh_weights_source *src,
                               vh_weights_mode mode, float *values,
                               const vh_weights_report *report);
+    /* Optional: bytes of device memory the model holds for activations
+     * (forward's saved tensors and backward's scratch) at max_batch, for
+     * the run's memory report. */
+    vh_status (*activation_bytes)(void *self, int64_t *out);
 } vh_model_vtable;
 
 #ifdef __cplusplus

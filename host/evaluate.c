@@ -3,9 +3,21 @@
 #include "session.h"
 
 
-/* Rank of the true class among the logits: 0 when it has the highest. */
+/* 16-bit logits (a model computing in bf16 or f16) to f32, in place: the
+ * n values fill the first half of the f32 buffer; widened from the end. */
+static void widen_logits(float *buf, vh_dtype dtype, size_t n) {
+    const uint16_t *h = (const uint16_t *)(const void *)buf;
+    for (size_t i = n; i-- > 0;)
+        buf[i] = dtype == VH_DTYPE_F16 ? vh_f16_to_f32(h[i]) : vh_bf16_to_f32(h[i]);
+}
+
+/* Rank of the true class among the logits: 0 when it has the highest. A
+ * sample with any NaN logit ranks last: NaN compares false with everything,
+ * so it would otherwise count as correct. */
 static int label_rank(const float *logits, int32_t classes, int32_t label) {
     int rank = 0;
+    for (int32_t c = 0; c < classes; c++)
+        if (logits[c] != logits[c]) return classes;
     for (int32_t c = 0; c < classes; c++)
         if (logits[c] > logits[label] || (logits[c] == logits[label] && c < label)) rank++;
     return rank;
@@ -33,14 +45,16 @@ vh_status session_evaluate(vh_session *s, vh_eval_result *res, vh_diag *d) {
             return session_plugin_error(s, VH_ROLE_MODEL, st, "model.forward mode=eval", d);
         int32_t classes = s->info.num_classes;
         if (out.logits.ndim != 2 || out.logits.shape[0] != batch.size ||
-            out.logits.shape[1] != classes || out.logits.dtype != VH_DTYPE_F32)
+            out.logits.shape[1] != classes || !vh_dtype_is_float(out.logits.dtype))
             return diag_set(d, VH_STATUS_ERR_INTERNAL,
-                            "model plugin '%s' returned logits that are not (%lld, %d) f32",
+                            "model plugin '%s' returned logits that are not (%lld, %d) f32, "
+                            "bf16 or f16",
                             model_name, (long long)batch.size, (int)classes);
-        size_t bytes = (size_t)batch.size * (size_t)classes * sizeof(float);
-        st = dev->copy(dev->device, s->host_logits, out.logits.data, bytes,
-                       VH_COPY_KIND_DEVICE_TO_HOST, NULL);
+        size_t count = (size_t)batch.size * (size_t)classes;
+        st = dev->copy(dev->device, s->host_logits, out.logits.data,
+                       count * vh_dtype_size(out.logits.dtype), VH_COPY_KIND_DEVICE_TO_HOST, NULL);
         if (st != VH_STATUS_OK) return diag_set(d, st, "copying logits from %s failed", dev->name);
+        if (out.logits.dtype != VH_DTYPE_F32) widen_logits(s->host_logits, out.logits.dtype, count);
         float loss;
         st = session_read_loss(s, out.loss, &loss, d);
         if (st != VH_STATUS_OK) return st;

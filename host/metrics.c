@@ -20,8 +20,16 @@ static int64_t line_step(const char *line) {
     return p ? strtoll(p + 7, NULL, 10) : -1;
 }
 
-/* Rewrites the file keeping lines up to a step, through a temp file. */
-static vh_status rewind_file(const char *path, int64_t keep_up_to_step, vh_diag *d) {
+/* The "skipped_steps" of one JSON line, or 0. */
+static int64_t line_skipped_steps(const char *line) {
+    const char *p = strstr(line, "\"skipped_steps\":");
+    return p ? strtoll(p + 16, NULL, 10) : 0;
+}
+
+/* Rewrites the file keeping lines up to a step, through a temp file; the
+ * largest skipped_steps kept goes to *skipped_steps. */
+static vh_status rewind_file(const char *path, int64_t keep_up_to_step, int64_t *skipped_steps,
+                             vh_diag *d) {
     FILE *in = fopen(path, "r");
     if (!in) return errno == ENOENT ? VH_STATUS_OK : diag_set(d, VH_STATUS_ERR_IO, "%s: %s", path, strerror(errno));
     char tmp[4200];
@@ -33,8 +41,12 @@ static vh_status rewind_file(const char *path, int64_t keep_up_to_step, vh_diag 
     }
     char *line = NULL;
     size_t cap = 0;
-    while (getline(&line, &cap, in) > 0)
-        if (line_step(line) <= keep_up_to_step) fputs(line, out);
+    while (getline(&line, &cap, in) > 0) {
+        if (line_step(line) > keep_up_to_step) continue;
+        fputs(line, out);
+        int64_t skipped = line_skipped_steps(line);
+        if (skipped > *skipped_steps) *skipped_steps = skipped;
+    }
     free(line);
     fclose(in);
     int ok = fflush(out) == 0;
@@ -51,7 +63,7 @@ vh_status metrics_open(vh_metrics *m, const char *dir, int64_t keep_up_to_step, 
     if (!m->path) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
     snprintf(m->path, len, "%s/metrics.jsonl", dir);
     if (keep_up_to_step >= 0) {
-        vh_status st = rewind_file(m->path, keep_up_to_step, d);
+        vh_status st = rewind_file(m->path, keep_up_to_step, &m->kept_skipped_steps, d);
         if (st != VH_STATUS_OK) return st;
     }
     m->file = fopen(m->path, "a");
@@ -80,6 +92,8 @@ void metrics_train(vh_metrics *m, const vh_train_metrics *v) {
     put_number(m->file, "tflops", v->tflops);
     put_number(m->file, "mfu", v->mfu);
     fprintf(m->file, ",\"peak_mem_bytes\":%lld", (long long)v->peak_mem_bytes);
+    put_number(m->file, "loss_scale", v->loss_scale);
+    fprintf(m->file, ",\"skipped_steps\":%lld", (long long)v->skipped_steps);
     if (v->skipped) fputs(",\"skipped\":true", m->file);
     fputs("}\n", m->file);
     fflush(m->file);

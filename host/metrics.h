@@ -12,18 +12,29 @@
 typedef struct vh_metrics {
     FILE *file; /* NULL: no run folder, nothing written */
     char *path;
+    /* After a rewind (keep_up_to_step >= 0): the largest skipped_steps of
+     * the training lines kept, 0 without any. Every skipped step writes a
+     * line, so this is the count at the checkpoint the run resumes from. */
+    int64_t kept_skipped_steps;
 } vh_metrics;
 
+/* One training line. loss_scale: the precision plugin's scale after the
+ * step's update (the one the next step multiplies the loss gradient by; 1
+ * without loss scaling); skipped_steps: steps whose optimizer step was
+ * skipped (Inf/NaN gradients) since the run started, this one included. */
 typedef struct vh_train_metrics {
     int64_t step, epoch;
     double loss, lr, img_per_s, tflops, mfu;
     int64_t peak_mem_bytes;
-    int skipped; /* the optimizer step was skipped (overflow) */
+    double loss_scale;
+    int64_t skipped_steps;
+    int skipped; /* this step's optimizer step was skipped (overflow) */
 } vh_train_metrics;
 
 /* Opens DIR/metrics.jsonl for appending. With keep_up_to_step >= 0, first
  * drops every line whose step is larger (a resumed run rewinds to its
- * checkpoint, so the file tells one consistent history). */
+ * checkpoint, so the file tells one consistent history) and sets
+ * kept_skipped_steps. */
 vh_status metrics_open(vh_metrics *m, const char *dir, int64_t keep_up_to_step, vh_diag *d);
 void metrics_close(vh_metrics *m);
 void metrics_train(vh_metrics *m, const vh_train_metrics *v);

@@ -46,15 +46,27 @@ int progress_due(const vh_progress *p, int64_t step, int64_t total) {
     return p->tty && (progress_now() - p->last_draw >= 0.1 || step == total);
 }
 
-void progress_draw(vh_progress *p, int64_t step, int64_t total, float loss) {
+void progress_scale_text(char *buf, size_t len, const vh_progress_scale *scale) {
+    if (!scale || !scale->show) {
+        if (len) buf[0] = '\0';
+        return;
+    }
+    snprintf(buf, len, " scale %g skipped %lld", scale->loss_scale,
+             (long long)scale->skipped_steps);
+}
+
+void progress_draw(vh_progress *p, int64_t step, int64_t total, float loss,
+                   const vh_progress_scale *scale) {
     if (!p->tty) return;
     double now = progress_now();
     p->last_draw = now;
     double elapsed = now - p->run_start;
-    char eta[32];
+    char eta[32], extra[64];
     format_eta(eta, sizeof eta, step > 0 ? elapsed / (double)step * (double)(total - step) : -1);
-    fprintf(p->out, "\r\033[Kstep %lld/%lld  loss %.4f  %.0f img/s  eta %s", (long long)step,
-            (long long)total, (double)loss, progress_img_per_s(p), eta);
+    progress_scale_text(extra, sizeof extra, scale);
+    fprintf(p->out, "\r\033[Kstep %lld/%lld  loss %.4f  %.0f img/s%s%s  eta %s",
+            (long long)step, (long long)total, (double)loss, progress_img_per_s(p),
+            extra[0] ? " " : "", extra, eta);
     fflush(p->out);
 }
 

@@ -4,6 +4,7 @@
 #ifndef VITHOST_HOST_PROGRESS_H
 #define VITHOST_HOST_PROGRESS_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -26,11 +27,22 @@ void progress_restart_window(vh_progress *p);
 /* Time spent since `since` (evaluation, checkpoints) is not training time. */
 void progress_pause(vh_progress *p, double since);
 
+/* What a loss-scaled run adds to its progress lines: shown once the run
+ * has scaled its loss (a scale other than 1) or skipped a step. */
+typedef struct vh_progress_scale {
+    int show;
+    double loss_scale;     /* after the last step's update */
+    int64_t skipped_steps; /* since the run started */
+} vh_progress_scale;
+
 /* On a terminal, one line redrawn in place (at most 10 times a second):
  * whether the next progress_draw draws (so the caller fetches the loss only
  * then), and the drawing. */
 int progress_due(const vh_progress *p, int64_t step, int64_t total);
-void progress_draw(vh_progress *p, int64_t step, int64_t total, float loss);
+void progress_draw(vh_progress *p, int64_t step, int64_t total, float loss,
+                   const vh_progress_scale *scale);
+/* " scale 65536 skipped 2" (empty when !scale->show), for the lines. */
+void progress_scale_text(char *buf, size_t len, const vh_progress_scale *scale);
 /* Clears the redrawn line before a line that stays. */
 void progress_clear(vh_progress *p);
 

@@ -24,6 +24,9 @@ typedef struct loop_state {
     int64_t checkpoint_every, keep, stop_after, steps_this_run;
     double flops, peak_tflops;
     vh_progress prog;
+    /* loss scale after the last step, skipped steps so far (resumed: from
+     * the metrics file's kept lines), and whether the lines show them */
+    vh_progress_scale scale;
     vh_eval_result last_eval;
     int64_t last_eval_step; /* -1: none yet */
 } loop_state;
@@ -84,24 +87,45 @@ static vh_status save_checkpoint(loop_state *ls, vh_diag *d) {
 
 /* ---- progress lines ---------------------------------------------------------- */
 
-static void log_step(loop_state *ls, float loss, double lr, int skipped) {
+/* The step's line in metrics.jsonl; returns what it wrote. */
+static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int skipped) {
     vh_session *s = ls->s;
     double img_s = progress_img_per_s(&ls->prog);
     double tflops = img_s * ls->flops / 1e12;
     vh_train_metrics m = {.step = s->step, .epoch = s->epoch, .loss = loss, .lr = lr,
                           .img_per_s = img_s, .tflops = tflops,
                           .mfu = ls->peak_tflops > 0 ? tflops / ls->peak_tflops : NAN,
-                          .peak_mem_bytes = metrics_peak_rss_bytes(), .skipped = skipped};
+                          .peak_mem_bytes = metrics_peak_rss_bytes(),
+                          .loss_scale = ls->scale.loss_scale,
+                          .skipped_steps = ls->scale.skipped_steps, .skipped = skipped};
     metrics_train(&s->metrics, &m);
+    return m;
+}
+
+static void log_step(loop_state *ls, float loss, double lr, int skipped) {
+    vh_session *s = ls->s;
+    vh_train_metrics m = metrics_line(ls, loss, lr, skipped);
     progress_clear(&ls->prog);
     fprintf(s->out,
             "train step %lld/%lld epoch %lld: loss %.4f lr %.3g img/s %.1f TFLOP/s %.4f",
             (long long)s->step, (long long)ls->total, (long long)s->epoch, (double)loss, lr,
-            img_s, tflops);
+            m.img_per_s, m.tflops);
     if (ls->peak_tflops > 0) fprintf(s->out, " MFU %.1f%%", 100.0 * m.mfu);
-    fprintf(s->out, "%s\n", skipped ? " (step skipped: overflow)" : "");
+    char scale[64];
+    progress_scale_text(scale, sizeof scale, &ls->scale);
+    fprintf(s->out, "%s%s\n", scale, skipped ? " (step skipped: overflow)" : "");
     fflush(s->out);
     progress_restart_window(&ls->prog);
+}
+
+/* After a step: count a skip, read the scale the next step uses. The lines
+ * show both from the first scale other than 1 or the first skip on. */
+static void note_scale(loop_state *ls, int skipped) {
+    vh_session *s = ls->s;
+    if (skipped) ls->scale.skipped_steps++;
+    /* (not traced: a getter, and --trace shows the step's calls only) */
+    ls->scale.loss_scale = s->precision->loss_scale(s->self[VH_ROLE_PRECISION]);
+    if (ls->scale.loss_scale != 1.0 || ls->scale.skipped_steps > 0) ls->scale.show = 1;
 }
 
 /* "12.3 MiB" */
@@ -175,9 +199,13 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
         s->step++;
         ls->steps_this_run++;
         ls->prog.window_images += batch.size;
+        note_scale(ls, skipped);
         int log = s->step % ls->log_every == 0 || s->step == ls->total;
         int draw = !log && progress_due(&ls->prog, s->step, ls->total);
-        if (log || draw) {
+        /* Every skipped step gets a metrics line (the precision plugin has
+         * said it on the log), so the file counts every skip up to any
+         * checkpoint and a resumed run continues the count. */
+        if (log || draw || skipped) {
             st = session_read_loss(s, dev_loss, loss, d);
             if (st != VH_STATUS_OK) return st;
             if (!isfinite(*loss) && !skipped)
@@ -187,8 +215,12 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
                                 "loss scaling)",
                                 (double)*loss, (long long)s->step);
         }
-        if (log) log_step(ls, *loss, *lr, skipped);
-        else if (draw) progress_draw(&ls->prog, s->step, ls->total, *loss);
+        if (log) {
+            log_step(ls, *loss, *lr, skipped);
+        } else {
+            if (skipped) metrics_line(ls, *loss, *lr, skipped);
+            if (draw) progress_draw(&ls->prog, s->step, ls->total, *loss, &ls->scale);
+        }
         if (ls->eval_every_steps > 0 && s->step % ls->eval_every_steps == 0) {
             st = run_eval(ls, 1, d);
             if (st != VH_STATUS_OK) return st;
@@ -277,6 +309,10 @@ static vh_status setup_loop(loop_state *ls, vh_session *s, const char *dir,
     if (e) peak = e->as.f;
     ls->peak_tflops = peak > 0 ? peak : flops_probe_peak_tflops(run->device);
     progress_init(&ls->prog, s->out);
+    /* A resumed run's skips so far are in the metrics lines it kept. */
+    ls->scale.skipped_steps = s->metrics.kept_skipped_steps;
+    ls->scale.loss_scale = s->precision->loss_scale(s->self[VH_ROLE_PRECISION]);
+    ls->scale.show = ls->scale.loss_scale != 1.0 || ls->scale.skipped_steps > 0;
     return VH_STATUS_OK;
 }
 

@@ -30,6 +30,12 @@
  * heads, mlp_dim, num_classes, classifier (token|pooled), layout
  * (batch_first|batch_second), batch, label_smoothing, eps.
  *
+ * AMP fixtures (vit_token_bf_amp_bf16) have one more key, autocast ->
+ * "bf16": the same format and tensors, the float64 twin's parameters and
+ * input, but the results are those of a PyTorch step under
+ * torch.autocast("cpu", torch.bfloat16), not exact ones (make_fixtures.py
+ * says what ran in bf16).
+ *
  * Errors (missing file, bad magic, other version, truncated, trailing bytes,
  * malformed entries) come back as -1 with one line in errbuf; a version
  * mismatch or a damaged file carries VH_FIXTURE_HINT.

@@ -1363,6 +1363,150 @@ static void test_idx_augment(void **state) {
     inst_free(z);
 }
 
+/* What the idx plugin's training image of sample i must be under the
+ * documented draws (vh_data_pass.h: from vh_sampler_sample_key, dy then dx
+ * uniform in [-pad, pad], then the mirror bit): built the long way, the image
+ * padded with byte 0, the rows x cols window at (pad + dy, pad + dx), then
+ * mirrored. Returns the window's offset and the mirror in *shift and *flip. */
+enum { IDX_MAX_PAD = 4 };
+
+static void idx_reference(int64_t i, uint64_t key, int pad, int hflip, float *out, int *shift,
+                          int *flip) {
+    enum { PR = IDX_ROWS + 2 * IDX_MAX_PAD, PC = IDX_COLS + 2 * IDX_MAX_PAD };
+    assert_true(pad <= IDX_MAX_PAD);
+    uint8_t padded[PR][PC];
+    memset(padded, 0, sizeof padded);
+    for (int y = 0; y < IDX_ROWS; y++)
+        for (int x = 0; x < IDX_COLS; x++)
+            padded[pad + y][pad + x] = idx_pixel(i, y * IDX_COLS + x);
+    uint64_t rng = key;
+    int dy = 0, dx = 0;
+    if (pad > 0) {
+        dy = (int)(vh_sampler_rng_next(&rng) % (uint64_t)(2 * pad + 1)) - pad;
+        dx = (int)(vh_sampler_rng_next(&rng) % (uint64_t)(2 * pad + 1)) - pad;
+    }
+    *flip = hflip ? (int)(vh_sampler_rng_next(&rng) & 1) : 0;
+    *shift = dy != 0 || dx != 0;
+    for (int y = 0; y < IDX_ROWS; y++)
+        for (int x = 0; x < IDX_COLS; x++) {
+            uint8_t v = padded[pad + dy + y][pad + dx + x];
+            out[y * IDX_COLS + (*flip ? IDX_COLS - 1 - x : x)] = idx_value(v);
+        }
+}
+
+/* Training augmentation against idx_reference, exactly: off (the default,
+ * and said explicitly) is the plain conversion; hflip alone gives each image
+ * as it is or mirrored, both in a pass; pad_crop gives shifted windows of the
+ * padded image. The same bytes with 0 and 2 workers, and after a state saved
+ * mid-pass by one and loaded by the other. Eval stays the plain conversion. */
+static void test_idx_augment_reference(void **state) {
+    (void)state;
+    char dir[256], sec[1024], extra[256];
+    make_dir(dir, sizeof dir, "idx_augment_ref");
+    write_idx_set(dir);
+    enum { B = 4, EPOCH = 2, SEED = 9, HEAD = 3, PIX = IDX_ROWS * IDX_COLS };
+    static const struct {
+        const char *keys;
+        int pad, hflip;
+    } cases[] = {{"", 0, 0},
+                 {"pad_crop: 0, hflip: false, ", 0, 0},
+                 {"hflip: true, ", 0, 1},
+                 {"pad_crop: 3, ", 3, 0},
+                 {"pad_crop: 2, hflip: true, ", 2, 1},
+                 {"pad_crop: 4, hflip: true, ", 4, 1}};
+    fake_host h;
+    fake_init(&h);
+    vh_sampler *s = sampler_new(&h, IDX_TRAIN, 0, 1, B, VH_SPLIT_TRAIN, SEED);
+    assert_non_null(s);
+    assert_int_equal(vh_sampler_start(s, EPOCH), VH_STATUS_OK);
+    const int64_t n = vh_sampler_batches(s) * B; /* drop_last: 10 batches of 4 */
+    float *want = malloc((size_t)(n * PIX) * sizeof(float));
+    int32_t *want_labels = malloc((size_t)n * sizeof(int32_t));
+    assert_non_null(want);
+    assert_non_null(want_labels);
+    size_t bytes = 0;
+    void *blob = NULL;
+
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int shifted = 0, mirrored = 0, plain = 0;
+        for (int64_t b = 0; b < vh_sampler_batches(s); b++) {
+            const int64_t *idx;
+            int64_t count;
+            assert_int_equal(vh_sampler_batch(s, b, &idx, &count), VH_STATUS_OK);
+            for (int64_t j = 0; j < count; j++) {
+                int64_t i = idx[j], k = b * B + j;
+                int shift, flip;
+                idx_reference(i, vh_sampler_sample_key(s, i), cases[c].pad, cases[c].hflip,
+                              want + k * PIX, &shift, &flip);
+                want_labels[k] = idx_label(i);
+                shifted += shift;
+                mirrored += flip;
+                plain += !shift && !flip;
+            }
+        }
+        if (!cases[c].pad && !cases[c].hflip) assert_int_equal(plain, n);
+        if (cases[c].hflip) assert_true(mirrored > 0 && mirrored < n);
+        if (cases[c].pad) assert_true(shifted > n / 2);
+        if (!cases[c].pad) assert_int_equal(shifted, 0);
+
+        pass *runs[2];
+        inst *x[2];
+        for (int w = 0; w < 2; w++) {
+            snprintf(extra, sizeof extra, "%sworkers: %d", cases[c].keys, 2 * w);
+            idx_section(sec, sizeof sec, dir, extra);
+            x[w] = inst_new();
+            if (inst_open(x[w], sec, 0, 1, B, SEED) != VH_STATUS_OK) fail_msg("%s", x[w]->error);
+            runs[w] = run_pass(x[w], VH_SPLIT_TRAIN, EPOCH, -1);
+            assert_int_equal(runs[w]->samples, n);
+            assert_memory_equal(runs[w]->labels, want_labels, (size_t)n * sizeof(int32_t));
+            if (memcmp(runs[w]->images, want, (size_t)(n * PIX) * sizeof(float)) != 0)
+                fail_msg("case '%s' workers %d: training images differ from the reference",
+                         cases[c].keys, 2 * w);
+            /* eval: the plain conversion, every sample in order */
+            pass *e = run_pass(x[w], VH_SPLIT_EVAL, EPOCH, -1);
+            assert_int_equal(e->samples, IDX_EVAL);
+            for (int64_t i = 0; i < IDX_EVAL; i++)
+                for (int64_t k = 0; k < PIX; k++)
+                    assert_true(e->images[i * PIX + k] == idx_value(idx_pixel(i, k)));
+            pass_free(e);
+        }
+        assert_passes_equal(runs[0], runs[1]);
+
+        /* saved after HEAD batches with 2 workers, resumed with 0, and the reverse */
+        if (!blob) {
+            assert_int_equal(x[0]->vt->state_size(x[0]->self, &bytes), VH_STATUS_OK);
+            blob = malloc(bytes);
+            assert_non_null(blob);
+        }
+        for (int w = 0; w < 2; w++) {
+            inst *from = x[1 - w], *to = x[w];
+            pass *head = run_pass(from, VH_SPLIT_TRAIN, EPOCH, HEAD);
+            assert_int_equal(from->vt->state_save(from->self, blob, bytes), VH_STATUS_OK);
+            pass *other = run_pass(to, VH_SPLIT_TRAIN, EPOCH + 1, 1); /* busy elsewhere */
+            assert_int_equal(to->vt->state_load(to->self, blob, bytes), VH_STATUS_OK);
+            pass *rest = run_pass(to, VH_SPLIT_TRAIN, -1, -1);
+            assert_int_equal(head->samples + rest->samples, n);
+            assert_memory_equal(head->images, want, (size_t)(head->samples * PIX) * sizeof(float));
+            assert_memory_equal(rest->images, want + head->samples * PIX,
+                                (size_t)(rest->samples * PIX) * sizeof(float));
+            assert_memory_equal(rest->labels, want_labels + head->samples,
+                                (size_t)rest->samples * sizeof(int32_t));
+            pass_free(head);
+            pass_free(other);
+            pass_free(rest);
+        }
+        for (int w = 0; w < 2; w++) {
+            pass_free(runs[w]);
+            inst_free(x[w]);
+        }
+    }
+    free(blob);
+    free(want);
+    free(want_labels);
+    vh_sampler_free(s);
+    assert_int_equal(atomic_load(&h.live), 0);
+}
+
 /* Same seed same order; another epoch or seed another; workers do not matter. */
 static void test_order_deterministic(void **state) {
     (void)state;
@@ -1847,6 +1991,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_idx_defaults_documented),
         cmocka_unit_test(test_idx_errors),
         cmocka_unit_test(test_idx_augment),
+        cmocka_unit_test(test_idx_augment_reference),
         cmocka_unit_test(test_order_deterministic),
         cmocka_unit_test(test_rank_split),
         cmocka_unit_test(test_state_resume),

@@ -3,7 +3,8 @@
  * Every committed fixture is loaded and checked for consistency with its own
  * config: the shapes of the timm parameters, input, labels, logits, loss, and
  * a gradient of the same shape for every parameter. The batch_second twins
- * must hold the batch_first numbers. Damaged copies written to /tmp (bad
+ * must hold the batch_first numbers, and the AMP fixture its float64 twin's
+ * weights and batch with results of PyTorch's bf16 autocast. Damaged copies written to /tmp (bad
  * magic, other version, every truncation of the header, trailing bytes, huge
  * dims) must be refused with the right message, and the comparison helper is
  * checked on known errors.
@@ -31,6 +32,7 @@
 
 static const char *const fixture_names[] = {
     "vit_token_bf", "vit_token_bs", "vit_pooled_bf", "vit_pooled_bs", "vit_odd",
+    "vit_token_bf_amp_bf16",
 };
 enum { FIXTURE_COUNT = sizeof fixture_names / sizeof fixture_names[0] };
 
@@ -370,6 +372,58 @@ static void test_layout_twins_agree(void **state) {
     }
 }
 
+/* The bits of f32 v are a bf16 value's: the low 16 bits are zero. */
+static bool is_bf16_value(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    return (bits & 0xffffu) == 0;
+}
+
+/* vit_token_bf_amp_bf16 is vit_token_bf's step under torch.autocast(bf16):
+ * the same config (plus autocast: bf16), parameters, input and labels bit
+ * for bit; bf16 logits; bf16-valued gradients for the parameters a bf16 op
+ * consumed (linear and conv weights and biases), fp32 sums for the layer
+ * norms, cls_token and pos_embed (they meet the fp32 residual stream); and
+ * results a bf16 step's distance from the exact ones: further than fp32
+ * rounding, within 16 bf16 roundings (2^-4; measured up to 7). */
+static void test_amp_fixture_twin(void **state) {
+    loaded *l = *state;
+    vh_fixture *x = &l->a, *amp = &l->b;
+    load_or_fail("vit_token_bf", x);
+    load_or_fail("vit_token_bf_amp_bf16", amp);
+    assert_null(vh_fixture_config(x, "autocast"));
+    assert_string_equal(vh_fixture_config(amp, "autocast"), "bf16");
+    assert_int_equal(amp->config_count, x->config_count + 1);
+    for (size_t i = 0; i < x->config_count; i++)
+        assert_string_equal(vh_fixture_config(amp, x->config[i].key), x->config[i].value);
+    assert_int_equal(amp->tensor_count, x->tensor_count);
+    int fp32_sums = 0;
+    for (size_t i = 0; i < x->tensor_count; i++) {
+        const vh_fixture_array *tx = &x->tensors[i], *ta = &amp->tensors[i];
+        assert_string_equal(ta->name, tx->name);
+        assert_int_equal(ta->numel, tx->numel);
+        if (is_param(tx->name) || !strcmp(tx->name, "input") || !strcmp(tx->name, "labels")) {
+            assert_memory_equal(ta->data, tx->data, 4 * tx->numel);
+            continue;
+        }
+        const char *param = strncmp(tx->name, "grad.", 5) == 0 ? tx->name + 5 : NULL;
+        bool fp32_grad = param && (strstr(param, "norm") || !strcmp(param, "cls_token") ||
+                                   !strcmp(param, "pos_embed"));
+        bool all_bf16 = true;
+        for (size_t k = 0; k < ta->numel; k++) all_bf16 = all_bf16 && is_bf16_value(ta->f32[k]);
+        if (!strcmp(tx->name, "logits") || (param && !fp32_grad)) {
+            if (!all_bf16) fail_msg("%s: %s holds values bf16 cannot", amp->path, tx->name);
+        } else if (fp32_grad && !all_bf16) {
+            fp32_sums++;
+        }
+        double err = vh_fixture_error(ta->f32, tx->f32, tx->numel, NULL);
+        if (!(err > 1e-5 && err <= 1.0 / 16.0))
+            fail_msg("%s: %s is %.2e from the exact one: not a bf16 step", amp->path, tx->name,
+                     err);
+    }
+    assert_int_equal(fp32_sums, 2 * 2 * 2 + 2 + 2); /* norm1, norm2 x 2 blocks, norm, cls, pos */
+}
+
 /* ---- errors --------------------------------------------------------------------------- */
 
 static void test_missing_file(void **state) {
@@ -548,6 +602,7 @@ int main(int argc, char **argv) {
         FX(test_fixtures_consistent),
         FX(test_fixture_configs),
         FX(test_layout_twins_agree),
+        FX(test_amp_fixture_twin),
         T(test_missing_file),
         TMP(test_bad_magic),
         TMP(test_version_mismatch),

@@ -8,7 +8,10 @@
  *
  * The harness plays the sharding plugin: it lays each unit's compute copy
  * and gradients out with vh_unit_layout_init under the test's precision
- * policy (fp32, or bf16 with fp32 norms), as gather() and grads() do. */
+ * policy (fp32, or bf16 with fp32 norms), as gather() and grads() do.
+ * Under AMP-bf16 the model is also checked against PyTorch's autocast
+ * (vit_token_bf_amp_bf16), and its activation_bytes against what it
+ * allocates. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <setjmp.h>
@@ -33,7 +36,7 @@
 /* bf16 compute (params, activations and grads in bf16, norms in fp32)
  * against fp32 on the same weights and batch, as normalised errors
  * (max |bf16 - fp32| / max |fp32| per tensor, the fixtures' metric). bf16
- * keeps 8 significant bits (relative rounding 2^-9 = 2e-3); two blocks of
+ * keeps 8 significant bits (relative rounding at most 2^-8 = 3.9e-3); two blocks of
  * rounded GEMM inputs, activations and activation gradients compound it.
  * Measured on vit_token_bf and vit_pooled_bs: loss 1.7e-4, logits 5.8e-3,
  * worst gradient 1.1e-2; the tolerances leave about 3x. (vit_odd is left
@@ -153,6 +156,10 @@ static const char *cfg(const vh_fixture *fx, const char *key) {
  * class count when > 0, `extra` appended to the model section (may be
  * NULL), and creates the model under `policy` for `rank` (< 0: a setup
  * too old to have ranks) with its unit buffers. */
+/* When not NULL, the device harness_open_ex gives the model (through the
+ * run, which the host API reads); the CPU device's table otherwise. */
+static const vh_device_ops *harness_override_device;
+
 static void harness_open_ex(harness *h, const vh_fixture *fx, const char *layout,
                             const vh_precision_policy *policy, int64_t classes,
                             const char *extra, int32_t rank) {
@@ -175,6 +182,7 @@ static void harness_open_ex(harness *h, const vh_fixture *fx, const char *layout
     vh_run_options opts = {.out = stdout};
     vh_status st = run_open_text(&h->run, "fixture.yaml", recipe, &opts, &d);
     if (st != VH_STATUS_OK) fail_msg("%s", d.text);
+    if (harness_override_device) h->run.device = harness_override_device;
     h->vt = h->run.plugins[VH_ROLE_MODEL].desc->vtable;
     h->policy = *policy;
     int64_t batch, channels, height, width;
@@ -481,6 +489,218 @@ static void test_bf16_close_to_fp32(void **state) {
     check_bf16("vit_pooled_bs", NULL);
 }
 
+/* ---- AMP-bf16 against PyTorch's autocast --------------------------------- */
+
+/* vithost's AMP-bf16 policy as plugins/precision/amp builds it (dtype bf16,
+ * layernorm_fp32 true): parameter compute copies, activations and gradients
+ * in bf16, layer-norm weights and their gradients f32, fp32 masters. */
+static const vh_precision_policy amp_bf16_policy = {
+    .struct_size = sizeof(vh_precision_policy), .param_dtype = VH_DTYPE_BF16,
+    .compute_dtype = VH_DTYPE_BF16, .grad_dtype = VH_DTYPE_BF16, .comm_dtype = VH_DTYPE_BF16,
+    .master_dtype = VH_DTYPE_F32, .state_dtype = VH_DTYPE_F32,
+    .fp32_param_flags = VH_PARAM_FLAG_NORM, .master_weights = 1};
+
+/* Against PyTorch's AMP: vit_token_bf_amp_bf16 holds vit_token_bf's weights
+ * and batch and the logits, loss and gradients of a PyTorch step under
+ * torch.autocast("cpu", torch.bfloat16) (tests/reference/make_fixtures.py
+ * says what torch 1.13 runs in bf16); vit_token_bf holds the exact (float64)
+ * results. Errors are normalised (vh_fixture_error: max |got - want| /
+ * max |want|), in units of bf16's relative rounding u = 2^-8 (8 significant
+ * bits; one round-to-nearest-even moves a value by at most u of itself).
+ *
+ * Both systems round the same bf16 copies of the weights (ours are the
+ * compute copies, autocast casts the fp32 weights per op: the same
+ * round-to-nearest-even of the same values) and run every GEMM with fp32
+ * accumulation, rounding its output once. They round differently here:
+ * - the residual stream: ours is bf16, rounded at each of its 2L + 1 adds
+ *   and gradient accumulations; autocast's is fp32 (a bf16 branch plus an
+ *   fp32 pos_embed or residual promotes to fp32), as are its layer norms;
+ * - attention: ours is fp32 inside (fp32 logits and probabilities, one
+ *   rounding of the output and of dqkv); autocast rounds q * scale, q k^T,
+ *   the softmax, P v, and in backward dP and the softmax gradient, to bf16;
+ * - GELU: ours rounds gelu(fc1) once from fp32; autocast rounds fc1's output,
+ *   then the GELU of that;
+ * - cls_token and pos_embed: ours are bf16 copies with bf16 gradients;
+ *   autocast adds them in fp32.
+ * Each is a few u on the tensors it touches, compounded through two blocks.
+ * Measured: ours vs autocast, logits 2.1u, loss 4.4e-4 against a bound of
+ * 5.9e-3, gradients up to 7.2u (blocks.1.norm2.bias: the layer-norm
+ * gradients carry autocast's bf16 softmax backward); of that, autocast's
+ * own distance from the exact gradients is up to 7.0u, ours up to 2.4u. */
+#define AMP_U (1.0 / 256.0)
+/* logits, bf16 on both sides: both round them (2u) after the differences
+ * above reach them through the final layer norm. */
+#define TOL_AMP_LOGITS (4 * AMP_U)
+/* gradients: bf16 values (matrices, biases, embeddings) or fp32 sums
+ * (layer norms, fp32 on both sides, whose inputs are bf16-rounded
+ * activations and gradients): the same few-u differences, in a layer norm's
+ * gradient piled up over every row. One tolerance for both dtypes: the
+ * rounding that limits them is bf16's, not their storage's. */
+#define TOL_AMP_GRAD (12 * AMP_U)
+/* Ours against the exact results, per tensor: no further than autocast's
+ * AMP is from them (times AMP_NO_WORSE), or AMP_FLOOR when autocast happens
+ * to land closer than one bf16 rounding of a few terms could promise. */
+#define AMP_NO_WORSE 1.5
+#define AMP_FLOOR (2 * AMP_U)
+
+/* One tensor of ours against autocast's (within tol) and against the exact
+ * one (within the no-worse bound); returns failures, printing each. */
+static int check_amp_tensor(const char *name, const float *got, const float *amp,
+                            const float *exact, size_t n, double tol) {
+    char report[512];
+    int failures = 0;
+    if (!vh_fixture_compare(name, got, amp, n, tol, report, sizeof report))
+        failures++, printf("vs autocast: %s\n", report);
+    double ours = vh_fixture_error(got, exact, n, NULL);
+    double theirs = vh_fixture_error(amp, exact, n, NULL);
+    double bound = AMP_NO_WORSE * theirs > AMP_FLOOR ? AMP_NO_WORSE * theirs : AMP_FLOOR;
+    if (!(ours <= bound))
+        failures++, printf("vs exact: %s: ours %.2e, autocast %.2e, bound %.2e\n", name, ours,
+                           theirs, bound);
+    printf("%-30s vs autocast %.1fu (tol %.0fu); vs exact: ours %.1fu, autocast %.1fu\n", name,
+           vh_fixture_error(got, amp, n, NULL) / AMP_U, tol / AMP_U, ours / AMP_U,
+           theirs / AMP_U);
+    return failures;
+}
+
+static void test_amp_bf16_against_autocast(void **state) {
+    (void)state;
+    vh_fixture amp, exact;
+    load_fixture(&amp, "vit_token_bf_amp_bf16");
+    load_fixture(&exact, "vit_token_bf");
+    assert_string_equal(cfg(&amp, "autocast"), "bf16");
+    harness h;
+    harness_open_ex(&h, &amp, NULL, &amp_bf16_policy, 0, NULL, 0);
+    load_weights(&h, &amp);
+    vh_model_output out;
+    run_step(&h, &amp, 1.0f, &out);
+    assert_int_equal(out.logits.dtype, VH_DTYPE_BF16);
+
+    int failures = 0;
+    const vh_fixture_array *al = vh_fixture_tensor(&amp, "logits");
+    const vh_fixture_array *xl = vh_fixture_tensor(&exact, "logits");
+    float *logits = logits_f32(&out);
+    assert_int_equal(al->numel, (size_t)(out.logits.shape[0] * out.logits.shape[1]));
+    failures += check_amp_tensor("logits", logits, al->f32, xl->f32, al->numel, TOL_AMP_LOGITS);
+    /* The loss, fp32 on both sides, is each side's cross-entropy of its own
+     * logits: a sample's loss moves by at most sum_c |p_c - target_c| <= 2
+     * times the largest change of its logits, so the two losses differ by at
+     * most 2 max |our logits - autocast's| (plus fp32 rounding). */
+    double max_dlogit = 0.0;
+    for (size_t i = 0; i < al->numel; i++)
+        if (fabs((double)logits[i] - al->f32[i]) > max_dlogit)
+            max_dlogit = fabs((double)logits[i] - al->f32[i]);
+    float loss = read_loss(&h, &out);
+    float amp_loss = vh_fixture_tensor(&amp, "loss")->f32[0];
+    double loss_bound = 2.0 * max_dlogit + 1e-6 * fabs(amp_loss);
+    printf("loss: ours %.7g, autocast %.7g, exact %.7g: |ours - autocast| %.2e <= %.2e\n",
+           loss, amp_loss, vh_fixture_tensor(&exact, "loss")->f32[0],
+           fabs((double)loss - amp_loss), loss_bound);
+    if (!(fabs((double)loss - amp_loss) <= loss_bound)) failures++;
+    free(logits);
+
+    int grads = 0;
+    for (int32_t u = 0; u < h.table->num_units; u++)
+        for (int32_t p = 0; p < h.table->units[u].num_params; p++) {
+            const vh_param_desc *d = &h.table->units[u].params[p];
+            char gname[256];
+            snprintf(gname, sizeof gname, "grad.%s", d->name);
+            const vh_fixture_array *ag = vh_fixture_tensor(&amp, gname);
+            const vh_fixture_array *xg = vh_fixture_tensor(&exact, gname);
+            assert_non_null(ag);
+            assert_non_null(xg);
+            assert_int_equal(ag->numel, (size_t)d->numel);
+            /* the policy's dtypes: layer norms fp32, the rest bf16 */
+            assert_int_equal(h.glayout[u].dtypes[p],
+                             (d->flags & VH_PARAM_FLAG_NORM) ? VH_DTYPE_F32 : VH_DTYPE_BF16);
+            float *got = grad_f32(&h, u, p);
+            failures += check_amp_tensor(gname, got, ag->f32, xg->f32, ag->numel, TOL_AMP_GRAD);
+            free(got);
+            grads++;
+        }
+    assert_int_equal(grads, 32);
+    harness_close(&h);
+    vh_fixture_free(&amp);
+    vh_fixture_free(&exact);
+    if (failures) fail_msg("AMP bf16: %d check(s) failed against PyTorch's autocast (see above)",
+                           failures);
+}
+
+/* ---- activation memory ----------------------------------------------------- */
+
+/* The harness's device with alloc counted: what the model allocates at
+ * create is its activation memory (the parameters live with the harness). */
+static struct {
+    vh_device_ops ops;
+    const vh_device_ops *base;
+    int64_t bytes;
+} counting;
+
+static vh_status counting_alloc(vh_device *dev, size_t bytes, void **out) {
+    vh_status st = counting.base->alloc(dev, bytes, out);
+    if (st == VH_STATUS_OK) counting.bytes += (int64_t)bytes;
+    return st;
+}
+
+/* Opens the harness with every device allocation of create counted;
+ * returns the model's activation_bytes and the counted bytes in *counted. */
+static int64_t activation_bytes_of(const vh_fixture *fx, const vh_precision_policy *policy,
+                                   const char *extra, int64_t *counted) {
+    harness h;
+    memset(&h, 0, sizeof h);
+    /* harness_open_ex opens the run and creates the model in one go: the
+     * counting device goes in through run.device, which the model reads at
+     * create (host->api->device). */
+    counting.base = vh_cpu_device_ops();
+    counting.ops = *counting.base;
+    counting.ops.alloc = counting_alloc;
+    counting.bytes = 0;
+    harness_override_device = &counting.ops;
+    harness_open_ex(&h, fx, NULL, policy, 0, extra, 0);
+    harness_override_device = NULL;
+    *counted = counting.bytes;
+    int64_t bytes = -1;
+    assert_non_null(h.vt->activation_bytes);
+    assert_int_equal(h.vt->activation_bytes(h.model, &bytes), VH_STATUS_OK);
+    harness_close(&h);
+    return bytes;
+}
+
+/* activation_bytes is what the model allocated, and the compute dtype
+ * decides it: under bf16 every activation, activation gradient and dropout
+ * mask halves, while layer-norm statistics (2 per row per norm), attention
+ * probabilities (B H N^2 per block), drop-path factors (2 B per block), the
+ * head norm's statistics (2 B) and the loss (2) stay f32. So
+ * bf16 = fp32 / 2 + (f32 elements) * 2 bytes, exactly. */
+static void test_activation_bytes(void **state) {
+    (void)state;
+    vh_fixture fx;
+    load_fixture(&fx, "vit_token_bf");
+    int64_t B, D, L, H, side, patch;
+    vh_fixture_config_int(&fx, "batch", &B);
+    vh_fixture_config_int(&fx, "dim", &D);
+    vh_fixture_config_int(&fx, "depth", &L);
+    vh_fixture_config_int(&fx, "heads", &H);
+    vh_fixture_config_int(&fx, "image_height", &side);
+    vh_fixture_config_int(&fx, "patch_size", &patch);
+    int64_t N = (side / patch) * (side / patch) + 1, rows = B * N;
+    static const char *const extras[] = {NULL, "dropout: 0.1, drop_path: 0.1"};
+    for (int dropping = 0; dropping < 2; dropping++) {
+        int64_t f32_elems = L * (4 * rows + B * H * N * N + (dropping ? 2 * B : 0)) + 2 * B + 2;
+        int64_t counted32, counted16;
+        int64_t fp32 = activation_bytes_of(&fx, &fp32_policy, extras[dropping], &counted32);
+        int64_t bf16 = activation_bytes_of(&fx, &amp_bf16_policy, extras[dropping], &counted16);
+        printf("activations%s: fp32 %lld bytes, bf16 %lld bytes (%.4f of fp32)\n",
+               dropping ? " with dropout" : "", (long long)fp32, (long long)bf16,
+               (double)bf16 / (double)fp32);
+        assert_int_equal(fp32, counted32);
+        assert_int_equal(bf16, counted16);
+        assert_int_equal(bf16, fp32 / 2 + f32_elems * 2);
+        assert_int_equal(fp32 % 4, 0);
+    }
+    vh_fixture_free(&fx);
+}
+
 /* Flags: matrices decay; norms are NORM, linear biases BIAS, pos_embed and
  * cls_token EMBEDDING, none of them decaying. */
 static void test_decay_flags_and_units(void **state) {
@@ -773,6 +993,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_loss_scale),
         cmocka_unit_test(test_decay_flags_and_units),
         cmocka_unit_test(test_bf16_close_to_fp32),
+        cmocka_unit_test(test_amp_bf16_against_autocast),
+        cmocka_unit_test(test_activation_bytes),
         cmocka_unit_test(test_load_weights),
         cmocka_unit_test(test_initial_weights),
         cmocka_unit_test(test_dropout_per_rank),

@@ -2,6 +2,7 @@
 
     /usr/bin/python3 tests/reference/make_fixtures.py           # write tests/fixtures/*.vhfx
     /usr/bin/python3 tests/reference/make_fixtures.py --check   # exit 1 if a committed one is stale
+    /usr/bin/python3 tests/reference/make_fixtures.py --only vit_token_bf_amp_bf16  # just one
 
 Numerics: parameters and the input images are generated as float32 values (those exact values
 are stored); the forward and backward passes then run in float64 on those values and the logits,
@@ -32,6 +33,23 @@ parameter, same order, same shape: d(loss)/d(param) with loss the batch mean.
 "layout" only says which layout the C test runs the plugin in: a *_bs fixture holds the same
 weights and inputs as its *_bf twin and (up to float64 rounding) the same results, computed through
 the reference's batch_second path.
+
+AMP fixtures (AUTOCAST below, e.g. vit_token_bf_amp_bf16): the same format, tensors and config as
+their float64 twin plus one more config key, "autocast" -> "bf16". Same parameters, input and labels
+(bit for bit); the forward ran under torch.autocast("cpu", dtype=torch.bfloat16) with the float32
+parameters, the loss too, and the backward after it, as a PyTorch AMP training step does. So the
+results are PyTorch's AMP numbers, not exact ones: logits are bf16 values (the head is a bf16
+linear), the loss is float32 (cross_entropy is on autocast's fp32 list), and gradients are float32
+tensors, bf16 values for every parameter that a bf16 op consumed (linear and conv weights and
+biases), float32 sums for the rest (layer norms, cls_token, pos_embed, which meet the float32
+residual stream). What torch 1.13's CPU autocast does to this model, found by running it:
+conv2d/linear/matmul run in bf16 with float32 accumulation, rounded once (bias included); the
+residual stream is float32 (bf16 branch + float32 pos_embed / residual promotes to float32), so
+layer_norm runs in float32 (it follows its input); q * scale, q @ k^T, softmax, probs @ v and GELU
+run in bf16 (they follow their bf16 input, each rounding its output); cross_entropy casts its bf16
+logits to float32. bf16 matmul kernels differ between CPUs (oneDNN's avx512_bf16 ones where the
+ISA has them, a float32-accumulating fallback otherwise), so these results may differ by a few bf16
+ulps between machines; --check reports that without calling the file stale (CHECK_TOL).
 
 Bump VERSION whenever the format or the meaning of a tensor changes, and regenerate.
 """
@@ -79,6 +97,22 @@ FIXTURES = {
     "vit_odd": dict(ODD, layout="batch_first"),           # 10x14 image, N = 35 + 1
 }
 
+# AMP fixtures: name -> (the float64 fixture whose config, weights and batch it reuses, the
+# autocast dtype). See the module docstring.
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16}
+AUTOCAST = {
+    "vit_token_bf_amp_bf16": ("vit_token_bf", "bf16"),
+}
+
+# --check: a fixture whose bytes differ from a fresh one is still current when its config,
+# parameters, input and labels are identical and every result is within this normalised error
+# (rel_err) of the fresh one; the difference is then the machine's, not the script's. float64:
+# mathematically-zero gradients (the k part of qkv.bias: softmax ignores a per-query constant)
+# hold summation noise of ~1e-17 that varies with the BLAS kernels. bf16 autocast: the bf16
+# matmul kernels of another ISA round a few results differently (2^-6: two to four bf16 ulps of
+# the tensor's largest entry; a change of what autocast runs in bf16 moves results by more).
+CHECK_TOL = {"float64": 1e-12, "bf16": 2.0 ** -6}
+
 
 def yaml_text(v):
     if isinstance(v, bool):
@@ -94,8 +128,8 @@ def rel_err(got, want):
     return (got - want).abs().max().item() / scale
 
 
-def compute(cfg):
-    """Returns (config items, [(name, tensor)], float32-vs-float64 errors)."""
+def make_inputs(cfg):
+    """The float32 model, its (name, parameter) copies, input images and labels of a config."""
     model = ref.init_params(ref.build(cfg), cfg["seed"])  # float32 values
     params = [(n, p.detach().clone()) for n, p in model.state_dict().items()]
     g = torch.Generator().manual_seed(cfg["seed"] + 1)
@@ -104,6 +138,12 @@ def compute(cfg):
     labels = torch.randint(0, cfg["num_classes"], (cfg["batch"],), generator=g)
     if len(set(labels.tolist())) < 2:
         raise AssertionError("labels should not all be the same class")
+    return model, params, images, labels
+
+
+def compute(cfg):
+    """Returns (config items, [(name, tensor)], float32-vs-float64 errors)."""
+    model, params, images, labels = make_inputs(cfg)
 
     m64 = model.double()
     logits, loss, grads = ref.run(m64, images.double(), labels, cfg["label_smoothing"])
@@ -126,6 +166,102 @@ def compute(cfg):
     tensors += [("grad." + n, grads[n].float()) for n, _ in params]
     config = [(k, yaml_text(cfg[k])) for k in KEYS]
     return config, tensors, f32_err, (logits, loss, grads)
+
+
+def compute_autocast(cfg, dtype_name, truth):
+    """An AMP step of the float32 model under torch.autocast("cpu", dtype): returns (config items,
+    [(name, tensor)], errors against the float64 results `truth` = (logits, loss, grads))."""
+    dtype = AUTOCAST_DTYPES[dtype_name]
+    model, params, images, labels = make_inputs(cfg)
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=dtype):
+        logits = model(images)
+        loss = ref.loss_fn(logits, labels, cfg["label_smoothing"])
+    loss.backward()  # outside the context, as torch's AMP recipe does; ops keep forward's dtypes
+    if logits.dtype != dtype or loss.dtype != torch.float32:
+        raise AssertionError(f"autocast gave {logits.dtype} logits and a {loss.dtype} loss: "
+                             f"this torch's autocast is not the one the fixture documents")
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    for n, gr in grads.items():
+        if gr.dtype != torch.float32 or not gr.abs().max().item() > 1e-7:
+            raise AssertionError(f"gradient of {n}: {gr.dtype}, max {gr.abs().max().item()}")
+    t_logits, t_loss, t_grads = truth
+    err = {"logits": rel_err(logits.double(), t_logits), "loss": rel_err(loss.double(), t_loss)}
+    err.update({"grad." + n: rel_err(grads[n].double(), t_grads[n]) for n in grads})
+
+    tensors = list(params)
+    tensors.append(("input", images))
+    tensors.append(("labels", labels.to(torch.int32)))
+    tensors.append(("logits", logits.detach().float()))
+    tensors.append(("loss", loss.detach().reshape(1).float()))
+    tensors += [("grad." + n, grads[n]) for n, _ in params]
+    config = [(k, yaml_text(cfg[k])) for k in KEYS] + [("autocast", dtype_name)]
+    return config, tensors, err
+
+
+def decode(blob):
+    """(config items, {name: tensor}) of an encoded fixture; raises ValueError when damaged."""
+    pos = 0
+
+    def take(n):
+        nonlocal pos
+        if pos + n > len(blob):
+            raise ValueError("truncated")
+        pos += n
+        return blob[pos - n:pos]
+
+    u32 = lambda: struct.unpack("<I", take(4))[0]  # noqa: E731
+    text = lambda: take(u32()).decode("utf-8")  # noqa: E731
+    if take(4) != MAGIC or u32() != VERSION:
+        raise ValueError("not a version %d fixture" % VERSION)
+    config = [(text(), text()) for _ in range(u32())]
+    tensors = {}
+    for _ in range(u32()):
+        name, dtype, ndim = text(), u32(), u32()
+        dims = [u32() for _ in range(ndim)]
+        numel = 1
+        for d in dims:
+            numel *= d
+        torch_dtype = {DTYPE_F32: torch.float32, DTYPE_I32: torch.int32}[dtype]
+        data = bytearray(take(4 * numel))
+        tensors[name] = torch.frombuffer(data, dtype=torch_dtype).reshape(dims) if numel else \
+            torch.zeros(dims, dtype=torch_dtype)
+    if pos != len(blob):
+        raise ValueError("trailing bytes")
+    return config, tensors
+
+
+def check_blob(path, blob, tol):
+    """'same', 'close: ...' (current: only the machine's rounding differs) or 'STALE: why'."""
+    try:
+        with open(path, "rb") as f:
+            old = f.read()
+    except OSError as e:
+        return f"STALE: {e.strerror}"
+    if old == blob:
+        return "same"
+    try:
+        old_config, old_tensors = decode(old)
+    except (ValueError, KeyError, UnicodeDecodeError) as e:
+        return f"STALE: {e}"
+    config, tensors = decode(blob)
+    if old_config != config or list(old_tensors) != list(tensors):
+        return "STALE: other config or tensors"
+    worst, where = 0.0, ""
+    results = ("logits", "loss")
+    for name, t in tensors.items():
+        o = old_tensors[name]
+        if o.shape != t.shape or o.dtype != t.dtype:
+            return f"STALE: {name} has another shape or dtype"
+        if name in results or name.startswith("grad."):
+            e = rel_err(o.double(), t.double())
+            if e > worst:
+                worst, where = e, name
+        elif not torch.equal(o, t):
+            return f"STALE: {name} differs"
+    if worst > tol:
+        return f"STALE: {where} differs by {worst:.1e} (> {tol:.0e})"
+    return f"close: results within {worst:.1e} of a fresh run ({where}), inputs identical"
 
 
 def encode(config, tensors):
@@ -163,43 +299,60 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=OUT_DIR, help="output folder (default: tests/fixtures)")
     ap.add_argument("--check", action="store_true",
-                    help="write nothing; exit 1 if a fixture in --out differs from a fresh one")
+                    help="write nothing; exit 1 if a fixture in --out differs from a fresh one "
+                         "by more than the machine's rounding (CHECK_TOL)")
+    ap.add_argument("--only", action="append", metavar="NAME",
+                    help="write or check only this fixture (repeatable; default: all)")
     ap.add_argument("--skip-self-test", action="store_true",
                     help="skip vit_reference's gradcheck and layout checks")
     args = ap.parse_args()
     torch.set_num_threads(1)  # bitwise-reproducible reductions
+    known = list(FIXTURES) + list(AUTOCAST)
+    for name in args.only or []:
+        if name not in known:
+            ap.error(f"no fixture {name!r}; known: {', '.join(known)}")
+    selected = set(args.only or known)
 
     if not args.skip_self_test:
         for line in ref.self_test():
             print("self-test:", line)
 
-    results = {}
     stale = []
-    worst = {}
-    for name, cfg in FIXTURES.items():
-        config, tensors, f32_err, full = compute(cfg)
-        results[name] = full
+
+    def emit(name, config, tensors, tol):
         blob = encode(config, tensors)
         path = os.path.join(args.out, name + ".vhfx")
         digest = hashlib.sha256(blob).hexdigest()[:12]
         if args.check:
-            try:
-                with open(path, "rb") as f:
-                    same = f.read() == blob
-            except OSError:
-                same = False
-            if not same:
+            verdict = check_blob(path, blob, tol)
+            is_stale = verdict.startswith("STALE: ")
+            if is_stale:
                 stale.append(path)
-            print(f"{'ok   ' if same else 'STALE'} {path}")
+                verdict = verdict[len("STALE: "):]
+            print(f"{'STALE' if is_stale else 'ok   '} {path}"
+                  + ("" if verdict == "same" else f" ({verdict})"))
         else:
             os.makedirs(args.out, exist_ok=True)
             with open(path, "wb") as f:
                 f.write(blob)
             print(f"wrote {path}: {len(blob)} bytes, {len(tensors)} tensors, sha256 {digest}")
-        for k, v in f32_err.items():
+
+    def note_worst(worst, errs, name):
+        for k, v in errs.items():
             kind = "logits" if k == "logits" else "loss" if k == "loss" else "grads"
             if v > worst.get(kind, (0.0, ""))[0]:
                 worst[kind] = (v, f"{name}:{k}")
+
+    # Every float64 fixture is computed (the twins are compared, and the AMP fixtures are
+    # measured against them); only the selected ones are written or checked.
+    results = {}
+    worst = {}
+    for name, cfg in FIXTURES.items():
+        config, tensors, f32_err, full = compute(cfg)
+        results[name] = full
+        if name in selected:
+            emit(name, config, tensors, CHECK_TOL["float64"])
+        note_worst(worst, f32_err, name)
 
     # The batch_second twins must hold the same numbers as the batch_first ones.
     for base in ("vit_token", "vit_pooled"):
@@ -212,6 +365,19 @@ def main():
 
     for kind, (v, where) in sorted(worst.items()):
         print(f"torch float32 vs stored, worst {kind}: {v:.2e} ({where})")
+
+    for name, (base, dtype_name) in AUTOCAST.items():
+        if name not in selected:
+            continue
+        config, tensors, err = compute_autocast(FIXTURES[base], dtype_name, results[base])
+        emit(name, config, tensors, CHECK_TOL[dtype_name])
+        # PyTorch's own AMP error: how far the stored results are from the exact ones (a
+        # guide for the C test, whose AMP run has errors of the same size, rounded elsewhere).
+        amp_worst = {}
+        note_worst(amp_worst, err, name)
+        for kind, (v, where) in sorted(amp_worst.items()):
+            print(f"torch autocast {dtype_name} vs {base} (float64), worst {kind}: "
+                  f"{v:.2e} ({where})")
 
     if stale:
         print("HINT: regenerate with /usr/bin/python3 tests/reference/make_fixtures.py",

@@ -14,10 +14,14 @@
  * with mean 0.2860 and std 0.3530 by default, the statistics of the
  * Fashion-MNIST training images (MNIST: 0.1307 and 0.3081). Images are (B,
  * 1, rows, cols). Training may augment, with draws keyed by (seed, epoch,
- * sample) so that batches repeat whatever the worker timing: `pad_crop: p`
- * takes a random rows x cols window of the image zero-padded (black, before
- * normalisation) by p pixels on every side, then `hflip` mirrors it with
- * probability 1/2. Evaluation never augments.
+ * sample) so that batches repeat whatever the worker count, the timing or a
+ * resume: `pad_crop: p` takes a random rows x cols window of the image padded
+ * by p pixels of byte 0 on every side (black, the background of MNIST-style
+ * sets; -mean/std once normalised, not 0), then `hflip` mirrors it with
+ * probability 1/2. Both are off by default (the batches are then the plain
+ * conversion above), and evaluation never augments. For Fashion-MNIST,
+ * `pad_crop: 2, hflip: true` is the usual choice; a mirror does not suit
+ * digits (MNIST, KMNIST).
  *
  * Order and per-rank split, prefetching, batches and the resumable position:
  * vh_data_pass (shuffled per epoch for training, in order and every sample
@@ -63,8 +67,12 @@ static const vh_config_key schema[] = {
     {"prefetch", VH_CONFIG_TYPE_INT, "4", "batch slots: the one in use plus those filled ahead",
      NULL, 1, 64, 0},
     {"pad_crop", VH_CONFIG_TYPE_INT, "0",
-     "training: random crop of the image zero-padded by this many pixels per side", NULL, 0, 64, 0},
-    {"hflip", VH_CONFIG_TYPE_BOOL, "false", "training: mirror left-right with probability 1/2",
+     "training: random rows x cols crop of the image padded by this many pixels of byte 0 "
+     "(black; -mean/std normalised) per side, offsets keyed by (seed, epoch, sample); 0: none",
+     NULL, 0, 64, 0},
+    {"hflip", VH_CONFIG_TYPE_BOOL, "false",
+     "training: mirror left-right with probability 1/2, keyed by (seed, epoch, sample); not for "
+     "digits",
      NULL, 0, 0, 0},
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };

@@ -323,6 +323,35 @@ static vh_status vit_state_load(void *self, const void *buf, size_t bytes) {
     return VH_STATUS_OK;
 }
 
+/* Device bytes of the buffers vit_alloc_activations (vit_table.c) holds at
+ * max_batch, counted again from the same shapes: keep the two in step.
+ * Activations, their gradients and dropout masks are in the compute dtype,
+ * so they halve under a bf16 or f16 policy; layer-norm statistics,
+ * attention probabilities, drop-path factors and the loss stay f32. */
+static vh_status vit_activation_bytes(void *self, int64_t *out) {
+    const vit *m = self;
+    int64_t B = m->max_batch, rows = B * m->tokens, prow = B * m->num_patches;
+    int64_t D = m->dim, M = m->mlp_dim, C = m->classes, L = m->depth;
+    int dropout = m->dropout > 0.0f, drop_path = m->drop_path > 0.0f;
+    /* compute-dtype elements: forward's, then backward's gradients */
+    int64_t block = rows * D * 4 /* x_mid, ln1, attn, ln2 */ + rows * 3 * D /* qkv */ +
+                    rows * M * 2 /* fc1, gelu */ +
+                    (dropout ? rows * M + rows * D * 2 : 0) /* mask_fc1, _proj, _fc2 */;
+    int64_t act = prow * m->patch_dim + prow * D /* patches, patch_emb */ +
+                  (dropout ? rows * D : 0) /* mask_embed */ + (L + 1) * rows * D /* x */ +
+                  L * block + B * D * 2 /* feat, feat_ln */ + B * C /* logits */;
+    act += rows * D * 3 /* d_x, d_tmp, d_branch */ + rows * 3 * D /* d_qkv */ +
+           rows * M * 2 /* d_mlp, d_mlp2 */ + prow * D /* d_patch_emb */ +
+           B * D * 2 /* d_feat, d_feat_ln */ + B * C /* d_logits */;
+    /* f32 elements */
+    int64_t f32 = L * (rows * 4 /* ln1/ln2 mean and rstd */ +
+                       B * m->heads * m->tokens * m->tokens /* probs */ +
+                       (drop_path ? B * 2 : 0) /* dp_attn, dp_mlp */) +
+                  B * 2 /* feat_mean, feat_rstd */ + 2 /* loss */;
+    *out = act * (int64_t)m->act_size + f32 * (int64_t)sizeof(float);
+    return VH_STATUS_OK;
+}
+
 static const vh_model_vtable vtable = {
     .struct_size = sizeof(vh_model_vtable),
     .create = vit_create,
@@ -337,6 +366,7 @@ static const vh_model_vtable vtable = {
     .state_load = vit_state_load,
     .initial_weights = vit_initial_weights,
     .load_weights = vit_load_weights,
+    .activation_bytes = vit_activation_bytes,
 };
 
 VH_PLUGIN_DEFINE(VH_ROLE_MODEL, "vit", "0.1.0",

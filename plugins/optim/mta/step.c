@@ -2,7 +2,8 @@
  *
  *   1. validate the slice list, cut it into chunks (worklist.c)
  *   2. clipping (clip_grad_norm > 0): sum of squares of every grad chunk,
- *      one all-reduce, scale = min(1, max_norm / (norm + 1e-6))
+ *      one all-reduce, scale = min(1, max_norm / (norm + 1e-6)); or the sum
+ *      the precision plugin's overflow pass computed (has_grad_sum_sq)
  *   3. adamw, sgd: one pass over the chunks.
  *      lamb: a pass that updates the moments and sums ||p||^2 and ||u||^2
  *      per chunk, one all-reduce of the per-tensor sums, a pass that applies
@@ -13,6 +14,10 @@
  * partials in chunk order afterwards, so norms do not depend on the number
  * of threads and a resumed run repeats an uninterrupted one bit for bit.
  *
+ * Masters and gradients may be f32, f16 or bf16 (full FP16 updates the
+ * f16 parameters themselves): 16-bit chunks go through f32 views (see
+ * master_view); the state is f32.
+ *
  * The all-reduces sum over ranks what the ranks' slices hold apart (FSDP
  * shards); when every rank holds every slice (vh_param_slices.replicated,
  * DDP) the local sums are the global ones and no collective runs.
@@ -20,8 +25,13 @@
 #include <math.h>
 #include <stddef.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "algos.h"
 #include "mta.h"
+#include "vithost/vh_types.h"
 
 /* Only run a parallel region when there is more than one chunk. */
 #define MTA_PARALLEL_MIN_CHUNKS 2
@@ -29,29 +39,89 @@
 static int needs_state(const mta *o, int32_t k) { return k < o->state_slots; }
 
 /* Element i of an f32 buffer of a slice (the slices carry void pointers
- * since ABI 2.0; check_slices has made sure they hold f32). */
+ * since ABI 2.0; check_slices has made sure the state holds f32). */
 static inline float *f32_at(void *p, int64_t i) { return (float *)p + i; }
 
-/* The kernels of algos.c are fp32 only: a slice in any other dtype (f16
- * masters under full FP16 without master weights, say) is refused by name
- * rather than misread. */
+static int is_half(vh_dtype t) { return t == VH_DTYPE_F16 || t == VH_DTYPE_BF16; }
+
+/* ---- 16-bit masters and gradients ------------------------------------------
+ * Under full FP16 without master weights the slice's master is the f16 (or
+ * bf16) parameter itself; a sharding plugin may also hand over 16-bit
+ * gradients. The kernels stay fp32: a chunk of such a slice is loaded into
+ * the thread's f32 scratch (exact), updated there, and the master is stored
+ * back rounded to nearest even, once per update. f32 slices are used in
+ * place, so their numbers are those of the fp32 path, bit for bit. */
+
+/* This thread's two scratch chunks: [0] master, [1] gradient. */
+static inline float *thread_scratch(const mta *o, int which) {
+#ifdef _OPENMP
+    const size_t t = (size_t)omp_get_thread_num();
+#else
+    const size_t t = 0;
+#endif
+    return o->work.scratch + (2 * t + (size_t)which) * (size_t)MTA_CHUNK_ELEMS;
+}
+
+static void load_f32(float *dst, const void *src, vh_dtype dtype, int64_t n) {
+    const uint16_t *h = src;
+    if (dtype == VH_DTYPE_F16)
+        for (int64_t i = 0; i < n; i++) dst[i] = vh_f16_to_f32(h[i]);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = vh_bf16_to_f32(h[i]);
+}
+
+/* Elements [b, b + n) of a slice's master as f32: in place, or loaded. */
+static inline float *master_view(const mta *o, const vh_param_slice *sl, int64_t b, int64_t n) {
+    if (!is_half(sl->master_dtype)) return f32_at(sl->master, b);
+    float *v = thread_scratch(o, 0);
+    load_f32(v, (const uint16_t *)sl->master + b, sl->master_dtype, n);
+    return v;
+}
+
+/* After an update: the view back into a 16-bit master, rounded to nearest
+ * even (nothing to do for f32, updated in place). */
+static inline void master_store(const vh_param_slice *sl, int64_t b, int64_t n,
+                                const float *v) {
+    if (!is_half(sl->master_dtype)) return;
+    uint16_t *h = (uint16_t *)sl->master + b;
+    if (sl->master_dtype == VH_DTYPE_F16)
+        for (int64_t i = 0; i < n; i++) h[i] = vh_f32_to_f16(v[i]);
+    else
+        for (int64_t i = 0; i < n; i++) h[i] = vh_f32_to_bf16(v[i]);
+}
+
+static inline const float *grad_view(const mta *o, const vh_param_slice *sl, int64_t b,
+                                     int64_t n) {
+    if (!is_half(sl->grad_dtype)) return f32_at(sl->grad, b);
+    float *v = thread_scratch(o, 1);
+    load_f32(v, (const uint16_t *)sl->grad + b, sl->grad_dtype, n);
+    return v;
+}
+
+/* The kernels of algos.c are fp32: masters and gradients in f32, f16 or
+ * bf16 are read through f32 views; the state must be f32. Anything else is
+ * refused by name rather than misread. */
 static vh_status check_dtypes(mta *o, int32_t s, const vh_param_slice *sl) {
     const char *what = NULL;
     vh_dtype dtype = VH_DTYPE_F32;
-    if (sl->master_dtype != VH_DTYPE_F32) what = "master values", dtype = sl->master_dtype;
-    else if (sl->grad_dtype != VH_DTYPE_F32) what = "gradient", dtype = sl->grad_dtype;
+    if (sl->master_dtype != VH_DTYPE_F32 && !is_half(sl->master_dtype))
+        what = "master values", dtype = sl->master_dtype;
+    else if (sl->grad_dtype != VH_DTYPE_F32 && !is_half(sl->grad_dtype))
+        what = "gradient", dtype = sl->grad_dtype;
     else if (o->state_slots > 0 && sl->state_dtype != VH_DTYPE_F32)
         what = "optimizer state", dtype = sl->state_dtype;
     if (!what) return VH_STATUS_OK;
     return o->host->api->fail(o->host, VH_STATUS_ERR_UNSUPPORTED,
-                              "slice %d (unit %d, param %d) holds its %s in %s; mta updates f32 "
-                              "masters, gradients and state only (a policy with master weights "
-                              "and f32 optimizer state)",
+                              "slice %d (unit %d, param %d) holds its %s in %s; mta updates "
+                              "masters and gradients in f32, f16 or bf16 and keeps its state in "
+                              "f32 (a policy with state_dtype f32)",
                               (int)s, (int)sl->unit, (int)sl->param, what, vh_dtype_name(dtype));
 }
 
-static vh_status check_slices(mta *o, const vh_param_slices *slices) {
+/* *any_half: some slice has a 16-bit master or gradient. */
+static vh_status check_slices(mta *o, const vh_param_slices *slices, int *any_half) {
     vh_host *host = o->host;
+    *any_half = 0;
     if (!slices || slices->count < 0 || (slices->count > 0 && !slices->items))
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "step: malformed slice list");
     if (slices->count > 0 && slices->item_size < sizeof(vh_param_slice))
@@ -68,6 +138,7 @@ static vh_status check_slices(mta *o, const vh_param_slices *slices) {
         if (sl->count == 0) continue;
         vh_status st = check_dtypes(o, s, sl);
         if (st != VH_STATUS_OK) return st;
+        if (is_half(sl->master_dtype) || is_half(sl->grad_dtype)) *any_half = 1;
         const char *missing = !sl->master ? "master values" : !sl->grad ? "gradient" : NULL;
         for (int32_t k = 0; !missing && k < VH_OPTIM_MAX_STATE_SLOTS; k++)
             if (needs_state(o, k) && !sl->state[k]) missing = "optimizer state";
@@ -98,22 +169,32 @@ static vh_status all_reduce_sum(mta *o, vh_comm *comm, double *buf, size_t count
 }
 
 /* torch.nn.utils.clip_grad_norm_ with the 2-norm: the global norm over every
- * rank's slices, then grads * min(1, max_norm / (norm + 1e-6)). The norm is
- * summed in double (torch: fp32 per-tensor norms, then the norm of those). */
+ * rank's slices, then grads * min(1, max_norm / (norm + 1e-6)). When the
+ * precision plugin's overflow pass summed the squares already
+ * (vh_param_slices.has_grad_sum_sq: over every rank, fp32 sums per tensor)
+ * that sum is the norm's and no pass or collective runs here; otherwise
+ * the norm is summed in double (torch: fp32 per-tensor norms, then the
+ * norm of those). */
 static vh_status clip_scale(mta *o, const vh_param_slices *slices, float *scale) {
-    mta_worklist *w = &o->work;
-    const mta_chunk *chunks = w->chunks;
-    double *part = w->partials;
-    const int64_t nc = w->num_chunks;
-#pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
-    for (int64_t c = 0; c < nc; c++) {
-        const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
-        part[c] = mta_sum_squares(f32_at(sl->grad, chunks[c].begin), chunks[c].count);
-    }
     double sq = 0.0;
-    for (int64_t c = 0; c < nc; c++) sq += part[c];
-    vh_status st = all_reduce_sum(o, sum_comm(o, slices), &sq, 1, "the squared gradient norm");
-    if (st != VH_STATUS_OK) return st;
+    if (slices->has_grad_sum_sq) {
+        sq = slices->grad_sum_sq;
+    } else {
+        mta_worklist *w = &o->work;
+        const mta_chunk *chunks = w->chunks;
+        double *part = w->partials;
+        const int64_t nc = w->num_chunks;
+#pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
+        for (int64_t c = 0; c < nc; c++) {
+            const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
+            part[c] = mta_sum_squares(grad_view(o, sl, chunks[c].begin, chunks[c].count),
+                                      chunks[c].count);
+        }
+        for (int64_t c = 0; c < nc; c++) sq += part[c];
+        vh_status st =
+            all_reduce_sum(o, sum_comm(o, slices), &sq, 1, "the squared gradient norm");
+        if (st != VH_STATUS_OK) return st;
+    }
     const double norm = sqrt(sq);
     o->grad_norm = norm;
     vh_host *host = o->host;
@@ -160,10 +241,11 @@ static void adamw_pass(mta *o, const vh_param_slices *slices, double lr, float g
 #pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
-        const int64_t b = chunks[c].begin;
-        mta_adamw_chunk(&a, decays(sl) ? decay : 1.0f, f32_at(sl->master, b),
-                        f32_at(sl->grad, b), f32_at(sl->state[0], b), f32_at(sl->state[1], b),
-                        chunks[c].count);
+        const int64_t b = chunks[c].begin, n = chunks[c].count;
+        float *p = master_view(o, sl, b, n);
+        mta_adamw_chunk(&a, decays(sl) ? decay : 1.0f, p, grad_view(o, sl, b, n),
+                        f32_at(sl->state[0], b), f32_at(sl->state[1], b), n);
+        master_store(sl, b, n, p);
     }
 }
 
@@ -182,9 +264,11 @@ static void sgd_pass(mta *o, const vh_param_slices *slices, double lr, float gra
 #pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
-        const int64_t b = chunks[c].begin;
-        mta_sgd_chunk(&a, decays(sl) ? wd : 0.0f, f32_at(sl->master, b), f32_at(sl->grad, b),
-                      with_momentum ? f32_at(sl->state[0], b) : NULL, chunks[c].count);
+        const int64_t b = chunks[c].begin, n = chunks[c].count;
+        float *p = master_view(o, sl, b, n);
+        mta_sgd_chunk(&a, decays(sl) ? wd : 0.0f, p, grad_view(o, sl, b, n),
+                      with_momentum ? f32_at(sl->state[0], b) : NULL, n);
+        master_store(sl, b, n, p);
     }
 }
 
@@ -212,12 +296,11 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
 #pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
-        const int64_t b = chunks[c].begin;
+        const int64_t b = chunks[c].begin, n = chunks[c].count;
         part[2 * c] = part[2 * c + 1] = 0.0;
-        mta_lamb_moments_chunk(&a, decays(sl) ? wd : 0.0f, f32_at(sl->master, b),
-                               f32_at(sl->grad, b), f32_at(sl->state[0], b),
-                               f32_at(sl->state[1], b), chunks[c].count,
-                               &part[2 * c], &part[2 * c + 1]);
+        mta_lamb_moments_chunk(&a, decays(sl) ? wd : 0.0f, master_view(o, sl, b, n),
+                               grad_view(o, sl, b, n), f32_at(sl->state[0], b),
+                               f32_at(sl->state[1], b), n, &part[2 * c], &part[2 * c + 1]);
     }
     /* per tensor: slices in list order, chunks in element order */
     for (int64_t c = 0; c < nc; c++) {
@@ -233,12 +316,14 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
 #pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
-        const int64_t b = chunks[c].begin;
+        const int64_t b = chunks[c].begin, n = chunks[c].count;
         const float wd_sl = decays(sl) ? wd : 0.0f;
         const double *sums = &w->tensor_sums[2 * w->slice_tensor[chunks[c].slice]];
         const double ratio = trust_ratio(sums, always || wd_sl != 0.0f);
-        mta_lamb_apply_chunk(&a, wd_sl, (float)(lr * ratio), f32_at(sl->master, b),
-                             f32_at(sl->state[0], b), f32_at(sl->state[1], b), chunks[c].count);
+        float *p = master_view(o, sl, b, n);
+        mta_lamb_apply_chunk(&a, wd_sl, (float)(lr * ratio), p, f32_at(sl->state[0], b),
+                             f32_at(sl->state[1], b), n);
+        master_store(sl, b, n, p);
     }
     return VH_STATUS_OK;
 }
@@ -248,8 +333,16 @@ vh_status mta_step(mta *o, const vh_param_slices *slices, int64_t step, double *
     if (step < 0)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "step %lld is negative",
                                (long long)step);
-    vh_status st = check_slices(o, slices);
+    int any_half = 0;
+    vh_status st = check_slices(o, slices, &any_half);
     if (st == VH_STATUS_OK) st = mta_worklist_build(&o->work, slices);
+#ifdef _OPENMP
+    /* every thread a parallel loop below may run on */
+    if (st == VH_STATUS_OK && any_half)
+        st = mta_worklist_reserve_scratch(&o->work, omp_get_max_threads());
+#else
+    if (st == VH_STATUS_OK && any_half) st = mta_worklist_reserve_scratch(&o->work, 1);
+#endif
     if (st != VH_STATUS_OK) return st;
 
     const double lr = mta_schedule_lr(&o->schedule, step);

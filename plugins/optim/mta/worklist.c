@@ -16,6 +16,7 @@ void mta_worklist_free(mta_worklist *w) {
     host->api->free(host, w->slice_tensor);
     host->api->free(host, w->tensor_sums);
     host->api->free(host, w->unit_first);
+    host->api->free(host, w->scratch);
     mta_worklist_init(w, host);
 }
 
@@ -60,6 +61,11 @@ vh_status mta_worklist_build(mta_worklist *w, const vh_param_slices *slices) {
     }
     w->num_chunks = c;
     return VH_STATUS_OK;
+}
+
+vh_status mta_worklist_reserve_scratch(mta_worklist *w, int threads) {
+    size_t need = (size_t)(threads > 0 ? threads : 1) * 2 * (size_t)MTA_CHUNK_ELEMS;
+    return reserve(w->host, (void **)&w->scratch, &w->scratch_cap, need, sizeof *w->scratch);
 }
 
 /* Largest unit index + 1 of the local slices, and then per unit the largest

@@ -43,6 +43,10 @@ typedef struct mta_worklist {
     int64_t *unit_first;
     size_t unit_first_cap;
     int64_t num_units;
+    /* f32 scratch for slices whose master or gradient is 16-bit: two
+     * chunks (master, gradient) per thread, MTA_CHUNK_ELEMS floats each */
+    float *scratch;
+    size_t scratch_cap;
     /* the slice list the numbering was agreed for, when world_size > 1 */
     const void *agreed_items;
     int32_t agreed_count;
@@ -54,6 +58,9 @@ void mta_worklist_free(mta_worklist *w);
 
 /* Cuts the slices into chunks (and sizes `partials`). */
 vh_status mta_worklist_build(mta_worklist *w, const vh_param_slices *slices);
+
+/* Makes `scratch` hold two chunks for each of `threads` threads. */
+vh_status mta_worklist_reserve_scratch(mta_worklist *w, int threads);
 
 /* Numbers the tensors and fills slice_tensor; zeroes tensor_sums. With more
  * than one rank the numbering is agreed once per slice list (two small MAX

@@ -8,6 +8,7 @@
 #include "vh_data_pass.h"
 #include "vh_device.h"
 #include "vh_host.h"
+#include "vh_loss_scaler.h"
 #include "vh_model.h"
 #include "vh_optim.h"
 #include "vh_params.h"

@@ -362,7 +362,7 @@ static double ref_gelu(double x);
 /* The epilogue: T = alpha A B + bias, C = gelu(T) + residual + beta C, aux = T;
  * batched, transposed, residual aliasing C, and a 1.0-sized struct. */
 static void run_epilogue_case(int ta, int tb, int64_t batch, int gelu, int with_aux,
-                              int with_res, int res_is_c, float beta) {
+                              int with_res, int res_is_c, float beta, float alpha) {
     const int64_t m = 9, n = 13, k = 11, pad = 2;
     const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
     const int64_t sa = (ta ? k : m) * lda, sb = (tb ? n : k) * ldb, sc = m * ldc + 3;
@@ -379,7 +379,7 @@ static void run_epilogue_case(int ta, int tb, int64_t batch, int gelu, int with_
                 double t = 0;
                 for (int64_t l = 0; l < k; l++)
                     t += mat_at(a + q * sa, ta, lda, i, l) * mat_at(b + q * sb, tb, ldb, l, j);
-                t = 0.75 * t + bias[j];
+                t = (double)alpha * t + bias[j];
                 const int64_t ci = q * sc + i * ldc + j;
                 double v = gelu ? ref_gelu(t) : t;
                 if (with_res) v += res[ci];
@@ -388,7 +388,7 @@ static void run_epilogue_case(int ta, int tb, int64_t batch, int gelu, int with_
                 if (gelu && with_aux) want_aux[ci] = t;
             }
     vh_gemm_args g = {.struct_size = sizeof g, .trans_a = ta, .trans_b = tb, .m = m, .n = n,
-                      .k = k, .alpha = 0.75f, .beta = beta, .a = a, .lda = lda,
+                      .k = k, .alpha = alpha, .beta = beta, .a = a, .lda = lda,
                       .stride_a = sa, .b = b, .ldb = ldb, .stride_b = sb, .c = c, .ldc = ldc,
                       .stride_c = sc, .batch = batch, .bias = bias,
                       .epilogue = gelu ? VH_EPILOGUE_GELU : VH_EPILOGUE_NONE,
@@ -396,8 +396,10 @@ static void run_epilogue_case(int ta, int tb, int64_t batch, int gelu, int with_
                       .residual = with_res ? (res_is_c ? c : res) : NULL};
     assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
     char what[96];
-    snprintf(what, sizeof what, "gemm epilogue ta=%d tb=%d batch=%lld gelu=%d aux=%d res=%d%s",
-             ta, tb, (long long)batch, gelu, with_aux, with_res, res_is_c ? " (aliases C)" : "");
+    snprintf(what, sizeof what,
+             "gemm epilogue ta=%d tb=%d batch=%lld gelu=%d aux=%d res=%d%s alpha=%g", ta, tb,
+             (long long)batch, gelu, with_aux, with_res, res_is_c ? " (aliases C)" : "",
+             (double)alpha);
     expect_close(what, c, want, sc * bc, TOL_GEMM_ABS, TOL_GEMM_REL);
     expect_close(what, aux, want_aux, sc * bc, TOL_GEMM_ABS, TOL_GEMM_REL);
     free(a), free(b), free(c), free(bias), free(aux), free(res), free(want), free(want_aux);
@@ -408,14 +410,25 @@ static void test_gemm_epilogue(void **state) {
     rng_state = 17;
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
-            run_epilogue_case(ta, tb, 1, 1, 1, 0, 0, 0.0f);
-            run_epilogue_case(ta, tb, 3, 1, 0, 1, 0, 0.5f);
+            run_epilogue_case(ta, tb, 1, 1, 1, 0, 0, 0.0f, 0.75f);
+            run_epilogue_case(ta, tb, 3, 1, 0, 1, 0, 0.5f, 0.75f);
         }
-    run_epilogue_case(0, 1, 1, 1, 1, 1, 0, 0.0f);
-    run_epilogue_case(0, 1, 2, 0, 0, 1, 0, 0.0f); /* residual alone */
-    run_epilogue_case(0, 1, 1, 0, 0, 1, 1, 0.0f); /* x = x + proj(...): residual is C */
-    run_epilogue_case(1, 0, 1, 0, 0, 1, 0, 1.0f); /* dW += ... with a residual */
-    run_epilogue_case(0, 0, 2, 1, 1, 1, 1, 0.0f);
+    run_epilogue_case(0, 1, 1, 1, 1, 1, 0, 0.0f, 0.75f);
+    run_epilogue_case(0, 1, 2, 0, 0, 1, 0, 0.0f, 0.75f); /* residual alone */
+    run_epilogue_case(0, 1, 1, 0, 0, 1, 1, 0.0f, 0.75f); /* x = x + proj(...): residual is C */
+    run_epilogue_case(1, 0, 1, 0, 0, 1, 0, 1.0f, 0.75f); /* dW += ... with a residual */
+    run_epilogue_case(0, 0, 2, 1, 1, 1, 1, 0.0f, 0.75f);
+    /* alpha 1 with a bias: the fused route (one oneDNN matmul with its
+     * post-ops); unbatched with beta 0, the residual is a post-op's operand
+     * (no copy into C), else it is copied into C first. */
+    for (int gelu = 0; gelu < 2; gelu++) {
+        run_epilogue_case(0, 1, 1, gelu, 0, 1, 0, 0.0f, 1.0f);
+        run_epilogue_case(1, 0, 1, gelu, 0, 1, 0, 0.0f, 1.0f);
+        run_epilogue_case(0, 1, 2, gelu, 0, 1, 0, 0.0f, 1.0f);
+        run_epilogue_case(0, 1, 1, gelu, 0, 1, 0, 0.5f, 1.0f);
+        run_epilogue_case(0, 1, 1, gelu, 0, 1, 1, 0.0f, 1.0f);
+        run_epilogue_case(0, 1, 1, gelu, 0, 0, 0, 0.0f, 1.0f);
+    }
 
     /* A caller built against 1.0 (the struct ended at bias): f32, no epilogue. */
     float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1}, c[4] = {9, 9, 9, 9};
@@ -1002,10 +1015,10 @@ static double attn_loss(void *ctx) {
     return dot_fd(c->a.out, c->r, c->out_n);
 }
 
-static void test_attention(void **state) {
-    (void)state;
-    rng_state = 12;
-    const int64_t B = 3, N = 17, H = 3, Dh = 16, D = H * Dh;
+/* One shape: both layouts against the reference, against each other, and
+ * finite differences; with `args`, the argument checks too. */
+static void run_attention_case(int64_t B, int64_t N, int64_t H, int64_t Dh, int args) {
+    const int64_t D = H * Dh;
     const int64_t nq = B * N * 3 * D, no = B * N * D, np = B * H * N * N;
     attn_case bf = {.a = attn_args(B, N, H, Dh, 0), .out_n = no};
     attn_case bs = {.a = attn_args(B, N, H, Dh, 1), .out_n = no};
@@ -1077,28 +1090,43 @@ static void test_attention(void **state) {
     check_fd("attention dqkv (batch-first)", attn_loss, &bf, qkv_f, bf.a.dqkv, nq, 24);
     check_fd("attention dqkv (batch-second)", attn_loss, &bs, qkv_s, bs.a.dqkv, nq, 24);
 
-    vh_attention_args bad = bf.a;
-    bad.struct_size = 4;
-    assert_int_equal(ops->attention_forward(ops->device, &bad), VH_STATUS_ERR_INVALID_ARG);
-    bad = bf.a;
-    bad.probs = NULL;
-    assert_int_equal(ops->attention_forward(ops->device, &bad), VH_STATUS_ERR_INVALID_ARG);
-    bad = bf.a;
-    bad.dqkv = NULL;
-    assert_int_equal(ops->attention_backward(ops->device, &bad), VH_STATUS_ERR_INVALID_ARG);
-    bad = bf.a;
-    bad.qkv_token_stride = D; /* rows would overlap */
-    assert_int_equal(ops->attention_forward(ops->device, &bad), VH_STATUS_ERR_INVALID_ARG);
-    bad = bf.a;
-    bad.heads = -1;
-    assert_int_equal(ops->attention_forward(ops->device, &bad), VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(ops->attention_backward(ops->device, NULL), VH_STATUS_ERR_INVALID_ARG);
+    if (args) {
+        vh_attention_args bad = bf.a;
+        bad.struct_size = 4;
+        assert_int_equal(ops->attention_forward(ops->device, &bad), VH_STATUS_ERR_INVALID_ARG);
+        bad = bf.a;
+        bad.probs = NULL;
+        assert_int_equal(ops->attention_forward(ops->device, &bad), VH_STATUS_ERR_INVALID_ARG);
+        bad = bf.a;
+        bad.dqkv = NULL;
+        assert_int_equal(ops->attention_backward(ops->device, &bad), VH_STATUS_ERR_INVALID_ARG);
+        bad = bf.a;
+        bad.qkv_token_stride = D; /* rows would overlap */
+        assert_int_equal(ops->attention_forward(ops->device, &bad), VH_STATUS_ERR_INVALID_ARG);
+        bad = bf.a;
+        bad.heads = -1;
+        assert_int_equal(ops->attention_forward(ops->device, &bad), VH_STATUS_ERR_INVALID_ARG);
+        assert_int_equal(ops->attention_backward(ops->device, NULL), VH_STATUS_ERR_INVALID_ARG);
+    }
     for (int l = 0; l < 2; l++) {
         free(cases[l]->a.out);
         free(cases[l]->a.probs);
         free(cases[l]->a.dqkv);
     }
     free(qkv_f), free(qkv_s), free(dout_f), free(dout_s), free(want);
+}
+
+/* Shapes that take each route of the CPU engine: small heads (head_dim a
+ * multiple of 8, at most 16) run fused per (sample, head) block, token
+ * counts that are not multiples of 8 padding the score rows; larger or odd
+ * heads run as batched oneDNN matmuls. */
+static void test_attention(void **state) {
+    (void)state;
+    rng_state = 12;
+    run_attention_case(3, 17, 3, 16, 1); /* fused, rows 17: tiles of 4 and a tail */
+    run_attention_case(2, 9, 2, 8, 0);   /* fused, one column tile */
+    run_attention_case(2, 13, 2, 24, 0); /* batched matmuls */
+    run_attention_case(2, 6, 1, 5, 0);   /* batched matmuls, odd head_dim */
 }
 
 /* ---- cross-entropy ---------------------------------------------------------- */

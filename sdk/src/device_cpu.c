@@ -49,11 +49,26 @@ static vh_status cpu_copy(vh_device *dev, void *dst, const void *src, size_t byt
     return VH_STATUS_OK;
 }
 
+/* Large zeroings (a model's gradient buffers before an accumulating op, the
+ * sharding plugin's grads every step) are split over the threads: one core
+ * does not reach the memory bandwidth of two (Zen 3, 12.8 MB: 0.97 -> 0.51
+ * ms). */
+#define ZERO_PIECE ((size_t)1 << 18)
+
 static vh_status cpu_memset_zero(vh_device *dev, void *ptr, size_t bytes, vh_stream *stream) {
     (void)dev;
     (void)stream;
     if (bytes && !ptr) return VH_STATUS_ERR_INVALID_ARG;
-    if (bytes) memset(ptr, 0, bytes);
+    if (bytes <= 2 * ZERO_PIECE) {
+        if (bytes) memset(ptr, 0, bytes);
+        return VH_STATUS_OK;
+    }
+    const int64_t pieces = (int64_t)((bytes + ZERO_PIECE - 1) / ZERO_PIECE);
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < pieces; p++) {
+        const size_t lo = (size_t)p * ZERO_PIECE;
+        memset((char *)ptr + lo, 0, bytes - lo < ZERO_PIECE ? bytes - lo : ZERO_PIECE);
+    }
     return VH_STATUS_OK;
 }
 

@@ -71,14 +71,14 @@ float vh_f16_to_f32(uint16_t h) {
 
 #include "cpu/cpu_ops.h"
 
-static inline uint16_t bf16_of(float x) {
+__attribute__((always_inline)) static inline uint16_t bf16_of(float x) {
     uint32_t u = f32_bits(x);
     const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
     const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     return (uint16_t)(nan ? ((u >> 16) | 0x40u) : rounded);
 }
 
-static inline uint16_t f16_of(float x) {
+__attribute__((always_inline)) static inline uint16_t f16_of(float x) {
     const uint32_t u = f32_bits(x);
     const uint32_t sign = (u >> 16) & 0x8000u;
     const uint32_t abs = u & 0x7fffffffu;
@@ -91,7 +91,7 @@ static inline uint16_t f16_of(float x) {
     return (uint16_t)(sign | h);
 }
 
-static inline float f32_of_f16(uint16_t hv) {
+__attribute__((always_inline)) static inline float f32_of_f16(uint16_t hv) {
     const uint32_t h = hv;
     const uint32_t sign = (h & 0x8000u) << 16;
     const uint32_t em = h & 0x7fffu;
@@ -102,7 +102,10 @@ static inline float f32_of_f16(uint16_t hv) {
     return bits_f32(sign | mag);
 }
 
-void vh_cpu_to_f32_serial(float *dst, const void *src, vh_dtype src_dtype, int64_t n) {
+/* Cloned per ISA (VH_CPU_CLONES; integer and select code, no contraction: the
+ * same bits on every clone, test_casts checks them against the scalars). */
+VH_CPU_CLONES static void to_f32_span(float *dst, const void *src, vh_dtype src_dtype,
+                                      int64_t n) {
     if (src_dtype == VH_DTYPE_BF16) {
         const uint16_t *s = src;
 #pragma omp simd
@@ -116,7 +119,8 @@ void vh_cpu_to_f32_serial(float *dst, const void *src, vh_dtype src_dtype, int64
     }
 }
 
-void vh_cpu_from_f32_serial(void *dst, vh_dtype dst_dtype, const float *src, int64_t n) {
+VH_CPU_CLONES static void from_f32_span(void *dst, vh_dtype dst_dtype, const float *src,
+                                        int64_t n) {
     if (dst_dtype == VH_DTYPE_BF16) {
         uint16_t *d = dst;
 #pragma omp simd
@@ -128,6 +132,14 @@ void vh_cpu_from_f32_serial(void *dst, vh_dtype dst_dtype, const float *src, int
     } else if ((void *)dst != (const void *)src) {
         memmove(dst, src, (size_t)n * sizeof(float));
     }
+}
+
+void vh_cpu_to_f32_serial(float *dst, const void *src, vh_dtype src_dtype, int64_t n) {
+    to_f32_span(dst, src, src_dtype, n);
+}
+
+void vh_cpu_from_f32_serial(void *dst, vh_dtype dst_dtype, const float *src, int64_t n) {
+    from_f32_span(dst, dst_dtype, src, n);
 }
 
 /* Threaded in fixed pieces above CONVERT_PAR (a parallel region costs about

@@ -32,6 +32,47 @@
  * fork/join costs more than the loop. */
 #define VH_CPU_PAR_ELEMS ((int64_t)1 << 15)
 
+/* Elements per piece of a threaded element-wise loop: each thread gets whole
+ * pieces, a multiple of every vector width (so only the last piece has a
+ * tail). */
+#define VH_CPU_PIECE ((int64_t)1 << 13)
+
+/* The hot loops (GELU, softmax, layer norm, bias gradient, conversions,
+ * attention's small GEMMs) are compiled three times and the best one for the
+ * running CPU is picked when the library loads (GCC function
+ * multiversioning, an ifunc): AVX-512 (x86-64-v4: Zen 4/5, Xeon), AVX2 + FMA
+ * (x86-64-v3: Zen 1-3, Haswell on), and the x86-64 baseline (SSE2) the rest
+ * of the SDK is built for. Measured on Zen 3, one thread, T2's shapes,
+ * the AVX2 + FMA clone against the baseline one: GELU forward (fc1's
+ * epilogue) and backward about 3x (backward 15 -> 4.6 ms), layer norm and
+ * the attention softmax about 1.4x.
+ * Numbers: one clone runs for every call on a machine, so forward and
+ * backward recompute the same values; between machines (clones) the last
+ * bits of the math loops differ: wider vectors sum a row in another order,
+ * and activations.c, attention.c and layernorm.c contract a * b + c into FMA
+ * where the clone has it (sdk/CMakeLists.txt), as oneDNN's GEMMs differ per
+ * ISA. Conversions (half.c) are integer and select code: the same bits on
+ * every clone (test_casts).
+ * Use it on functions that hold whole loops (a clone is a call, never
+ * inlined; what they call must be always_inline to be built for the clone)
+ * and open no `omp parallel` of their own (they run inside those).
+ * -DVH_CPU_NO_CLONES builds the baseline loops alone (to test that path). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(VH_CPU_NO_CLONES)
+#define VH_CPU_CLONES \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+/* Does this CPU run the AVX2 (or AVX-512) clones (the test the clones'
+ * resolvers make)? Kernels written with 8-float vectors are only worth
+ * calling then: on SSE2 GCC splits them badly. */
+static inline int vh_cpu_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("x86-64-v3") != 0;
+}
+#else
+#define VH_CPU_CLONES
+static inline int vh_cpu_has_avx2(void) { return 0; }
+#endif
+
 /* ---- scratch arena ---------------------------------------------------------
  * One per thread, for the temporaries of one op call (fp32 copies of bf16
  * tensors, per-chunk partial sums, oneDNN's scratchpad). vh_cpu_scratch_alloc
@@ -95,7 +136,7 @@ static inline float vh_rng_uniform_f32(uint64_t bits) {
  * polynomial, 2^n built in the exponent bits. Within 2 ulp of e^x (test_ops
  * checks it); NaN stays NaN, +inf and overflow give +inf, results below
  * e^-86.5 (2.6e-38, near FLT_MIN) flush to 0. */
-static inline float vh_expf(float x) {
+__attribute__((always_inline)) static inline float vh_expf(float x) {
     const float lo = -86.5f, hi = 88.7f;
     const float xc = x < lo ? lo : (x > hi ? hi : x);
     const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to integer */
@@ -119,8 +160,9 @@ static inline float vh_expf(float x) {
     return x != x ? x : y;
 }
 
-/* Softmax of one row in place; NaN in, NaN out. */
-static inline void vh_softmax_row(float *row, int64_t n) {
+/* Softmax of one row in place; NaN in, NaN out. Always inlined, so that it
+ * is compiled for the clone that calls it (VH_CPU_CLONES). */
+__attribute__((always_inline)) static inline void vh_softmax_row(float *row, int64_t n) {
     float mx = row[0];
 #pragma omp simd reduction(max : mx)
     for (int64_t j = 0; j < n; j++) mx = row[j] > mx ? row[j] : mx;
@@ -173,6 +215,10 @@ VH_CPU_HIDDEN void vh_cpu_k_layernorm_backward(float *dx, float *dweight, float 
                                                const float *weight, const float *mean,
                                                const float *rstd, int64_t rows, int64_t dim);
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n);
+/* The same on the caller's thread (for rows inside a parallel loop). */
+VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_serial(float *out, const float *x, int64_t n);
+/* Softmax of `rows` rows of `cols` in place, on the caller's thread. */
+VH_CPU_HIDDEN void vh_cpu_softmax_rows(float *p, int64_t rows, int64_t cols);
 VH_CPU_HIDDEN void vh_cpu_k_gelu_backward(float *dx, const float *x, const float *dout,
                                           int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_add(float *out, const float *a, const float *b, int64_t n);

@@ -32,7 +32,7 @@
 #define CACHE_SIZE 256
 #define MAX_DIMS (VH_DNNL_MAX_BATCH_DIMS + 2)
 
-enum { MEM_A, MEM_B, MEM_BIAS, MEM_C, MEM_SCRATCH, MEM_COUNT };
+enum { MEM_A, MEM_B, MEM_BIAS, MEM_C, MEM_RESIDUAL, MEM_SCRATCH, MEM_COUNT };
 
 typedef struct entry {
     vh_dnnl_matmul key;
@@ -166,6 +166,11 @@ static int create(entry *e) {
         ok = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_erf, 0.0f, 0.0f) ==
              dnnl_success;
     }
+    /* The residual is read in the epilogue of each block of C while it is in
+     * cache (gemm:jit's post-processing), where a copy into C before the
+     * matmul (and the sum post-op) costs two more passes over memory. */
+    if (ok && mm->residual)
+        ok = dnnl_post_ops_append_binary(po, dnnl_binary_add, &c) == dnnl_success;
     if (ok && mm->sum != 0.0f) ok = dnnl_post_ops_append_sum(po, mm->sum) == dnnl_success;
     if (ok) ok = dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
     if (ok) ok = dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL) == dnnl_success;
@@ -186,6 +191,9 @@ static int create(entry *e) {
              dnnl_memory_create(&e->mem[MEM_C], &c, g_engine, DNNL_MEMORY_NONE) == dnnl_success;
         if (ok && mm->has_bias)
             ok = dnnl_memory_create(&e->mem[MEM_BIAS], &bias, g_engine, DNNL_MEMORY_NONE) ==
+                 dnnl_success;
+        if (ok && mm->residual)
+            ok = dnnl_memory_create(&e->mem[MEM_RESIDUAL], &c, g_engine, DNNL_MEMORY_NONE) ==
                  dnnl_success;
         if (ok && e->scratch_bytes)
             ok = dnnl_memory_create(&e->mem[MEM_SCRATCH], sp, g_engine, DNNL_MEMORY_NONE) ==
@@ -224,6 +232,12 @@ static entry *lookup(thread_cache *tc, const vh_dnnl_matmul *mm) {
 
 vh_status vh_dnnl_matmul_run(const vh_dnnl_matmul *mm, const void *a, const void *b,
                              const float *bias, void *c) {
+    return vh_dnnl_matmul_run_residual(mm, a, b, bias, NULL, c);
+}
+
+vh_status vh_dnnl_matmul_run_residual(const vh_dnnl_matmul *mm, const void *a, const void *b,
+                                      const float *bias, const float *residual, void *c) {
+    if (mm->residual && !residual) return VH_STATUS_ERR_INVALID_ARG;
     thread_cache *tc = this_cache();
     if (!tc) return VH_STATUS_ERR_UNSUPPORTED;
     entry *e = lookup(tc, mm);
@@ -249,6 +263,13 @@ vh_status vh_dnnl_matmul_run(const vh_dnnl_matmul *mm, const void *a, const void
     if (mm->has_bias) {
         dnnl_memory_set_data_handle(e->mem[MEM_BIAS], (void *)(uintptr_t)bias);
         args[n++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, e->mem[MEM_BIAS]};
+    }
+    if (mm->residual) {
+        /* the binary post-op's operand: its index in the chain (after gelu) */
+        dnnl_memory_set_data_handle(e->mem[MEM_RESIDUAL], (void *)(uintptr_t)residual);
+        args[n++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(mm->gelu ? 1 : 0) |
+                                          DNNL_ARG_SRC_1,
+                                      e->mem[MEM_RESIDUAL]};
     }
     if (scratch) {
         dnnl_memory_set_data_handle(e->mem[MEM_SCRATCH], scratch);

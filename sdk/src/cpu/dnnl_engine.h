@@ -7,7 +7,8 @@
  * One operation: a (batched) matmul with fused post-ops,
  *   T = alpha * A @ B + bias            (bias only with alpha == 1: oneDNN 2.x
  *                                         scales after it)
- *   C = gelu?(T) + sum * C
+ *   C = gelu?(T) + residual? + sum * C  (residual: an f32 tensor with C's
+ *                                         shape and strides)
  * where A is (batch..., m, k), B (batch..., k, n), C (batch..., m, n), each
  * given by element strides, so transposes, leading
  * dimensions, broadcast batch members (stride 0) and the per-(sample, head)
@@ -43,7 +44,7 @@ typedef struct vh_dnnl_matmul {
     int32_t has_bias;    /* f32, n values, every row */
     int32_t gelu;        /* erf GELU on T */
     float sum;           /* != 0: C_old * sum is added (beta, +1 for a residual in C) */
-    int32_t reserved;    /* zero: keeps the struct free of padding */
+    int32_t residual;    /* a residual tensor is added (binary post-op), after gelu */
 } vh_dnnl_matmul;
 
 _Static_assert(sizeof(vh_dnnl_matmul) == 17 * 8 + 8 * 4, "vh_dnnl_matmul has no padding");
@@ -55,6 +56,10 @@ VH_CPU_HIDDEN void vh_dnnl_matmul_init(vh_dnnl_matmul *mm);
  * takes a simpler route (plain f32, post-ops done by hand). */
 VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run(const vh_dnnl_matmul *mm, const void *a,
                                            const void *b, const float *bias, void *c);
+/* The same with the residual tensor of mm->residual. */
+VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run_residual(const vh_dnnl_matmul *mm, const void *a,
+                                                    const void *b, const float *bias,
+                                                    const float *residual, void *c);
 
 /* Does this CPU multiply bf16 natively (avx512_bf16 or AMX)? oneDNN
  * decides the ISA at run time and honours ONEDNN_MAX_CPU_ISA. */

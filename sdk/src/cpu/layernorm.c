@@ -14,11 +14,14 @@
 /* Rows per chunk of the parameter-gradient sums. */
 #define LN_CHUNK_ROWS 64
 
-void vh_cpu_k_layernorm_forward(float *out, float *mean, float *rstd, const float *x,
-                                const float *weight, const float *bias, int64_t rows,
-                                int64_t dim, float eps) {
-#pragma omp parallel for schedule(static) if (rows * dim > VH_CPU_PAR_ELEMS)
-    for (int64_t r = 0; r < rows; r++) {
+/* Rows per task of the forward pass. */
+#define LN_ROW_BLOCK 16
+
+/* Rows [r0, r1) of the forward pass. */
+VH_CPU_CLONES static void layernorm_rows(float *out, float *mean, float *rstd, const float *x,
+                                         const float *weight, const float *bias, int64_t r0,
+                                         int64_t r1, int64_t dim, float eps) {
+    for (int64_t r = r0; r < r1; r++) {
         const float *xr = x + r * dim;
         float *yr = out + r * dim;
         /* Sum x - x[0]: exact for a row far from 0 (x = 1000 + small), where
@@ -42,6 +45,50 @@ void vh_cpu_k_layernorm_forward(float *out, float *mean, float *rstd, const floa
     }
 }
 
+void vh_cpu_k_layernorm_forward(float *out, float *mean, float *rstd, const float *x,
+                                const float *weight, const float *bias, int64_t rows,
+                                int64_t dim, float eps) {
+    const int64_t blocks = (rows + LN_ROW_BLOCK - 1) / LN_ROW_BLOCK;
+#pragma omp parallel for schedule(static) if (rows * dim > VH_CPU_PAR_ELEMS)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t r0 = b * LN_ROW_BLOCK;
+        layernorm_rows(out, mean, rstd, x, weight, bias, r0,
+                       r0 + LN_ROW_BLOCK < rows ? r0 + LN_ROW_BLOCK : rows, dim, eps);
+    }
+}
+
+/* One chunk of rows [r0, r1) of the backward pass: dx of its rows, and its
+ * partial dweight (pw) and dbias (pb), overwritten. */
+VH_CPU_CLONES static void layernorm_backward_rows(float *dx, float *pw, float *pb,
+                                                  const float *dout, const float *x,
+                                                  const float *weight, const float *mean,
+                                                  const float *rstd, int64_t r0, int64_t r1,
+                                                  int64_t dim) {
+    memset(pw, 0, (size_t)dim * sizeof(float));
+    memset(pb, 0, (size_t)dim * sizeof(float));
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = x + r * dim, *gr = dout + r * dim;
+        const float m = mean[r], s = rstd[r];
+        float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+        for (int64_t j = 0; j < dim; j++) {
+            const float xhat = (xr[j] - m) * s;
+            const float g = gr[j] * weight[j];
+            sum_g += g;
+            sum_gx += g * xhat;
+            pw[j] += gr[j] * xhat;
+            pb[j] += gr[j];
+        }
+        const float mg = sum_g / (float)dim, mgx = sum_gx / (float)dim;
+        float *dr = dx + r * dim;
+#pragma omp simd
+        for (int64_t j = 0; j < dim; j++) {
+            const float xhat = (xr[j] - m) * s;
+            dr[j] += s * (gr[j] * weight[j] - mg - xhat * mgx);
+        }
+    }
+}
+
 void vh_cpu_k_layernorm_backward(float *dx, float *dweight, float *dbias, const float *dout,
                                  const float *x, const float *weight, const float *mean,
                                  const float *rstd, int64_t rows, int64_t dim) {
@@ -53,30 +100,10 @@ void vh_cpu_k_layernorm_backward(float *dx, float *dweight, float *dbias, const 
     /* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight. */
 #pragma omp parallel for schedule(static) if (rows * dim > VH_CPU_PAR_ELEMS)
     for (int64_t c = 0; c < chunks; c++) {
-        float *pw = part + c * 2 * dim, *pb = pw + dim;
-        memset(pw, 0, 2 * (size_t)dim * sizeof(float));
+        float *pw = part + c * 2 * dim;
         const int64_t r1 = (c + 1) * LN_CHUNK_ROWS < rows ? (c + 1) * LN_CHUNK_ROWS : rows;
-        for (int64_t r = c * LN_CHUNK_ROWS; r < r1; r++) {
-            const float *xr = x + r * dim, *gr = dout + r * dim;
-            const float m = mean[r], s = rstd[r];
-            float sum_g = 0.0f, sum_gx = 0.0f;
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-            for (int64_t j = 0; j < dim; j++) {
-                const float xhat = (xr[j] - m) * s;
-                const float g = gr[j] * weight[j];
-                sum_g += g;
-                sum_gx += g * xhat;
-                pw[j] += gr[j] * xhat;
-                pb[j] += gr[j];
-            }
-            const float mg = sum_g / (float)dim, mgx = sum_gx / (float)dim;
-            float *dr = dx + r * dim;
-#pragma omp simd
-            for (int64_t j = 0; j < dim; j++) {
-                const float xhat = (xr[j] - m) * s;
-                dr[j] += s * (gr[j] * weight[j] - mg - xhat * mgx);
-            }
-        }
+        layernorm_backward_rows(dx, pw, pw + dim, dout, x, weight, mean, rstd,
+                                c * LN_CHUNK_ROWS, r1, dim);
     }
     /* Chunks in order: the same sums whatever the number of threads. */
     for (int64_t c = 1; c < chunks; c++) {

@@ -1,7 +1,8 @@
 /* test_cuda.c - the CUDA device library, on a machine that has a GPU.
  *
  * Where the build has no CUDA library, or the machine no GPU or driver, it
- * prints one SKIPPED line and passes: CI machines have no GPU. */
+ * prints one SKIPPED line and exits with VH_TEST_SKIP (77), which ctest
+ * reports as skipped (SKIP_RETURN_CODE): CI machines have no GPU. */
 #define _POSIX_C_SOURCE 200809L
 #include <dlfcn.h>
 #include <setjmp.h>
@@ -38,17 +39,20 @@ static void test_copy_and_convert(void **state) {
     ops.free(ops.device, d16);
 }
 
+/* ctest's SKIP_RETURN_CODE for this test (tests/CMakeLists.txt). */
+#define VH_TEST_SKIP 77
+
 int main(void) {
     char path[4200];
     snprintf(path, sizeof path, "%s/lib/libvh_cuda.so", VH_TEST_BUILD_DIR);
     if (access(path, F_OK) != 0) {
         printf("SKIPPED: test_cuda: this build has no CUDA device library (toolkit not found)\n");
-        return 0;
+        return VH_TEST_SKIP;
     }
     lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         printf("SKIPPED: test_cuda: cannot load %s: %s\n", path, dlerror());
-        return 0;
+        return VH_TEST_SKIP;
     }
     vh_cuda_device_open_fn open_fn;
     *(void **)&open_fn = dlsym(lib, VH_CUDA_OPEN_SYMBOL);
@@ -62,7 +66,7 @@ int main(void) {
     if (open_fn(&oa, &ops, sizeof ops, err, sizeof err) != VH_STATUS_OK) {
         printf("SKIPPED: test_cuda: no usable GPU here (%s)\n", err);
         dlclose(lib);
-        return 0;
+        return VH_TEST_SKIP;
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_copy_and_convert),

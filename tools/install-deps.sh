@@ -9,6 +9,7 @@ packages=(
   libcmocka-dev                      # tests
   libdnnl-dev                        # CPU GEMMs (oneDNN 2.x); its OpenMP build shares one thread pool with ours
   zlib1g-dev libjpeg-dev libpng-dev  # data: gzipped IDX, JPEG and PNG image folders
+  openmpi-bin libopenmpi-dev         # run.comm: mpi (libvh_comm_mpi) and the many-process tests
   dataset-fashion-mnist              # the main job's data
 )
 

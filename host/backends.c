@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <libgen.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -42,6 +43,35 @@ static void *open_backend_lib(const char *file, int *found, char *why, size_t wh
     return NULL;
 }
 
+/* ---- what the launcher says ------------------------------------------------ */
+
+/* The first of these variables that holds a number >= 0; -1 when none. */
+static long env_number(const char *const *names) {
+    for (int i = 0; names[i]; i++) {
+        const char *v = getenv(names[i]);
+        if (!v || !*v) continue;
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (*end == '\0' && n >= 0) return n;
+    }
+    return -1;
+}
+
+/* OpenMPI, MPICH/Hydra (PMI), Slurm's srun, and torchrun-style launchers. */
+int32_t run_launcher_world_size(void) {
+    static const char *const names[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE",
+                                        "SLURM_NTASKS", "WORLD_SIZE", NULL};
+    long n = env_number(names);
+    return n >= 1 && n < 1000000 ? (int32_t)n : 1;
+}
+
+int32_t run_launcher_local_rank(void) {
+    static const char *const names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                        "SLURM_LOCALID", "LOCAL_RANK", NULL};
+    long n = env_number(names);
+    return n >= 0 && n < 1000000 ? (int32_t)n : 0;
+}
+
 vh_status run_open_device(vh_run *run, vh_diag *d) {
     const char *device = run_config_string(run, "device");
     if (strcmp(device, "cpu") == 0) {
@@ -65,8 +95,10 @@ vh_status run_open_device(vh_run *run, vh_diag *d) {
         return diag_set(d, VH_STATUS_ERR_DEVICE, "libvh_cuda.so lacks %s: rebuild vithost",
                         VH_CUDA_OPEN_SYMBOL);
     /* The GPU of this rank: its place among the ranks of its machine. */
+    /* The device opens before the communicator (NCCL needs it), so the
+     * launcher's environment says which GPU is this rank's. */
     vh_cuda_open_args args = {.struct_size = sizeof args, .abi_major = VH_ABI_MAJOR,
-                              .abi_minor = VH_ABI_MINOR, .ordinal = run->comm.local_rank};
+                              .abi_minor = VH_ABI_MINOR, .ordinal = run_launcher_local_rank()};
     vh_status st = open_fn(&args, &run->cuda_ops, sizeof run->cuda_ops, why, sizeof why);
     if (st != VH_STATUS_OK)
         return diag_set(d, st, "run.device is cuda: %s (use `--set run.device=cpu`)", why);
@@ -84,6 +116,17 @@ static void upper(char *out, size_t len, const char *name) {
 
 vh_status run_open_comm(vh_run *run, vh_diag *d) {
     const char *name = run_config_string(run, "comm");
+    int32_t launched = run_launcher_world_size();
+    /* auto: the launcher decides. Without this, `mpirun -np 4 vithost run`
+     * with a self communicator would train four unrelated copies into one
+     * run folder. */
+    if (strcmp(name, "auto") == 0) name = launched > 1 ? "mpi" : "self";
+    else if (strcmp(name, "self") == 0 && launched > 1)
+        return diag_set(d, VH_STATUS_ERR_CONFIG,
+                        "%s: run.comm is self, but this process is one of %d started by a "
+                        "launcher (mpirun or srun); use run.comm: mpi (or auto), or start one "
+                        "process",
+                        run->recipe.file, (int)launched);
     /* self: run_open already installed the one-process communicator (and a
      * test may have put its own in its place). */
     if (strcmp(name, "self") == 0) return VH_STATUS_OK;
@@ -94,9 +137,11 @@ vh_status run_open_comm(vh_run *run, vh_diag *d) {
     run->comm_lib = open_backend_lib(file, &found, why, sizeof why);
     if (!run->comm_lib && !found)
         return diag_set(d, VH_STATUS_ERR_COMM,
-                        "run.comm is %s, but this vithost has no %s backend (%s not found); "
-                        "use run.comm: self",
-                        name, label, file);
+                        "run.comm is %s%s, but this vithost has no %s backend (%s not found); "
+                        "use run.comm: self and one process, or rebuild with %s",
+                        name, launched > 1 ? " (started by a launcher)" : "", label, file,
+                        strcmp(name, "mpi") == 0 ? "OpenMPI (apt-get install libopenmpi-dev)"
+                                                 : "the CUDA toolkit and NCCL");
     if (!run->comm_lib)
         return diag_set(d, VH_STATUS_ERR_COMM,
                         "run.comm is %s, but %s cannot be loaded: %s (install the %s library "
@@ -121,8 +166,19 @@ vh_status run_open_comm(vh_run *run, vh_diag *d) {
     return VH_STATUS_OK;
 }
 
+vh_status run_open_backends(vh_run *run, vh_diag *d) {
+    if (run->backends_open) return VH_STATUS_OK;
+    vh_status st = run_open_device(run, d);
+    if (st == VH_STATUS_OK) st = run_open_comm(run, d);
+    if (st != VH_STATUS_OK) return st;
+    comm_stats_install(&run->comm, &run->comm_stats);
+    run->backends_open = 1;
+    return VH_STATUS_OK;
+}
+
 void run_close_backends(vh_run *run) {
     if (run->comm_opened && run->comm_close) run->comm_close(run->comm_opened);
+    run->backends_open = 0;
     run->comm_opened = NULL;
     if (run->comm_lib) dlclose(run->comm_lib);
     run->comm_lib = NULL;

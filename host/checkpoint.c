@@ -155,15 +155,22 @@ static void rotate(const char *ckpt_root, int64_t keep) {
     }
 }
 
-vh_status checkpoint_save(vh_session *s, const char *run_dir, int64_t keep, vh_diag *d) {
+/* The files of a checkpoint, by rank 0; the collectives inside (weights
+ * and optimizer state gathered from every rank) on every rank. */
+static vh_status checkpoint_write(vh_session *s, const char *run_dir, int64_t keep,
+                                  vh_diag *d) {
+    int rank0 = s->run->comm.rank == 0;
     char root[4200], tmp[4300], final[4300], path[4400];
     snprintf(root, sizeof root, "%s/checkpoints", run_dir);
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08lld", root, (long long)s->step);
     snprintf(final, sizeof final, "%s/step-%08lld", root, (long long)s->step);
-    vh_status st = make_dir(root, d);
-    if (st != VH_STATUS_OK) return st;
-    remove_tree(tmp); /* a leftover of a crash */
-    st = make_dir(tmp, d);
+    vh_status st = VH_STATUS_OK;
+    if (rank0) {
+        st = make_dir(root, d);
+        if (st != VH_STATUS_OK) return st;
+        remove_tree(tmp); /* a leftover of a crash */
+        st = make_dir(tmp, d);
+    }
     blob blobs[4];
     memset(blobs, 0, sizeof blobs);
     if (st == VH_STATUS_OK) {
@@ -174,6 +181,10 @@ vh_status checkpoint_save(vh_session *s, const char *run_dir, int64_t keep, vh_d
         snprintf(path, sizeof path, "%s/optim.safetensors", tmp);
         st = optim_state_save(s, path, d);
     }
+    if (!rank0) return st;
+    /* Rank 0's blobs stand for every rank: plugins' states are the same on
+     * every rank, except the data position, which the sampler maps to each
+     * rank's share when it is loaded (vh_sampler.h). */
     for (int i = 0; st == VH_STATUS_OK && i < 4; i++) st = take_blob(s, blob_roles[i], &blobs[i], d);
     if (st == VH_STATUS_OK) {
         snprintf(path, sizeof path, "%s/state.json", tmp);
@@ -202,6 +213,18 @@ vh_status checkpoint_save(vh_session *s, const char *run_dir, int64_t keep, vh_d
     }
     rotate(root, keep);
     return VH_STATUS_OK;
+}
+
+vh_status checkpoint_save(vh_session *s, const char *run_dir, int64_t keep, vh_diag *d) {
+    vh_status st = checkpoint_write(s, run_dir, keep, d);
+    /* Every rank returns once the checkpoint is complete on disk (a failed
+     * rank 0 never gets here: it ends the run, see train_loop.c). */
+    vh_comm *c = &s->run->comm;
+    if (st == VH_STATUS_OK && c->world_size > 1) {
+        st = c->ops->barrier(c);
+        if (st != VH_STATUS_OK) st = diag_set(d, st, "the ranks' barrier after a checkpoint failed");
+    }
+    return st;
 }
 
 vh_status checkpoint_latest(const char *run_dir, char *out, size_t len, vh_diag *d) {

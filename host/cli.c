@@ -190,8 +190,11 @@ static int cmd_run(const cli_args *a, FILE *out, FILE *err) {
     vh_train_options to = {.out_dir = a->out_dir, .resume = a->resume,
                            .stop_after = a->stop_after};
     st = train_run(&run, &to, &d);
+    /* Of many ranks, rank 0 says how the run ended (the others stopped at
+     * the same step for the same reason). */
+    int say = run.comm.rank == 0 || st != VH_STATUS_ERR_INTERRUPTED;
     run_close(&run);
-    if (st != VH_STATUS_OK) fprintf(err, "vithost: %s\n", d.text);
+    if (st != VH_STATUS_OK && say) fprintf(err, "vithost: %s\n", d.text);
     return run_exit_code(st);
 }
 

@@ -31,7 +31,7 @@ vh_status eval_command(vh_run *run, const char *weights, FILE *out, vh_diag *d) 
     if (st == VH_STATUS_OK) st = weights_load_model(&s, path, VH_WEIGHTS_MODE_STRICT, d);
     vh_eval_result r;
     if (st == VH_STATUS_OK) st = session_evaluate(&s, &r, d);
-    if (st == VH_STATUS_OK)
+    if (st == VH_STATUS_OK && run->comm.rank == 0) /* of many ranks, one answer */
         fprintf(out, "{\"eval_top1\": %.6f, \"eval_top5\": %.6f, \"eval_loss\": %.6f, "
                      "\"samples\": %lld, \"weights\": \"%s\"}\n",
                 r.top1, r.top5, r.loss, (long long)r.samples, path);

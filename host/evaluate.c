@@ -69,8 +69,8 @@ vh_status session_evaluate(vh_session *s, vh_eval_result *res, vh_diag *d) {
     }
     /* Every rank saw its own part; the totals are the sums over ranks. */
     double totals[4] = {(double)n, (double)top1, (double)top5, loss_sum};
-    st = vh_comm_all_reduce(&s->run->comm, totals, 4, VH_DTYPE_F64, VH_REDUCE_OP_SUM);
-    if (st != VH_STATUS_OK) return diag_set(d, st, "summing evaluation results over ranks failed");
+    st = session_reduce_scalars(s, totals, 4, VH_REDUCE_OP_SUM, d);
+    if (st != VH_STATUS_OK) return st;
     res->samples = (int64_t)totals[0];
     res->top1 = totals[0] > 0 ? totals[1] / totals[0] : 0.0;
     res->top5 = totals[0] > 0 ? totals[2] / totals[0] : 0.0;

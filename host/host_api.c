@@ -18,12 +18,18 @@ static void host_log(vh_host *host, vh_log_level level, const char *fmt, ...) {
     static const char *const level_names[] = {"error", "warning", "info", "debug"};
     vh_host_impl *h = impl_of(host);
     if (level > VH_LOG_LEVEL_INFO) return; /* debug is for a debugger, not the log */
-    char msg[1024];
+    /* Of many ranks, rank 0 tells what every rank would; warnings and
+     * errors come from any rank, named. */
+    const vh_comm *c = &h->run->comm;
+    if (c->world_size > 1 && c->rank != 0 && level == VH_LOG_LEVEL_INFO) return;
+    char msg[1024], who[48] = "";
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "vithost: %s %s: %s: %s\n", vh_role_name(h->role), plugin_name(h),
+    if (c->world_size > 1 && level < VH_LOG_LEVEL_INFO)
+        snprintf(who, sizeof who, "rank %d: ", (int)c->rank);
+    fprintf(stderr, "vithost: %s%s %s: %s: %s\n", who, vh_role_name(h->role), plugin_name(h),
             level_names[level], msg);
 }
 

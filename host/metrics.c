@@ -95,6 +95,11 @@ void metrics_train(vh_metrics *m, const vh_train_metrics *v) {
     put_number(m->file, "loss_scale", v->loss_scale);
     fprintf(m->file, ",\"skipped_steps\":%lld", (long long)v->skipped_steps);
     if (v->skipped) fputs(",\"skipped\":true", m->file);
+    fprintf(m->file, ",\"world_size\":%d,\"global_batch\":%lld", (int)v->world_size,
+            (long long)v->global_batch);
+    put_number(m->file, "img_per_s_per_rank", v->img_per_s_per_rank);
+    put_number(m->file, "comm_bytes_per_step", v->comm_bytes_per_step);
+    put_number(m->file, "comm_wait_ms_per_step", v->comm_wait_ms_per_step);
     fputs("}\n", m->file);
     fflush(m->file);
 }

@@ -29,6 +29,11 @@ typedef struct vh_train_metrics {
     double loss_scale;
     int64_t skipped_steps;
     int skipped; /* this step's optimizer step was skipped (overflow) */
+    /* Many ranks: img_per_s is the job's (all ranks), tflops and mfu are
+     * per device; comm_* are means over the steps since the last line. */
+    int32_t world_size;
+    int64_t global_batch;
+    double img_per_s_per_rank, comm_bytes_per_step, comm_wait_ms_per_step;
 } vh_train_metrics;
 
 /* Opens DIR/metrics.jsonl for appending. With keep_up_to_step >= 0, first

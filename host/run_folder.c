@@ -67,11 +67,16 @@ static void lines_free(recipe_lines *l) {
 }
 
 /* Keys of the run section that say how long and how often, not what: a
- * resumed run may extend or re-time itself. */
+ * resumed run may extend or re-time itself. And the ones that say on how
+ * many processes: checkpoints do not depend on the world size, so a run
+ * resumes on another number of ranks (run.comm), keeping its global batch
+ * with another batch per rank (run.batch_size; the data position maps to
+ * the new split, vh_sampler.h). */
 static int may_change(const char *key) {
     static const char *const keys[] = {"run.steps", "run.epochs", "run.eval_every",
                                        "run.eval_every_steps", "run.log_every",
-                                       "run.checkpoint_every", "run.keep_checkpoints", NULL};
+                                       "run.checkpoint_every", "run.keep_checkpoints",
+                                       "run.comm", "run.batch_size", NULL};
     for (int i = 0; keys[i]; i++)
         if (strcmp(key, keys[i]) == 0) return 1;
     return 0;
@@ -187,8 +192,8 @@ vh_status run_folder_check(const vh_run *run, const char *dir, int resume, vh_di
     if (st == VH_STATUS_OK && !same)
         st = diag_set(d, VH_STATUS_ERR_CONFIG,
                       "--resume: the recipe differs from the one %s was started with (%s); "
-                      "only run.steps, epochs, eval_every, log_every and checkpoint settings "
-                      "may change on resume",
+                      "only run.steps, epochs, eval_every, log_every, checkpoint settings, comm "
+                      "and batch_size may change on resume",
                       dir, path);
     return st;
 }

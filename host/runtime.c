@@ -10,10 +10,11 @@
 
 const vh_config_key vh_run_schema[] = {
     {"device", VH_CONFIG_TYPE_ENUM, "cpu", "where to compute", "cpu|cuda", 0, 0, 0},
-    {"comm", VH_CONFIG_TYPE_ENUM, "self",
-     "communicator between ranks: self (one process), mpi (libvh_comm_mpi.so), nccl "
+    {"comm", VH_CONFIG_TYPE_ENUM, "auto",
+     "communicator between ranks: auto (mpi when started by mpirun or srun with more than "
+     "one process, else self), self (one process), mpi (libvh_comm_mpi.so), nccl "
      "(libvh_comm_nccl.so)",
-     "self|mpi|nccl", 0, 0, 0},
+     "auto|self|mpi|nccl", 0, 0, 0},
     {"seed", VH_CONFIG_TYPE_INT, "0", "seed of every random draw (init, shuffles, dropout)",
      NULL, 0, 2147483647.0, 0},
     {"epochs", VH_CONFIG_TYPE_INT, "1", "passes over the training split", NULL, 1, 1e6, 0},

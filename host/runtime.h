@@ -12,6 +12,7 @@
 
 #include <stdio.h>
 
+#include "comm_stats.h"
 #include "config.h"
 #include "diag.h"
 #include "loader.h"
@@ -57,6 +58,8 @@ struct vh_run {
     vh_comm *comm_opened;    /* the backend's own object, for its close */
     void *comm_lib;          /* dlopen handle of libvh_comm_<name>.so */
     vh_comm_close_fn comm_close;
+    vh_comm_stats comm_stats; /* the counting layer over comm (comm_stats.h) */
+    int backends_open;       /* run_open_backends succeeded */
     int load_failed;         /* run_open failed while loading a plugin */
 };
 
@@ -77,6 +80,15 @@ vh_status run_open_device(vh_run *run, vh_diag *d);
  * install libdir. A missing backend is VH_STATUS_ERR_COMM with one message
  * saying so and what to use instead. */
 vh_status run_open_comm(vh_run *run, vh_diag *d);
+/* The launcher's processes: how many ranks the environment says this
+ * process is one of (mpirun, srun; 1 when none), and this one's place on
+ * its machine (0 when none says), which picks its GPU before any
+ * communicator exists. */
+int32_t run_launcher_world_size(void);
+int32_t run_launcher_local_rank(void);
+/* The device, then the communicator, then the counting layer over it, once
+ * per run; what `run` and `eval` call before they open a session. */
+vh_status run_open_backends(vh_run *run, vh_diag *d);
 /* Closes what the two opened (run_close calls it). */
 void run_close_backends(vh_run *run);
 

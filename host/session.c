@@ -146,6 +146,8 @@ static vh_status allocate_buffers(vh_session *s, vh_diag *d) {
     if (dev->kind == VH_DEVICE_KIND_CPU) return VH_STATUS_OK;
     vh_status st = dev->alloc(dev->device, images, &s->dev_images);
     if (st == VH_STATUS_OK)
+        st = dev->alloc(dev->device, VH_SESSION_SCALARS * sizeof(double), &s->dev_scalars);
+    if (st == VH_STATUS_OK)
         st = dev->alloc(dev->device, (size_t)s->batch_size * sizeof(int32_t), &s->dev_labels);
     if (st != VH_STATUS_OK)
         return diag_set(d, st, "allocating the batch on %s failed", dev->name);
@@ -169,8 +171,7 @@ vh_status session_open(vh_session *s, vh_run *run, vh_diag *d) {
                                .release = hook_release,
                                .grads = hook_grads,
                                .reduce = hook_reduce};
-    vh_status st = run_open_device(run, d);
-    if (st == VH_STATUS_OK) st = run_open_comm(run, d);
+    vh_status st = run_open_backends(run, d);
     if (st == VH_STATUS_OK) st = create_plugins(s, d);
     if (st == VH_STATUS_OK) st = allocate_buffers(s, d);
     return st;
@@ -187,6 +188,7 @@ void session_close(vh_session *s) {
     const vh_device_ops *dev = s->run->device;
     if (s->dev_images) dev->free(dev->device, s->dev_images);
     if (s->dev_labels) dev->free(dev->device, s->dev_labels);
+    if (s->dev_scalars) dev->free(dev->device, s->dev_scalars);
     free(s->host_logits);
     metrics_close(&s->metrics);
     memset(s, 0, sizeof *s);
@@ -252,5 +254,26 @@ vh_status session_read_loss(vh_session *s, const float *dev_loss, float *out, vh
     vh_status st = dev->copy(dev->device, out, dev_loss, sizeof *out,
                              VH_COPY_KIND_DEVICE_TO_HOST, NULL);
     if (st != VH_STATUS_OK) return diag_set(d, st, "copying the loss from %s failed", dev->name);
+    return VH_STATUS_OK;
+}
+
+vh_status session_reduce_scalars(vh_session *s, double *values, int n, vh_reduce_op op,
+                                 vh_diag *d) {
+    vh_comm *c = &s->run->comm;
+    if (c->world_size <= 1) return VH_STATUS_OK;
+    if (n < 1 || n > VH_SESSION_SCALARS)
+        return diag_set(d, VH_STATUS_ERR_INTERNAL, "session_reduce_scalars: %d values", n);
+    const vh_device_ops *dev = s->run->device;
+    void *buf = dev->kind == VH_DEVICE_KIND_CPU ? (void *)values : s->dev_scalars;
+    size_t bytes = (size_t)n * sizeof(double);
+    vh_status st = VH_STATUS_OK;
+    if (buf != values)
+        st = dev->copy(dev->device, buf, values, bytes, VH_COPY_KIND_HOST_TO_DEVICE, NULL);
+    if (st == VH_STATUS_OK) st = vh_comm_all_reduce(c, buf, (size_t)n, VH_DTYPE_F64, op);
+    if (st == VH_STATUS_OK && buf != values)
+        st = dev->copy(dev->device, values, buf, bytes, VH_COPY_KIND_DEVICE_TO_HOST, NULL);
+    if (st != VH_STATUS_OK)
+        return diag_set(d, st, "a collective of the host over %d ranks (%s) failed",
+                        (int)c->world_size, c->backend ? c->backend : "?");
     return VH_STATUS_OK;
 }

@@ -2,7 +2,7 @@
  * shared by the training step (step.c), evaluation (evaluate.c), the loop
  * (train_loop.c), checkpoints (checkpoint.c) and weight files (weights.c).
  *
- * session_open opens the device and the communicator, creates the plugins in
+ * session_open opens the device and the communicator (once per run), creates the plugins in
  * dependency order and allocates the batch buffers; it leaves the parameters
  * unset: weights_load_model sets them (from the init rules, a file, or a
  * checkpoint), once.
@@ -38,6 +38,7 @@ typedef struct vh_session {
     /* Device copies of the batch when the device is not the CPU. */
     void *dev_images, *dev_labels;
     float *host_logits;
+    void *dev_scalars;     /* VH_SESSION_SCALARS doubles on a non-CPU device */
 
     /* where the run stands */
     int64_t step, epoch;   /* steps done; epoch of the pass in progress */
@@ -64,6 +65,14 @@ vh_status session_next_batch(vh_session *s, vh_batch *host_batch, vh_batch *batc
 /* The loss a forward left in device memory, copied back: only when the
  * host needs the number (a log line, a NaN check, evaluation). */
 vh_status session_read_loss(vh_session *s, const float *dev_loss, float *out, vh_diag *d);
+
+/* The host's own numbers summed (or maxed, averaged) over ranks, in place:
+ * the logged loss, evaluation totals, the agreement to stop. Goes through
+ * device memory where the device is not the CPU (a GPU backend's
+ * collectives take device buffers); at most VH_SESSION_SCALARS values. */
+#define VH_SESSION_SCALARS 8
+vh_status session_reduce_scalars(vh_session *s, double *values, int n, vh_reduce_op op,
+                                 vh_diag *d);
 
 /* ---- step.c -------------------------------------------------------------- */
 

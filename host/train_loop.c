@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "checkpoint.h"
+#include "comm_stats.h"
 #include "flops_probe.h"
 #include "progress.h"
 #include "run_folder.h"
@@ -29,6 +30,10 @@ typedef struct loop_state {
     vh_progress_scale scale;
     vh_eval_result last_eval;
     int64_t last_eval_step; /* -1: none yet */
+    int32_t world;          /* ranks; each step trains world x batch images */
+    /* communication of the steps since the last log line (comm_stats.h) */
+    double window_comm_bytes, window_comm_wait;
+    int64_t window_steps;
 } loop_state;
 
 /* ---- evaluation and checkpoints inside the loop --------------------------- */
@@ -90,11 +95,17 @@ static vh_status save_checkpoint(loop_state *ls, vh_diag *d) {
 /* The step's line in metrics.jsonl; returns what it wrote. */
 static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int skipped) {
     vh_session *s = ls->s;
-    double img_s = progress_img_per_s(&ls->prog);
-    double tflops = img_s * ls->flops / 1e12;
+    double img_s = progress_img_per_s(&ls->prog); /* the job's: every rank's images */
+    double tflops = img_s * ls->flops / 1e12 / ls->world; /* per device */
+    double steps = ls->window_steps > 0 ? (double)ls->window_steps : 1.0;
     vh_train_metrics m = {.step = s->step, .epoch = s->epoch, .loss = loss, .lr = lr,
                           .img_per_s = img_s, .tflops = tflops,
                           .mfu = ls->peak_tflops > 0 ? tflops / ls->peak_tflops : NAN,
+                          .world_size = ls->world,
+                          .global_batch = s->batch_size * ls->world,
+                          .img_per_s_per_rank = img_s / ls->world,
+                          .comm_bytes_per_step = ls->window_comm_bytes / steps,
+                          .comm_wait_ms_per_step = 1e3 * ls->window_comm_wait / steps,
                           .peak_mem_bytes = metrics_peak_rss_bytes(),
                           .loss_scale = ls->scale.loss_scale,
                           .skipped_steps = ls->scale.skipped_steps, .skipped = skipped};
@@ -111,11 +122,17 @@ static void log_step(loop_state *ls, float loss, double lr, int skipped) {
             (long long)s->step, (long long)ls->total, (long long)s->epoch, (double)loss, lr,
             m.img_per_s, m.tflops);
     if (ls->peak_tflops > 0) fprintf(s->out, " MFU %.1f%%", 100.0 * m.mfu);
+    if (ls->world > 1)
+        fprintf(s->out, " | %d ranks, %.1f img/s each, comm %.2f MiB/step, waited %.1f ms/step",
+                (int)ls->world, m.img_per_s_per_rank, m.comm_bytes_per_step / 1048576.0,
+                m.comm_wait_ms_per_step);
     char scale[64];
     progress_scale_text(scale, sizeof scale, &ls->scale);
     fprintf(s->out, "%s%s\n", scale, skipped ? " (step skipped: overflow)" : "");
     fflush(s->out);
     progress_restart_window(&ls->prog);
+    ls->window_comm_bytes = ls->window_comm_wait = 0.0;
+    ls->window_steps = 0;
 }
 
 /* After a step: count a skip, read the scale the next step uses. The lines
@@ -193,12 +210,18 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
         vh_status st = session_next_batch(s, &host_batch, &batch, &has, d);
         if (st != VH_STATUS_OK) return st;
         if (!has) break;
+        vh_comm_stats *cs = &s->run->comm_stats;
+        comm_stats_reset(cs);
         st = session_step(s, &batch, s->step, &dev_loss, lr, &skipped, d);
         if (st == VH_STATUS_OK) st = s->run->device->synchronize(s->run->device->device);
         if (st != VH_STATUS_OK) return st;
         s->step++;
         ls->steps_this_run++;
-        ls->prog.window_images += batch.size;
+        /* Every rank trained a full batch of its own (the sampler's rule). */
+        ls->prog.window_images += batch.size * ls->world;
+        ls->window_comm_bytes += cs->bytes;
+        ls->window_comm_wait += cs->wait_seconds;
+        ls->window_steps++;
         note_scale(ls, skipped);
         int log = s->step % ls->log_every == 0 || s->step == ls->total;
         int draw = !log && progress_due(&ls->prog, s->step, ls->total);
@@ -208,6 +231,15 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
         if (log || draw || skipped) {
             st = session_read_loss(s, dev_loss, loss, d);
             if (st != VH_STATUS_OK) return st;
+            /* A logged loss is the global batch's: the mean of the ranks'
+             * (equal batches). Log steps are the same on every rank; the
+             * progress bar's draws are not, so they show this rank's. */
+            if (log && ls->world > 1) {
+                double mean = (double)*loss;
+                st = session_reduce_scalars(s, &mean, 1, VH_REDUCE_OP_AVG, d);
+                if (st != VH_STATUS_OK) return st;
+                *loss = (float)mean;
+            }
             if (!isfinite(*loss) && !skipped)
                 return diag_set(d, VH_STATUS_ERR_NUMERIC,
                                 "training diverged: the loss is %f at step %lld (lower the "
@@ -227,6 +259,14 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
         }
         int stop = signals_stop_requested() ||
                    (ls->stop_after > 0 && ls->steps_this_run >= ls->stop_after);
+        if (ls->world > 1) {
+            /* A signal may reach one rank only: every rank stops at the same
+             * step, or the others would wait for it in a collective. */
+            double any = stop;
+            st = session_reduce_scalars(s, &any, 1, VH_REDUCE_OP_MAX, d);
+            if (st != VH_STATUS_OK) return st;
+            stop = any != 0.0;
+        }
         if ((ls->checkpoint_every > 0 && s->step % ls->checkpoint_every == 0 &&
              s->step < ls->total) ||
             stop) {
@@ -278,6 +318,7 @@ static vh_status setup_loop(loop_state *ls, vh_session *s, const char *dir,
     ls->s = s;
     ls->dir = dir;
     ls->last_eval_step = -1;
+    ls->world = run->comm.world_size > 0 ? run->comm.world_size : 1;
     ls->log_every = run_config_int(run, "log_every");
     ls->eval_every = run_config_int(run, "eval_every");
     ls->eval_every_steps = run_config_int(run, "eval_every_steps");
@@ -309,6 +350,9 @@ static vh_status setup_loop(loop_state *ls, vh_session *s, const char *dir,
     if (e) peak = e->as.f;
     ls->peak_tflops = peak > 0 ? peak : flops_probe_peak_tflops(run->device);
     progress_init(&ls->prog, s->out);
+    /* mpirun gives its processes a terminal of its own and forwards what
+     * they print line by line: no redrawn bar there. */
+    if (ls->world > 1) ls->prog.tty = 0;
     /* A resumed run's skips so far are in the metrics lines it kept. */
     ls->scale.skipped_steps = s->metrics.kept_skipped_steps;
     ls->scale.loss_scale = s->precision->loss_scale(s->self[VH_ROLE_PRECISION]);
@@ -344,7 +388,10 @@ static vh_status print_banner(const loop_state *ls, const vh_train_options *o, c
     fprintf(s->out,
             "vithost: training %lld steps (%lld epochs of %lld steps, batch %lld) on %s; ",
             (long long)ls->total, (long long)ls->epochs, (long long)ls->steps_per_epoch,
-            (long long)s->batch_size, s->run->device->name);
+            (long long)s->batch_size * ls->world, s->run->device->name);
+    if (ls->world > 1)
+        fprintf(s->out, "%d ranks (%s) of batch %lld each; ", (int)ls->world,
+                s->run->comm.backend ? s->run->comm.backend : "?", (long long)s->batch_size);
     if (ls->flops > 0) fprintf(s->out, "%.3g GFLOP per image", ls->flops / 1e9);
     else fprintf(s->out, "FLOPs per image unknown (the model does not count them)");
     if (ls->peak_tflops > 0) fprintf(s->out, "; device peak %.1f GFLOP/s", ls->peak_tflops * 1e3);
@@ -356,19 +403,42 @@ static vh_status print_banner(const loop_state *ls, const vh_train_options *o, c
     return VH_STATUS_OK;
 }
 
+/* A failure on one rank of many: say which rank and end them all, so no
+ * rank waits forever in a collective the failed one will never start. The
+ * launcher (mpirun, srun) then ends every process with a non-zero status. */
+static void abort_all_ranks(vh_run *run, vh_status st, const vh_diag *d) {
+    fprintf(stderr, "vithost: rank %d of %d: %s\n", (int)run->comm.rank,
+            (int)run->comm.world_size, d->text);
+    fflush(stderr);
+    fflush(stdout);
+    run->comm.ops->abort(&run->comm, st == VH_STATUS_ERR_CONFIG ? 2 : 1);
+}
+
 vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
     char dir[4096];
     if (o->out_dir) snprintf(dir, sizeof dir, "%s", o->out_dir);
     else run_folder_default(run, dir, sizeof dir);
-    vh_status st = run_folder_check(run, dir, o->resume, d);
+    /* The communicator first: only rank 0 checks and writes the run folder,
+     * and only it prints; the others train quietly and speak on failure. */
+    vh_status st = run_open_backends(run, d);
     if (st != VH_STATUS_OK) return st;
+    int many = run->comm.world_size > 1, rank0 = run->comm.rank == 0;
+    FILE *quiet = NULL;
+    if (!rank0) {
+        quiet = fopen("/dev/null", "w");
+        if (!quiet) return diag_set(d, VH_STATUS_ERR_IO, "cannot open /dev/null");
+        run->opts.out = quiet;
+    }
+    if (rank0) st = run_folder_check(run, dir, o->resume, d);
 
     vh_session s;
-    st = session_open(&s, run, d);
-    if (st == VH_STATUS_OK) st = run_folder_create(run, dir, d);
+    memset(&s, 0, sizeof s);
+    if (st == VH_STATUS_OK) st = session_open(&s, run, d);
+    if (st == VH_STATUS_OK && rank0) st = run_folder_create(run, dir, d);
     char ckpt[4300] = "";
     if (st == VH_STATUS_OK) st = starting_weights(&s, dir, o->resume, ckpt, sizeof ckpt, d);
-    if (st == VH_STATUS_OK) st = metrics_open(&s.metrics, dir, o->resume ? s.step : -1, d);
+    if (st == VH_STATUS_OK && rank0)
+        st = metrics_open(&s.metrics, dir, o->resume ? s.step : -1, d);
     loop_state ls;
     if (st == VH_STATUS_OK) st = setup_loop(&ls, &s, dir, o, d);
     if (st == VH_STATUS_OK) {
@@ -387,6 +457,11 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
                      run->recipe.file, dir);
         }
     }
+    if (many && st != VH_STATUS_OK && st != VH_STATUS_ERR_INTERRUPTED) abort_all_ranks(run, st, d);
     session_close(&s);
+    if (quiet) {
+        run->opts.out = stdout;
+        fclose(quiet);
+    }
     return st;
 }

@@ -290,7 +290,7 @@ static void test_sampler_state(void **state) {
     fake_init(&h);
     vh_sampler *s = sampler_new(&h, 50, 1, 2, 4, VH_SPLIT_TRAIN, 99);
     vh_sampler *t = sampler_new(&h, 50, 1, 2, 4, VH_SPLIT_TRAIN, 99);
-    vh_sampler *other = sampler_new(&h, 50, 0, 2, 4, VH_SPLIT_TRAIN, 99);
+    vh_sampler *other = sampler_new(&h, 50, 0, 2, 4, VH_SPLIT_TRAIN, 98); /* another seed */
     assert_true(s && t && other);
     unsigned char blob[VH_SAMPLER_STATE_BYTES];
     int64_t cursor;
@@ -323,6 +323,64 @@ static void test_sampler_state(void **state) {
     vh_sampler_free(s);
     vh_sampler_free(t);
     vh_sampler_free(other);
+    assert_int_equal(atomic_load(&h.live), 0);
+}
+
+/* A training position saved by rank 1 of 2 (batch 4) resumes on rank 0 of
+ * 2, on 1 rank of batch 8 and on 3 ranks of batch 4 at the same point of the
+ * epoch's permutation: the next global batch holds the same samples. */
+static void test_sampler_state_other_world(void **state) {
+    (void)state;
+    fake_host h;
+    fake_init(&h);
+    vh_sampler *r1 = sampler_new(&h, 60, 1, 2, 4, VH_SPLIT_TRAIN, 7);
+    vh_sampler *r0 = sampler_new(&h, 60, 0, 2, 4, VH_SPLIT_TRAIN, 7);
+    vh_sampler *one = sampler_new(&h, 60, 0, 1, 8, VH_SPLIT_TRAIN, 7);
+    vh_sampler *odd = sampler_new(&h, 60, 0, 1, 5, VH_SPLIT_TRAIN, 7);
+    vh_sampler *ev = sampler_new(&h, 60, 0, 1, 8, VH_SPLIT_EVAL, 7);
+    vh_sampler *three[3];
+    for (int r = 0; r < 3; r++) three[r] = sampler_new(&h, 60, r, 3, 4, VH_SPLIT_TRAIN, 7);
+    assert_true(r1 && r0 && one && odd && ev && three[0] && three[1] && three[2]);
+    unsigned char blob[VH_SAMPLER_STATE_BYTES];
+    int64_t cursor;
+    int started;
+    vh_sampler_start(r1, 2);
+    assert_int_equal(vh_sampler_state_save(r1, 3, blob, sizeof blob), VH_STATUS_OK);
+    /* 3 batches x 2 ranks x 4 = 24 samples consumed */
+    assert_int_equal(vh_sampler_state_load(r0, blob, sizeof blob, &cursor, &started), VH_STATUS_OK);
+    assert_int_equal(cursor, 3);
+    assert_int_equal(vh_sampler_state_load(one, blob, sizeof blob, &cursor, &started), VH_STATUS_OK);
+    assert_int_equal(cursor, 3);
+    assert_int_equal(started, 1);
+    assert_int_equal(vh_sampler_epoch(one), 2);
+    assert_int_equal(vh_sampler_state_load(odd, blob, sizeof blob, &cursor, &started), VH_STATUS_OK);
+    assert_int_equal(cursor, 4); /* 24 / 5: the batch that holds sample 24 */
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(vh_sampler_state_load(three[r], blob, sizeof blob, &cursor, &started),
+                         VH_STATUS_OK);
+        assert_int_equal(cursor, 2); /* 24 / 12 */
+    }
+    /* The next global batch: one's batch 3 = r0's and r1's batch 3 together. */
+    const int64_t *a, *b, *c;
+    int64_t na, nb, nc;
+    vh_sampler_batch(one, 3, &a, &na);
+    vh_sampler_batch(r0, 3, &b, &nb);
+    vh_sampler_batch(r1, 3, &c, &nc);
+    assert_int_equal(na, 8);
+    assert_int_equal(nb + nc, 8);
+    for (int64_t k = 0; k < 4; k++) {
+        assert_int_equal(a[2 * k], b[k]);
+        assert_int_equal(a[2 * k + 1], c[k]);
+    }
+    /* An eval position never moves to another setup. */
+    assert_int_equal(vh_sampler_state_load(ev, blob, sizeof blob, &cursor, &started),
+                     VH_STATUS_ERR_FORMAT);
+    vh_sampler_free(r1);
+    vh_sampler_free(r0);
+    vh_sampler_free(one);
+    vh_sampler_free(odd);
+    vh_sampler_free(ev);
+    for (int r = 0; r < 3; r++) vh_sampler_free(three[r]);
     assert_int_equal(atomic_load(&h.live), 0);
 }
 
@@ -707,10 +765,16 @@ static void test_data_pass(void **state) {
     vh_data_pass *tagged = dp_new(&h, &c, &ds, 9, 0x1234);
     assert_int_equal(vh_data_pass_state_load(tagged, blob, sizeof blob), VH_STATUS_ERR_FORMAT);
     assert_non_null(strstr(h.error, "demo: state of another data set"));
+    /* another rank continues the same pass with its own share; another
+     * seed is another order, refused */
     vh_data_setup ds0 = ds;
     ds0.rank = 0;
     vh_data_pass *rank0 = dp_new(&h, &c, &ds0, 9, 0);
-    assert_int_equal(vh_data_pass_state_load(rank0, blob, sizeof blob), VH_STATUS_ERR_FORMAT);
+    assert_int_equal(vh_data_pass_state_load(rank0, blob, sizeof blob), VH_STATUS_OK);
+    vh_data_setup ds_seed = ds;
+    ds_seed.seed ^= 1;
+    vh_data_pass *seeded = dp_new(&h, &c, &ds_seed, 9, 0);
+    assert_int_equal(vh_data_pass_state_load(seeded, blob, sizeof blob), VH_STATUS_ERR_FORMAT);
     assert_non_null(strstr(h.error, "another setup"));
 
     /* a failing fill: its message and status, for that batch and after */
@@ -749,6 +813,7 @@ static void test_data_pass(void **state) {
     vh_data_pass_free(self.pass);
     vh_data_pass_free(tagged);
     vh_data_pass_free(rank0);
+    vh_data_pass_free(seeded);
     vh_data_pass_free(no_eval);
     vh_data_pass_free(NULL);
     vh_sampler_free(train);
@@ -1633,9 +1698,10 @@ static void test_state_resume(void **state) {
     assert_int_equal(none->batches, 0);
     pass_free(none);
 
-    /* a state of another rank is refused with a message; so is garbage */
+    /* a state of another seed is refused with a message; so is garbage
+     * (another rank's is that rank's point of the pass: test_sampler_state_other_world) */
     inst *c = inst_new();
-    if (inst_open(c, sec, 0, 2, 3, 21) != VH_STATUS_OK) fail_msg("%s", c->error);
+    if (inst_open(c, sec, 1, 2, 3, 22) != VH_STATUS_OK) fail_msg("%s", c->error);
     assert_int_equal(c->vt->state_load(c->self, blob, bytes), VH_STATUS_ERR_FORMAT);
     assert_non_null(strstr(c->run.hosts[VH_ROLE_DATA].error, "another setup"));
     ((unsigned char *)blob)[0] ^= 0xff;
@@ -1981,6 +2047,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_sampler_eval_rule),
         cmocka_unit_test(test_sampler_errors),
         cmocka_unit_test(test_sampler_state),
+        cmocka_unit_test(test_sampler_state_other_world),
         cmocka_unit_test(test_prefetch_order),
         cmocka_unit_test(test_prefetch_inline_and_empty),
         cmocka_unit_test(test_prefetch_error),

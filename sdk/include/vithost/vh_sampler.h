@@ -114,8 +114,12 @@ static inline uint64_t vh_sampler_rng_next(uint64_t *state) {
 /* ---- resumable position --------------------------------------------------
  * The blob holds the epoch, whether a pass was started, the cursor (batches
  * of the pass already consumed, kept by the plugin) and the setup it was made
- * with, so loading it into a sampler of another setup (size, rank, world,
- * batch, split, seed) fails with a message. Fixed size, VH_SAMPLER_STATE_BYTES. */
+ * with, so loading it into a sampler of another setup (size, split, seed)
+ * fails with a message. A training position of another rank, world size or
+ * batch is the same point of the epoch's permutation and is mapped to this
+ * sampler's share (cursor x world x batch samples consumed; a run saved on
+ * 2 ranks resumes on 3 or 1); an eval position must match exactly. Fixed
+ * size, VH_SAMPLER_STATE_BYTES. */
 #define VH_SAMPLER_STATE_BYTES 80
 
 VH_SDK_API vh_status vh_sampler_state_save(const vh_sampler *s, int64_t cursor, void *buf,

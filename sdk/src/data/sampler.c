@@ -255,8 +255,16 @@ vh_status vh_sampler_state_load(vh_sampler *s, const void *buf, size_t bytes, in
     int32_t rank = (int32_t)get32(b, OFF_RANK), world = (int32_t)get32(b, OFF_WORLD);
     int32_t split = (int32_t)get32(b, OFF_SPLIT);
     uint64_t seed = get64(b, OFF_SEED);
-    if (size != s->size || batch != s->batch_size || rank != s->rank || world != s->world ||
-        split != (int32_t)s->split || seed != s->seed)
+    /* A training position saved by another rank, or at another world size
+     * or batch, is the same point of the same epoch's permutation: batches
+     * so far x world x batch samples of it. Every rank continues from there
+     * with its own share, so a run resumes on any number of ranks. */
+    int rebase = split == (int32_t)VH_SPLIT_TRAIN && s->split == VH_SPLIT_TRAIN &&
+                 size == s->size && seed == s->seed && batch > 0 && world > 0 &&
+                 (rank != s->rank || world != s->world || batch != s->batch_size);
+    if (!rebase &&
+        (size != s->size || batch != s->batch_size || rank != s->rank || world != s->world ||
+         split != (int32_t)s->split || seed != s->seed))
         return host->api->fail(host, VH_STATUS_ERR_FORMAT,
                                "sampler state of another setup: saved size %lld, batch %lld, "
                                "rank %d of %d, split %d, seed %llu; now size %lld, batch %lld, "
@@ -267,6 +275,14 @@ vh_status vh_sampler_state_load(vh_sampler *s, const void *buf, size_t bytes, in
                                (int)s->split, (unsigned long long)s->seed);
     int on = get32(b, OFF_STARTED) != 0;
     int64_t epoch = (int64_t)get64(b, OFF_EPOCH), pos = (int64_t)get64(b, OFF_CURSOR);
+    if (rebase && pos >= 0 && pos <= size) {
+        /* (when the global batch changed and does not divide the samples
+         * consumed, the pass continues from the batch that holds the next
+         * sample: at most one global batch is seen twice) */
+        int64_t consumed = pos * (int64_t)world * batch;
+        pos = consumed / ((int64_t)s->world * s->batch_size);
+        if (pos > s->batches) pos = s->batches;
+    }
     if (epoch < 0 || pos < 0 || pos > s->batches || (!on && pos != 0))
         return host->api->fail(host, VH_STATUS_ERR_FORMAT,
                                "corrupt sampler state: epoch %lld, cursor %lld of %lld batches",

@@ -1,0 +1,116 @@
+/* comm_stats.c - the counting layer over the run's communicator (see
+ * comm_stats.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "comm_stats.h"
+
+#include <time.h>
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static vh_comm_stats *stats_of(vh_comm *c) { return c->impl; }
+
+/* (w-1)/w of n bytes: what each rank sends in a ring pass over n bytes. */
+static double ring_share(const vh_comm_stats *s, double n) {
+    double w = (double)s->inner.world_size;
+    return w > 1 ? n * (w - 1.0) / w : 0.0;
+}
+
+static void count(vh_comm_stats *s, double bytes) {
+    s->bytes += bytes;
+    s->collectives++;
+}
+
+static vh_status stats_all_reduce(vh_comm *c, void *buf, size_t n, vh_dtype dtype,
+                                  vh_reduce_op op, vh_stream *stream, vh_comm_request **req) {
+    vh_comm_stats *s = stats_of(c);
+    vh_status st = s->inner.ops->all_reduce_start(&s->inner, buf, n, dtype, op, stream, req);
+    if (st == VH_STATUS_OK) count(s, 2.0 * ring_share(s, (double)n * (double)vh_dtype_size(dtype)));
+    return st;
+}
+
+static vh_status stats_reduce_scatter(vh_comm *c, const void *send, void *recv, size_t n,
+                                      vh_dtype dtype, vh_reduce_op op, vh_stream *stream,
+                                      vh_comm_request **req) {
+    vh_comm_stats *s = stats_of(c);
+    vh_status st =
+        s->inner.ops->reduce_scatter_start(&s->inner, send, recv, n, dtype, op, stream, req);
+    double full = (double)n * (double)s->inner.world_size * (double)vh_dtype_size(dtype);
+    if (st == VH_STATUS_OK) count(s, ring_share(s, full));
+    return st;
+}
+
+static vh_status stats_all_gather(vh_comm *c, const void *send, void *recv, size_t n,
+                                  vh_dtype dtype, vh_stream *stream, vh_comm_request **req) {
+    vh_comm_stats *s = stats_of(c);
+    vh_status st = s->inner.ops->all_gather_start(&s->inner, send, recv, n, dtype, stream, req);
+    double full = (double)n * (double)s->inner.world_size * (double)vh_dtype_size(dtype);
+    if (st == VH_STATUS_OK) count(s, ring_share(s, full));
+    return st;
+}
+
+static vh_status stats_broadcast(vh_comm *c, void *buf, size_t n, vh_dtype dtype, int32_t root,
+                                 vh_stream *stream, vh_comm_request **req) {
+    vh_comm_stats *s = stats_of(c);
+    vh_status st = s->inner.ops->broadcast_start(&s->inner, buf, n, dtype, root, stream, req);
+    if (st == VH_STATUS_OK && s->inner.world_size > 1)
+        count(s, (double)n * (double)vh_dtype_size(dtype));
+    return st;
+}
+
+static vh_status stats_wait(vh_comm *c, vh_comm_request *req) {
+    vh_comm_stats *s = stats_of(c);
+    double t0 = now_seconds();
+    vh_status st = s->inner.ops->wait(&s->inner, req);
+    s->wait_seconds += now_seconds() - t0;
+    return st;
+}
+
+static vh_status stats_test(vh_comm *c, vh_comm_request *req, int *done) {
+    vh_comm_stats *s = stats_of(c);
+    return s->inner.ops->test(&s->inner, req, done);
+}
+
+static vh_status stats_barrier(vh_comm *c) {
+    vh_comm_stats *s = stats_of(c);
+    double t0 = now_seconds();
+    vh_status st = s->inner.ops->barrier(&s->inner);
+    s->wait_seconds += now_seconds() - t0;
+    return st;
+}
+
+static void stats_abort(vh_comm *c, int code) {
+    vh_comm_stats *s = stats_of(c);
+    s->inner.ops->abort(&s->inner, code);
+}
+
+static const vh_comm_ops stats_ops = {
+    .struct_size = sizeof(vh_comm_ops),
+    .all_reduce_start = stats_all_reduce,
+    .reduce_scatter_start = stats_reduce_scatter,
+    .all_gather_start = stats_all_gather,
+    .broadcast_start = stats_broadcast,
+    .wait = stats_wait,
+    .test = stats_test,
+    .barrier = stats_barrier,
+    .abort = stats_abort,
+};
+
+void comm_stats_install(vh_comm *comm, vh_comm_stats *stats) {
+    if (comm_stats_installed(comm)) return;
+    stats->inner = *comm;
+    comm_stats_reset(stats);
+    comm->ops = &stats_ops;
+    comm->impl = stats;
+}
+
+int comm_stats_installed(const vh_comm *comm) { return comm->ops == &stats_ops; }
+
+void comm_stats_reset(vh_comm_stats *stats) {
+    stats->bytes = 0.0;
+    stats->wait_seconds = 0.0;
+    stats->collectives = 0;
+}

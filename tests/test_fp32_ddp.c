@@ -210,7 +210,7 @@ static void fx_open_on(fx *f, const char *precision_keys, int32_t world, int oth
              "run: {batch_size: 4}\n"
              "model: {plugin: test_model}\n"
              "precision: {plugin: fp32%s%s}\n"
-             "sharding: {plugin: ddp}\n"
+             "sharding: {plugin: ddp, bucket_mb: 0}\n"
              "optim: {plugin: test_optim}\n"
              "data: {plugin: test_data}\n",
              precision_keys ? ", " : "", precision_keys ? precision_keys : "");

@@ -28,21 +28,42 @@
  * optimizer updates the compute copy itself, in its dtype. load_unit and
  * store_unit always speak fp32 values, the parameters end to end.
  *
- * Collectives. A unit is the DDP bucket: when the model's backward of a unit
- * ends it calls reduce, which STARTS the all-reduce (VH_REDUCE_OP_AVG: every
- * rank then holds the mean gradient of the global batch, each rank's loss
- * being the mean over its own samples) of the unit's gradients and keeps the
- * requests; the model goes on with the next unit's backward while they are
- * in flight, and wait finishes them all, in the order they started. With the
- * self backend every request has finished when it starts.
+ * Start. load_unit is called by every rank with the same values, but a rank
+ * may still hold different ones (its own random init, a stale file): after
+ * setting the unit it broadcasts it from rank 0, one collective per run of
+ * parameters of one dtype in `params` (padding included) and one for the
+ * unit's separate masters, so every replica starts as rank 0's. (A
+ * communicator without broadcast_start is trusted to have been given the
+ * same values everywhere, as the contract says.)
  *
- * Wire dtype. A unit's gradients are reduced in runs of consecutive
- * parameters that share a dtype, each run one collective over the unit's
- * grad buffer (the zero padding between parameters travels with it, so a
- * run is one contiguous range): f32 gradients in f32; f16/bf16 gradients in
- * their own dtype when the policy's comm_dtype is that dtype, or, when
- * comm_dtype is f32, converted to f32 into grad32 first (in reduce) and
- * reduced there. Other combinations are refused at setup.
+ * Buckets. The gradients are all-reduced (VH_REDUCE_OP_AVG: every rank then
+ * holds the mean gradient of the global batch, each rank's loss being the
+ * mean over its own samples) in buckets, as PyTorch's DDP does: at setup the
+ * units are taken in backward order (last to first) and a bucket is closed
+ * once it holds >= bucket_mb MiB on the wire (the last one may hold less), so
+ * a bucket is a range of consecutive units. bucket_mb 0 makes every unit its
+ * own bucket. Every rank computes the same buckets from the same table.
+ * reduce of a unit marks it done; when the last of its bucket's units is
+ * reduced, reduce STARTS the bucket's collectives and keeps the requests, so
+ * a small model sends few large messages and a large one overlaps many with
+ * the rest of backward. wait finishes them all, in the order they started.
+ * With the self backend every request has finished when it starts.
+ *
+ * Progress. A backend like MPI advances a collective only inside its own
+ * calls, so every hook (gather, release, grads, reduce) tests each request
+ * still in flight (comm->ops->test, cheap; a finished one is not asked
+ * again): the all-reduces move on between the model's units, not only in
+ * wait.
+ *
+ * Wire dtype. A bucket's gradients are reduced in runs of consecutive
+ * parameters that share a dtype, each run one collective over a contiguous
+ * range (units lie end to end in `grads`, so a run may cross from one unit
+ * into the next; the zero padding between parameters travels with it):
+ * f32 gradients in f32; f16/bf16 gradients in their own dtype when the
+ * policy's comm_dtype is that dtype, or, when comm_dtype is f32, converted
+ * to f32 into grad32 first (in the unit's reduce) and reduced there (grad32
+ * holds them end to end, so those runs are contiguous too). Other
+ * combinations are refused at setup.
  *
  * Gradients in fp32. The optimizer receives f32 gradients (vh_param_slice).
  * For a parameter with f32 gradients the slice points into `grads`. For one
@@ -54,7 +75,8 @@
  * Call order is checked, since a mistake there silently desynchronises ranks:
  * a unit is reduced at most once per step (zero_grads starts a step), its
  * grads are not handed out again after its reduce, zero_grads waits for wait,
- * and wait refuses a step in which some units were reduced and others not.
+ * and wait refuses a step in which some units were reduced and others not
+ * (a bucket missing a unit would never start, or start on one rank only).
  */
 #include <stdint.h>
 #include <string.h>
@@ -77,17 +99,28 @@ typedef struct ddp_param {
     int aliased;          /* the master is the compute copy */
     int64_t master_at;    /* element offset in `masters` when not aliased */
     int64_t grad32_at;    /* element offset in `grad32`; -1 when grads are f32 */
+    int in_grad32;        /* reduced in grad32 (f32), after a conversion in reduce */
+    vh_dtype wire;        /* the dtype its gradient is reduced in */
 } ddp_param;
 
-/* One collective of a unit's reduction. */
+/* One collective of a bucket's reduction. */
 typedef struct ddp_run {
-    int32_t first, count; /* the unit's params it covers */
+    int32_t first, count; /* the params it covers, into ddp.params_ */
     int in_grad32;        /* reduced in grad32 (f32), after a conversion */
     vh_dtype dtype;       /* on the wire */
     size_t at;            /* byte offset in `grads`, or element offset in grad32 */
     size_t elems;         /* elements of dtype, padding included */
     vh_comm_request *req; /* in flight, or NULL */
+    int done;             /* test said it finished (it is still to be waited on) */
 } ddp_run;
+
+/* Consecutive units whose gradients travel together (see "Buckets"). */
+typedef struct ddp_bucket {
+    int32_t first_unit, num_units;
+    int32_t first_run, num_runs; /* into ddp.runs */
+    size_t bytes;                /* on the wire */
+    int32_t reduced;             /* of its units, reduced in the current step */
+} ddp_bucket;
 
 typedef struct ddp_unit {
     const char *name;   /* the table's, for messages; lives as long as the model */
@@ -95,7 +128,8 @@ typedef struct ddp_unit {
     int32_t first_param, num_params; /* into ddp.params_ */
     size_t param_at, param_bytes;    /* the unit's range of `params` */
     size_t grad_at, grad_bytes;      /* and of `grads` */
-    int32_t first_run, num_runs;     /* into ddp.runs */
+    size_t wire_bytes;               /* its gradients on the wire */
+    int32_t bucket;                  /* into ddp.buckets */
     int32_t gathered;   /* gathers not yet released */
     int32_t reduced;    /* reduce was called for this unit in the current step */
     int32_t converted;  /* its 16-bit grads are in grad32 for this step */
@@ -113,8 +147,14 @@ typedef struct ddp {
     int32_t num_units;
     ddp_param *params_;  /* host memory, every parameter of every unit in order */
     int32_t num_params;
-    ddp_run *runs;       /* host memory */
+    ddp_run *runs;       /* host memory, bucket after bucket */
     int32_t num_runs;
+    ddp_bucket *buckets; /* host memory, in backward order: bucket 0 holds the last unit */
+    int32_t num_buckets;
+    double bucket_mb;    /* the config's */
+    int32_t *started;    /* indices into runs, in the order their collectives started */
+    int32_t num_started;
+    int32_t first_open;  /* started[< first_open] are known to have finished */
     int64_t numel;       /* sum over units */
     int64_t max_numel;   /* of one parameter */
     /* device memory from here on */
@@ -132,6 +172,10 @@ typedef struct ddp {
 } ddp;
 
 static const vh_config_key schema[] = {
+    {"bucket_mb", VH_CONFIG_TYPE_FLOAT, "25",
+     "MiB of gradients per all-reduce bucket: consecutive units (in backward order) share one "
+     "until it holds this much; 0: one bucket per unit",
+     NULL, 0, 1048576, 0},
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -156,12 +200,19 @@ static vh_status ddp_create(vh_host *host, void **self) {
     if (!comm || !comm->ops || !comm->ops->all_reduce_start || !comm->ops->wait)
         return host->api->fail(host, VH_STATUS_ERR_INTERNAL,
                                "the host gave no communicator with all_reduce_start and wait");
+    double bucket_mb = 25.0;
+    vh_status st = host->api->config_float(host, "bucket_mb", &bucket_mb);
+    if (st != VH_STATUS_OK) return st;
+    if (!(bucket_mb >= 0.0)) /* the schema's range; NaN too */
+        return host->api->config_fail(host, "bucket_mb", "bucket_mb must be >= 0 (got %g)",
+                                      bucket_mb);
     ddp *d = host->api->alloc(host, sizeof *d);
     if (!d) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory");
     memset(d, 0, sizeof *d);
     d->host = host;
     d->dev = dev;
     d->comm = comm;
+    d->bucket_mb = bucket_mb;
     *self = d;
     return VH_STATUS_OK;
 }
@@ -170,23 +221,53 @@ static void dev_free(ddp *d, void *ptr) {
     if (ptr) d->dev->free(d->dev->device, ptr);
 }
 
-/* Finishes every request still in flight; returns the first failure. */
+/* Finishes every request still in flight, in the order they started;
+ * returns the first failure. */
 static vh_status wait_runs(ddp *d) {
     vh_status first = VH_STATUS_OK;
-    for (int32_t r = 0; r < d->num_runs; r++) {
-        if (!d->runs[r].req) continue;
-        vh_status st = d->comm->ops->wait(d->comm, d->runs[r].req);
-        d->runs[r].req = NULL;
+    for (int32_t i = 0; i < d->num_started; i++) {
+        ddp_run *run = &d->runs[d->started[i]];
+        if (!run->req) continue;
+        vh_status st = d->comm->ops->wait(d->comm, run->req);
+        run->req = NULL;
+        run->done = 0;
         if (st != VH_STATUS_OK && first == VH_STATUS_OK) first = st;
     }
+    d->num_started = d->first_open = 0;
     return first;
+}
+
+/* Lets the collectives in flight advance (see "Progress"): one test per
+ * request not yet known to have finished. */
+static vh_status progress(ddp *d) {
+    vh_status (*test)(vh_comm *, vh_comm_request *, int *) = d->comm->ops->test;
+    if (!test) return VH_STATUS_OK;
+    for (int32_t i = d->first_open; i < d->num_started; i++) {
+        ddp_run *run = &d->runs[d->started[i]];
+        if (!run->req || run->done) continue;
+        int done = 0;
+        vh_status st = test(d->comm, run->req, &done);
+        if (st != VH_STATUS_OK)
+            return d->host->api->fail(d->host, st,
+                                      "testing a gradient all-reduce (%zu %s) over %d ranks "
+                                      "failed",
+                                      run->elems, vh_dtype_name(run->dtype), (int)d->world);
+        run->done = done != 0;
+    }
+    /* Skip the finished prefix next time. */
+    while (d->first_open < d->num_started) {
+        const ddp_run *run = &d->runs[d->started[d->first_open]];
+        if (run->req && !run->done) break;
+        d->first_open++;
+    }
+    return VH_STATUS_OK;
 }
 
 /* Frees every buffer and returns to the state before setup. */
 static void release_buffers(ddp *d) {
     vh_host *host = d->host;
     /* The buffers belong to a collective until it has finished. */
-    if (d->runs) (void)wait_runs(d);
+    if (d->started) (void)wait_runs(d);
     dev_free(d, d->params);
     dev_free(d, d->grads);
     dev_free(d, d->masters);
@@ -195,6 +276,8 @@ static void release_buffers(ddp *d) {
     host->api->free(host, d->units);
     host->api->free(host, d->params_);
     host->api->free(host, d->runs);
+    host->api->free(host, d->buckets);
+    host->api->free(host, d->started);
     host->api->free(host, d->slices);
     d->params = d->grads = NULL;
     d->masters = d->grad32 = NULL;
@@ -202,8 +285,11 @@ static void release_buffers(ddp *d) {
     d->units = NULL;
     d->params_ = NULL;
     d->runs = NULL;
+    d->buckets = NULL;
+    d->started = NULL;
     d->slices = NULL;
-    d->num_units = d->num_params = d->num_runs = 0;
+    d->num_units = d->num_params = d->num_runs = d->num_buckets = 0;
+    d->num_started = d->first_open = 0;
     d->numel = d->max_numel = d->masters_numel = d->grad32_numel = 0;
     d->params_bytes = d->grads_bytes = 0;
     d->pending = 0;
@@ -304,8 +390,81 @@ static vh_status check_table(ddp *d, const vh_param_table *t) {
     return VH_STATUS_OK;
 }
 
-/* Where everything goes: the per-parameter records, the unit ranges and the
- * reduction runs, from the two layouts of every unit. Host memory only. */
+/* The buckets (see "Buckets"): units from the last to the first, each bucket
+ * closed once it holds >= bucket_mb MiB; then each bucket's runs, over its
+ * parameters in buffer order. Host memory only; the same on every rank. */
+static vh_status plan_buckets(ddp *d) {
+    vh_host *host = d->host;
+    size_t bucket_bytes = (size_t)d->num_units * sizeof *d->buckets;
+    size_t run_bytes = (size_t)d->num_params * sizeof *d->runs; /* at most one a parameter */
+    d->buckets = host->api->alloc(host, bucket_bytes);
+    d->runs = host->api->alloc(host, run_bytes);
+    d->started = host->api->alloc(host, (size_t)d->num_params * sizeof *d->started);
+    if (!d->buckets || !d->runs || !d->started)
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory for %d buckets",
+                               (int)d->num_units);
+    memset(d->buckets, 0, bucket_bytes);
+    memset(d->runs, 0, run_bytes);
+    const double cap = d->bucket_mb * 1024.0 * 1024.0;
+    int32_t nb = 0;
+    for (int32_t u = d->num_units - 1; u >= 0; u--) {
+        ddp_bucket *b = nb > 0 ? &d->buckets[nb - 1] : NULL;
+        if (!b || (double)b->bytes >= cap) { /* the previous one is full: open another */
+            b = &d->buckets[nb++];
+            b->num_units = 0;
+        }
+        b->first_unit = u;
+        b->num_units++;
+        b->bytes += d->units[u].wire_bytes;
+        d->units[u].bucket = nb - 1;
+    }
+    d->num_buckets = nb;
+
+    int32_t r = 0;
+    for (int32_t k = 0; k < nb; k++) {
+        ddp_bucket *b = &d->buckets[k];
+        const ddp_unit *lo = &d->units[b->first_unit];
+        const ddp_unit *hi = &d->units[b->first_unit + b->num_units - 1];
+        const int32_t first = lo->first_param, end = hi->first_param + hi->num_params;
+        b->first_run = r;
+        for (int32_t n = first; n < end; n++) {
+            const ddp_param *p = &d->params_[n];
+            ddp_run *last = r > b->first_run ? &d->runs[r - 1] : NULL;
+            if (last && last->in_grad32 == p->in_grad32 && last->dtype == p->wire) {
+                last->count++;
+                continue;
+            }
+            ddp_run *run = &d->runs[r++];
+            run->first = n;
+            run->count = 1;
+            run->in_grad32 = p->in_grad32;
+            run->dtype = p->wire;
+            run->at = p->in_grad32 ? (size_t)p->grad32_at : p->grad_at;
+        }
+        b->num_runs = r - b->first_run;
+        /* Each run's length: in `grads` to the next run's start, or the end of
+         * the bucket's last unit (padding included); in grad32 the
+         * parameters themselves (packed). */
+        for (int32_t i = b->first_run; i < r; i++) {
+            ddp_run *run = &d->runs[i];
+            const int32_t run_end = run->first + run->count;
+            if (run->in_grad32) {
+                int64_t elems = 0;
+                for (int32_t n = run->first; n < run_end; n++) elems += d->params_[n].numel;
+                run->elems = (size_t)elems;
+            } else {
+                size_t end_at = run_end < end ? d->params_[run_end].grad_at
+                                              : hi->grad_at + hi->grad_bytes;
+                run->elems = (end_at - run->at) / vh_dtype_size(run->dtype);
+            }
+        }
+    }
+    d->num_runs = r;
+    return VH_STATUS_OK;
+}
+
+/* Where everything goes: the per-parameter records and the unit ranges, from
+ * the two layouts of every unit, then the buckets. Host memory only. */
 static vh_status plan(ddp *d, const vh_param_table *t) {
     vh_host *host = d->host;
     const vh_precision_policy *pol = &d->policy;
@@ -313,20 +472,17 @@ static vh_status plan(ddp *d, const vh_param_table *t) {
     for (int32_t u = 0; u < t->num_units; u++) nparams += t->units[u].num_params;
     size_t unit_bytes = (size_t)t->num_units * sizeof *d->units;
     size_t param_bytes = (size_t)nparams * sizeof *d->params_;
-    size_t run_bytes = (size_t)nparams * sizeof *d->runs; /* at most one a parameter */
     d->units = host->api->alloc(host, unit_bytes);
     d->params_ = host->api->alloc(host, param_bytes);
-    d->runs = host->api->alloc(host, run_bytes);
-    if (!d->units || !d->params_ || !d->runs)
+    if (!d->units || !d->params_)
         return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory for %d units",
                                (int)t->num_units);
     memset(d->units, 0, unit_bytes);
     memset(d->params_, 0, param_bytes);
-    memset(d->runs, 0, run_bytes);
     d->num_units = t->num_units;
     d->num_params = nparams;
 
-    int32_t n = 0, r = 0;
+    int32_t n = 0;
     int64_t state_at = 0;
     for (int32_t u = 0; u < t->num_units; u++) {
         const vh_unit_desc *ud = &t->units[u];
@@ -348,7 +504,6 @@ static vh_status plan(ddp *d, const vh_param_table *t) {
         un->param_bytes = pl.bytes;
         un->grad_at = d->grads_bytes;
         un->grad_bytes = gl.bytes;
-        un->first_run = r;
         for (int32_t i = 0; i < ud->num_params; i++, n++) {
             ddp_param *p = &d->params_[n];
             p->numel = ud->params[i].numel;
@@ -371,46 +526,22 @@ static vh_status plan(ddp *d, const vh_param_table *t) {
                 d->grad32_numel += p->numel;
             }
             if (p->numel > d->max_numel) d->max_numel = p->numel;
-
             /* The wire: see "Wire dtype" above. */
-            int in_grad32 = p->grad_dtype != VH_DTYPE_F32 && pol->comm_dtype == VH_DTYPE_F32;
-            vh_dtype wire = in_grad32 ? VH_DTYPE_F32 : p->grad_dtype;
-            ddp_run *last = r > un->first_run ? &d->runs[r - 1] : NULL;
-            if (last && last->in_grad32 == in_grad32 && last->dtype == wire) {
-                last->count++;
-            } else {
-                ddp_run *run = &d->runs[r++];
-                run->first = i;
-                run->count = 1;
-                run->in_grad32 = in_grad32;
-                run->dtype = wire;
-                run->at = in_grad32 ? (size_t)p->grad32_at : p->grad_at;
-            }
+            p->in_grad32 = p->grad_dtype != VH_DTYPE_F32 && pol->comm_dtype == VH_DTYPE_F32;
+            p->wire = p->in_grad32 ? VH_DTYPE_F32 : p->grad_dtype;
+            /* Its bytes on the wire: packed f32 in grad32, or its span of
+             * `grads` up to the next parameter (padding included). */
+            size_t span_end = i + 1 < ud->num_params ? gl.offsets[i + 1] : gl.bytes;
+            un->wire_bytes += p->in_grad32 ? (size_t)p->numel * sizeof(float)
+                                           : span_end - gl.offsets[i];
         }
-        /* Each run's length: to the next run's start (padding included) in
-         * `grads`; the parameters themselves in grad32 (packed). */
-        for (int32_t k = un->first_run; k < r; k++) {
-            ddp_run *run = &d->runs[k];
-            if (run->in_grad32) {
-                int64_t elems = 0;
-                for (int32_t i = run->first; i < run->first + run->count; i++)
-                    elems += ud->params[i].numel;
-                run->elems = (size_t)elems;
-            } else {
-                int32_t end = run->first + run->count;
-                size_t end_at = end < ud->num_params ? gl.offsets[end] : gl.bytes;
-                run->elems = (end_at - gl.offsets[run->first]) / vh_dtype_size(run->dtype);
-            }
-        }
-        un->num_runs = r - un->first_run;
         d->params_bytes += pl.bytes;
         d->grads_bytes += gl.bytes;
         state_at += ud->numel;
         vh_unit_layout_free(&pl);
         vh_unit_layout_free(&gl);
     }
-    d->num_runs = r;
-    return VH_STATUS_OK;
+    return plan_buckets(d);
 }
 
 /* A zeroed device buffer of `bytes`; the message names what it is for. */
@@ -577,6 +708,46 @@ static vh_status scratch_f32(ddp *d, int64_t n, float **out) {
     return VH_STATUS_OK;
 }
 
+/* Rank 0's values of unit u on every rank (see "Start"): its compute copies
+ * in runs of one dtype over `params`, then its separate masters, which lie
+ * end to end in `masters`. */
+static vh_status broadcast_unit(ddp *d, const ddp_unit *u) {
+    vh_comm *c = d->comm;
+    /* Without one every rank keeps what it was given: the same values, by
+     * load_unit's contract (the shipped backends all broadcast). */
+    if (!c->ops->broadcast_start) return VH_STATUS_OK;
+    const ddp_param *ps = &d->params_[u->first_param];
+    const size_t unit_end = u->param_at + u->param_bytes;
+    for (int32_t i = 0, j; i < u->num_params; i = j) {
+        for (j = i + 1; j < u->num_params && ps[j].param_dtype == ps[i].param_dtype; j++) {}
+        size_t end_at = j < u->num_params ? ps[j].param_at : unit_end;
+        size_t elems = (end_at - ps[i].param_at) / vh_dtype_size(ps[i].param_dtype);
+        vh_status st = vh_comm_broadcast(c, param_ptr(d, &ps[i]), elems, ps[i].param_dtype, 0);
+        if (st != VH_STATUS_OK)
+            return d->host->api->fail(d->host, st,
+                                      "load_unit: broadcasting unit %s's parameters (%zu %s) "
+                                      "from rank 0 failed",
+                                      unit_name(u), elems, vh_dtype_name(ps[i].param_dtype));
+    }
+    /* A unit's separate masters are numbered in parameter order. */
+    int64_t masters_first = -1, masters_count = 0;
+    for (int32_t i = 0; i < u->num_params; i++) {
+        if (ps[i].aliased) continue;
+        if (masters_first < 0) masters_first = ps[i].master_at;
+        masters_count += ps[i].numel;
+    }
+    if (masters_count > 0) {
+        vh_status st = vh_comm_broadcast(c, d->masters + masters_first, (size_t)masters_count,
+                                         VH_DTYPE_F32, 0);
+        if (st != VH_STATUS_OK)
+            return d->host->api->fail(d->host, st,
+                                      "load_unit: broadcasting unit %s's f32 masters (%lld) "
+                                      "from rank 0 failed",
+                                      unit_name(u), (long long)masters_count);
+    }
+    return VH_STATUS_OK;
+}
+
 static vh_status ddp_load_unit(void *self, int32_t unit, const float *values) {
     ddp *d = self;
     if (!d) return VH_STATUS_ERR_INVALID_ARG;
@@ -622,7 +793,7 @@ static vh_status ddp_load_unit(void *self, int32_t unit, const float *values) {
                                       what, (int)unit, unit_name(u), (int)i, dev_name(d));
         at += n;
     }
-    return VH_STATUS_OK;
+    return broadcast_unit(d, u);
 }
 
 static vh_status ddp_store_unit(void *self, int32_t unit, float *values) {
@@ -680,6 +851,7 @@ static vh_status ddp_zero_grads(void *self) {
     if (st != VH_STATUS_OK)
         return host->api->fail(host, st, "zeroing the gradients on %s failed", dev_name(d));
     for (int32_t u = 0; u < d->num_units; u++) d->units[u].reduced = d->units[u].converted = 0;
+    for (int32_t b = 0; b < d->num_buckets; b++) d->buckets[b].reduced = 0;
     return VH_STATUS_OK;
 }
 
@@ -695,6 +867,7 @@ static vh_status ddp_gather(void *self, int32_t unit, const void **params) {
         return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG,
                                   "gather: unit %d (%s) gathered %d times without release",
                                   (int)unit, unit_name(u), (int)u->gathered);
+    if ((st = progress(d)) != VH_STATUS_OK) return st;
     /* A replica is always whole: nothing to gather. */
     u->gathered++;
     *params = (const char *)d->params + u->param_at;
@@ -712,7 +885,7 @@ static vh_status ddp_release(void *self, int32_t unit) {
                                   "release of unit %d (%s), which is not gathered", (int)unit,
                                   unit_name(u));
     u->gathered--;
-    return VH_STATUS_OK;
+    return progress(d);
 }
 
 static vh_status ddp_grads(void *self, int32_t unit, void **grads) {
@@ -728,17 +901,18 @@ static vh_status ddp_grads(void *self, int32_t unit, void **grads) {
                                   "grads of unit %d (%s) asked for after its reduce in this "
                                   "step; whatever is added now would miss the other ranks",
                                   (int)unit, unit_name(u));
+    if ((st = progress(d)) != VH_STATUS_OK) return st;
     *grads = (char *)d->grads + u->grad_at;
     return VH_STATUS_OK;
 }
 
-/* grad32 <- the 16-bit gradients of params [first, first + count) of unit u
- * (those with grad32_at >= 0), on the current stream. */
-static vh_status convert_grads(ddp *d, const ddp_unit *u, int32_t first, int32_t count) {
+/* grad32 <- the 16-bit gradients of unit u's params, on the current stream:
+ * those reduced in f32 (in_grad32, for reduce) or the others (for wait). */
+static vh_status convert_grads(ddp *d, const ddp_unit *u, int in_grad32) {
     const vh_device_ops *dev = d->dev;
-    for (int32_t i = first; i < first + count; i++) {
+    for (int32_t i = 0; i < u->num_params; i++) {
         const ddp_param *p = &d->params_[u->first_param + i];
-        if (p->grad32_at < 0) continue;
+        if (p->grad32_at < 0 || p->in_grad32 != in_grad32) continue;
         vh_status st = dev->convert(dev->device, d->grad32 + p->grad32_at, VH_DTYPE_F32,
                                     grad_ptr(d, p), p->grad_dtype, (size_t)p->numel, NULL);
         if (st != VH_STATUS_OK)
@@ -747,6 +921,32 @@ static vh_status convert_grads(ddp *d, const ddp_unit *u, int32_t first, int32_t
                                       "failed",
                                       unit_name(u), (int)i, vh_dtype_name(p->grad_dtype),
                                       dev_name(d));
+    }
+    return VH_STATUS_OK;
+}
+
+/* Starts the collectives of bucket b, whose units are all reduced. */
+static vh_status start_bucket(ddp *d, const ddp_bucket *b) {
+    vh_host *host = d->host;
+    for (int32_t k = b->first_run; k < b->first_run + b->num_runs; k++) {
+        ddp_run *run = &d->runs[k];
+        /* f32 on the wire for 16-bit grads: reduce converted them already
+         * (the collective is ordered after the conversion on the stream). */
+        void *buf = run->in_grad32 ? (void *)(d->grad32 + run->at) : (char *)d->grads + run->at;
+        run->done = 0;
+        vh_status st = d->comm->ops->all_reduce_start(d->comm, buf, run->elems, run->dtype,
+                                                      VH_REDUCE_OP_AVG, NULL, &run->req);
+        if (st != VH_STATUS_OK) {
+            run->req = NULL;
+            const ddp_unit *lo = &d->units[b->first_unit];
+            const ddp_unit *hi = &d->units[b->first_unit + b->num_units - 1];
+            return host->api->fail(host, st,
+                                   "starting the all-reduce of units %s..%s's grads (%zu %s) "
+                                   "over %d ranks failed",
+                                   unit_name(lo), unit_name(hi), run->elems,
+                                   vh_dtype_name(run->dtype), (int)d->world);
+        }
+        d->started[d->num_started++] = k;
     }
     return VH_STATUS_OK;
 }
@@ -767,30 +967,13 @@ static vh_status ddp_reduce(void *self, int32_t unit) {
      * wait then finishes what did start, and the step is abandoned anyway. */
     u->reduced = 1;
     d->pending++;
-    for (int32_t k = u->first_run; k < u->first_run + u->num_runs; k++) {
-        ddp_run *run = &d->runs[k];
-        void *buf;
-        if (run->in_grad32) {
-            /* f32 on the wire for 16-bit grads: convert first, then reduce
-             * the f32 copy (the collective is ordered after the conversion
-             * on the same stream). */
-            if ((st = convert_grads(d, u, run->first, run->count)) != VH_STATUS_OK) return st;
-            buf = d->grad32 + run->at;
-        } else {
-            buf = (char *)d->grads + run->at;
-        }
-        st = d->comm->ops->all_reduce_start(d->comm, buf, run->elems, run->dtype,
-                                            VH_REDUCE_OP_AVG, NULL, &run->req);
-        if (st != VH_STATUS_OK) {
-            run->req = NULL;
-            return host->api->fail(host, st,
-                                   "starting the all-reduce of unit %d (%s)'s grads (%zu %s) "
-                                   "over %d ranks failed",
-                                   (int)unit, unit_name(u), run->elems,
-                                   vh_dtype_name(run->dtype), (int)d->world);
-        }
-    }
-    return VH_STATUS_OK;
+    if ((st = progress(d)) != VH_STATUS_OK) return st;
+    /* Its grads are final: their f32 copies can be made now, while the
+     * bucket waits for its other units. */
+    if (d->grad32_numel > 0 && (st = convert_grads(d, u, 1)) != VH_STATUS_OK) return st;
+    ddp_bucket *b = &d->buckets[u->bucket];
+    if (++b->reduced < b->num_units) return VH_STATUS_OK;
+    return start_bucket(d, b);
 }
 
 static vh_status ddp_wait(void *self) {
@@ -819,11 +1002,9 @@ static vh_status ddp_wait(void *self) {
     for (int32_t u = 0; u < d->num_units; u++) {
         ddp_unit *un = &d->units[u];
         if (un->converted) continue;
-        for (int32_t k = un->first_run; k < un->first_run + un->num_runs; k++) {
-            const ddp_run *run = &d->runs[k];
-            if (un->reduced && run->in_grad32) continue; /* converted before its reduce */
-            if ((st = convert_grads(d, un, run->first, run->count)) != VH_STATUS_OK) return st;
-        }
+        if ((st = convert_grads(d, un, 0)) != VH_STATUS_OK) return st;
+        /* in_grad32 ones were converted by reduce */
+        if (!un->reduced && (st = convert_grads(d, un, 1)) != VH_STATUS_OK) return st;
         un->converted = 1;
     }
     return VH_STATUS_OK;
@@ -973,4 +1154,4 @@ static const vh_sharding_vtable vtable = {
 };
 
 VH_PLUGIN_DEFINE(VH_ROLE_SHARDING, "ddp", "0.1.0",
-                 "data parallel: full replicas, grads all-reduced per unit", schema, vtable);
+                 "data parallel: full replicas, grads all-reduced in buckets of units", schema, vtable);

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -17,6 +19,44 @@
 #define STATE_FORMAT 1
 
 static const char hex_digits[] = "0123456789abcdef";
+
+/* ---- file checksums ---------------------------------------------------------- */
+
+/* CRC-32 as zlib's crc32() computes it (reflected, polynomial 0xEDB88320),
+ * so `python -c "import zlib; ..."` checks a file by hand. */
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
+    static uint32_t table[256];
+    if (!table[1]) {
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+    }
+    crc = ~crc;
+    while (n--) crc = table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* The CRC-32 and size of a file; 0 when it cannot be read. */
+static int file_crc32(const char *path, uint32_t *crc, uint64_t *bytes) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    unsigned char buf[1 << 16];
+    size_t n;
+    *crc = 0;
+    *bytes = 0;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        *crc = crc32_update(*crc, buf, n);
+        *bytes += n;
+    }
+    int ok = !ferror(f);
+    fclose(f);
+    return ok;
+}
+
+/* The files of a checkpoint that state.json carries a checksum of. */
+static const char *const checked_files[] = {"model", "optim"};
 
 /* A plugin's state blob, through its vtable members. */
 typedef struct blob {
@@ -78,7 +118,25 @@ static int write_file_sync(const char *path, const char *text) {
 
 static vh_status write_state_json(vh_session *s, const char *path, blob *blobs, int n,
                                   vh_diag *d) {
-    size_t len = 512;
+    /* The model and optimizer files' checksums, read back from what was
+     * written (the page cache holds them): a damaged copy is caught on load. */
+    char sums[256] = "";
+    for (int i = 0; i < 2; i++) {
+        char file[4400];
+        snprintf(file, sizeof file, "%.*s/%s.safetensors",
+                 (int)(strrchr(path, '/') - path), path, checked_files[i]);
+        uint32_t crc;
+        uint64_t bytes;
+        if (i == 1 && s->state_slots == 0) continue;
+        if (!file_crc32(file, &crc, &bytes))
+            return diag_set(d, VH_STATUS_ERR_IO, "cannot read back %s: %s", file,
+                            strerror(errno));
+        size_t used = strlen(sums);
+        snprintf(sums + used, sizeof sums - used,
+                 ",\n  \"%s_crc32\": \"%08x\",\n  \"%s_bytes\": %llu", checked_files[i],
+                 (unsigned)crc, checked_files[i], (unsigned long long)bytes);
+    }
+    size_t len = 512 + sizeof sums;
     for (int i = 0; i < n; i++) len += 2 * blobs[i].size + 64;
     char *text = malloc(len);
     if (!text) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
@@ -87,6 +145,7 @@ static vh_status write_state_json(vh_session *s, const char *path, blob *blobs, 
                                    "  \"epoch_in_progress\": %d",
                                    STATE_FORMAT, (long long)s->step, (long long)s->epoch,
                                    s->epoch_in_progress);
+    used += (size_t)snprintf(text + used, len - used, "%s", sums);
     for (int i = 0; i < n; i++) {
         used += (size_t)snprintf(text + used, len - used, ",\n  \"%s_state\": \"", blobs[i].key);
         for (size_t k = 0; k < blobs[i].size; k++) {
@@ -262,8 +321,89 @@ static int json_int(const char *text, const char *key, int64_t *out) {
     snprintf(pattern, sizeof pattern, "\"%s\": ", key);
     const char *p = strstr(text, pattern);
     if (!p) return 0;
-    *out = strtoll(p + strlen(pattern), NULL, 10);
+    char *end;
+    errno = 0;
+    *out = strtoll(p + strlen(pattern), &end, 10);
+    return errno == 0 && end != p + strlen(pattern) &&
+           (*end == ',' || *end == '\n' || *end == '}' || *end == ' ');
+}
+
+/* The hex text of "<key>": "1a2b3c4d". */
+static int json_crc(const char *text, const char *key, uint32_t *out) {
+    char pattern[160];
+    snprintf(pattern, sizeof pattern, "\"%s\": \"", key);
+    const char *p = strstr(text, pattern);
+    if (!p) return 0;
+    char *end;
+    unsigned long v = strtoul(p + strlen(pattern), &end, 16);
+    if (end != p + strlen(pattern) + 8 || *end != '"') return -1;
+    *out = (uint32_t)v;
     return 1;
+}
+
+void checkpoint_previous(const char *ckpt_dir, char *out, size_t len) {
+    out[0] = '\0';
+    const char *slash = strrchr(ckpt_dir, '/');
+    if (!slash) return;
+    char root[4400];
+    snprintf(root, sizeof root, "%.*s", (int)(slash - ckpt_dir), ckpt_dir);
+    DIR *dir = opendir(root);
+    if (!dir) return;
+    char best[256] = "";
+    struct dirent *e;
+    while ((e = readdir(dir)))
+        if (strncmp(e->d_name, "step-", 5) == 0 && strcmp(e->d_name, slash + 1) < 0 &&
+            strcmp(e->d_name, best) > 0 && strlen(e->d_name) < sizeof best)
+            snprintf(best, sizeof best, "%s", e->d_name);
+    closedir(dir);
+    if (best[0]) snprintf(out, len, "%s/%s", root, best);
+}
+
+/* What a refusal of ckpt_dir offers instead: the checkpoint before it. */
+static void previous_offer(const char *ckpt_dir, char *out, size_t len) {
+    char prev[4400];
+    checkpoint_previous(ckpt_dir, prev, sizeof prev);
+    const char *slash = strrchr(ckpt_dir, '/');
+    int root_len = slash ? (int)(slash - ckpt_dir) : 0;
+    if (prev[0])
+        snprintf(out, len, "; the previous checkpoint is %s (to resume from it: echo %s > %.*s/latest)",
+                 prev, strrchr(prev, '/') + 1, root_len, ckpt_dir);
+    else
+        snprintf(out, len, "; there is no earlier checkpoint in %.*s", root_len, ckpt_dir);
+}
+
+/* The model and optimizer files against the checksums state.json holds; a
+ * checkpoint written before checksums has none and is not checked. */
+static vh_status verify_files(const char *ckpt_dir, const char *state_path, const char *text,
+                              vh_diag *d) {
+    for (int i = 0; i < 2; i++) {
+        char key[64], file[4400];
+        snprintf(key, sizeof key, "%s_crc32", checked_files[i]);
+        uint32_t want = 0, got = 0;
+        uint64_t bytes = 0;
+        int64_t want_bytes = -1;
+        int has = json_crc(text, key, &want);
+        if (has == 0) continue;
+        if (has < 0)
+            return diag_set(d, VH_STATUS_ERR_FORMAT, "%s: \"%s\" is not 8 hex digits",
+                            state_path, key);
+        snprintf(key, sizeof key, "%s_bytes", checked_files[i]);
+        json_int(text, key, &want_bytes);
+        snprintf(file, sizeof file, "%s/%s.safetensors", ckpt_dir, checked_files[i]);
+        if (!file_crc32(file, &got, &bytes))
+            return diag_set(d, VH_STATUS_ERR_IO, "%s: %s", file, strerror(errno));
+        if (want_bytes >= 0 && (uint64_t)want_bytes != bytes)
+            return diag_set(d, VH_STATUS_ERR_FORMAT,
+                            "%s is damaged: %llu bytes, but %s says %lld (truncated or "
+                            "overwritten)",
+                            file, (unsigned long long)bytes, state_path, (long long)want_bytes);
+        if (got != want)
+            return diag_set(d, VH_STATUS_ERR_FORMAT,
+                            "%s is damaged: its CRC-32 is %08x, but %s says %08x (corrupted "
+                            "on disk or in a copy)",
+                            file, (unsigned)got, state_path, (unsigned)want);
+    }
+    return VH_STATUS_OK;
 }
 
 static int hex_value(char c) {
@@ -295,15 +435,31 @@ static int json_blob(const char *text, const char *key, unsigned char **out, siz
     return 1;
 }
 
-vh_status checkpoint_load(vh_session *s, const char *ckpt_dir, vh_diag *d) {
+/* The files (checksums) and then the weights and optimizer state; a
+ * damaged file is refused offering the checkpoint before it. */
+static vh_status load_files(vh_session *s, const char *ckpt_dir, const char *state_path,
+                            const char *text, vh_diag *d) {
     char path[4400];
-    snprintf(path, sizeof path, "%s/model.safetensors", ckpt_dir);
-    vh_status st = weights_load_model(s, path, VH_WEIGHTS_MODE_STRICT, d);
+    vh_status st = verify_files(ckpt_dir, state_path, text, d);
+    if (st == VH_STATUS_OK) {
+        snprintf(path, sizeof path, "%s/model.safetensors", ckpt_dir);
+        st = weights_load_model(s, path, VH_WEIGHTS_MODE_STRICT, d);
+    }
     if (st == VH_STATUS_OK && s->state_slots > 0) {
         snprintf(path, sizeof path, "%s/optim.safetensors", ckpt_dir);
         st = optim_state_load(s, path, d);
     }
-    if (st != VH_STATUS_OK) return st;
+    if (st == VH_STATUS_ERR_FORMAT || st == VH_STATUS_ERR_IO || st == VH_STATUS_ERR_NUMERIC) {
+        char offer[9000];
+        previous_offer(ckpt_dir, offer, sizeof offer);
+        size_t used = strlen(d->text);
+        snprintf(d->text + used, sizeof d->text - used, "%s", offer);
+    }
+    return st;
+}
+
+vh_status checkpoint_load(vh_session *s, const char *ckpt_dir, vh_diag *d) {
+    char path[4400];
     snprintf(path, sizeof path, "%s/state.json", ckpt_dir);
     char *text = read_text(path);
     if (!text) return diag_set(d, VH_STATUS_ERR_IO, "%s: %s", path, strerror(errno));
@@ -315,6 +471,17 @@ vh_status checkpoint_load(vh_session *s, const char *ckpt_dir, vh_diag *d) {
         return diag_set(d, VH_STATUS_ERR_FORMAT, "%s is not a vithost state file of format %d",
                         path, STATE_FORMAT);
     }
+    /* Values no run writes: a hand-edited or damaged file. */
+    const char *bad = step < 0 ? "step" : epoch < 0 ? "epoch" :
+                      (in_progress != 0 && in_progress != 1) ? "epoch_in_progress" : NULL;
+    if (bad) {
+        free(text);
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s: impossible values (step %lld, epoch %lld, epoch_in_progress %lld: "
+                        "\"%s\" is wrong); the file was edited or damaged",
+                        path, (long long)step, (long long)epoch, (long long)in_progress, bad);
+    }
+    vh_status st = load_files(s, ckpt_dir, path, text, d);
     for (int i = 0; i < 4 && st == VH_STATUS_OK; i++) {
         vh_role role = blob_roles[i];
         char key[64];

@@ -25,6 +25,10 @@ vh_status checkpoint_save(vh_session *s, const char *run_dir, int64_t keep, vh_d
  * error that says there is none. */
 vh_status checkpoint_latest(const char *run_dir, char *out, size_t len, vh_diag *d);
 
+/* The checkpoint folder before ckpt_dir in its run folder ("" when none is
+ * kept): what a refusal of ckpt_dir offers instead. */
+void checkpoint_previous(const char *ckpt_dir, char *out, size_t len);
+
 /* Restores parameters, optimizer, precision, model and data state, step and
  * epoch from a checkpoint folder. */
 vh_status checkpoint_load(vh_session *s, const char *ckpt_dir, vh_diag *d);

@@ -1,5 +1,7 @@
 /* evaluate.c - one evaluation pass over the eval split: top-1, top-5 and
  * the mean loss, summed over the ranks (each sees its own part). */
+#include <math.h>
+
 #include "session.h"
 
 
@@ -12,12 +14,13 @@ static void widen_logits(float *buf, vh_dtype dtype, size_t n) {
 }
 
 /* Rank of the true class among the logits: 0 when it has the highest. A
- * sample with any NaN logit ranks last: NaN compares false with everything,
- * so it would otherwise count as correct. */
+ * sample with any NaN or Inf logit ranks last: NaN compares false with
+ * everything, so it would otherwise count as correct, and an Inf hides
+ * every other class. */
 static int label_rank(const float *logits, int32_t classes, int32_t label) {
     int rank = 0;
     for (int32_t c = 0; c < classes; c++)
-        if (logits[c] != logits[c]) return classes;
+        if (!isfinite(logits[c])) return classes;
     for (int32_t c = 0; c < classes; c++)
         if (logits[c] > logits[label] || (logits[c] == logits[label] && c < label)) rank++;
     return rank;
@@ -28,6 +31,7 @@ vh_status session_evaluate(vh_session *s, vh_eval_result *res, vh_diag *d) {
     const vh_device_ops *dev = s->run->device;
     const char *model_name = s->run->plugins[VH_ROLE_MODEL].desc->name;
     int64_t n = 0, top1 = 0, top5 = 0;
+    int64_t bad = 0; /* 1 + the first eval image with a NaN/Inf logit or loss */
     double loss_sum = 0.0;
     session_trace(s, "data.start_epoch split=eval");
     vh_status st = s->data->start_epoch(data, VH_SPLIT_EVAL, 0);
@@ -59,6 +63,9 @@ vh_status session_evaluate(vh_session *s, vh_eval_result *res, vh_diag *d) {
         st = session_read_loss(s, out.loss, &loss, d);
         if (st != VH_STATUS_OK) return st;
         const int32_t *labels = host_batch.labels.data;
+        for (size_t i = 0; i < count && !bad; i++)
+            if (!isfinite(s->host_logits[i])) bad = n + (int64_t)(i / (size_t)classes) + 1;
+        if (!bad && !isfinite(loss)) bad = n + 1;
         for (int64_t i = 0; i < batch.size; i++) {
             int r = label_rank(s->host_logits + i * classes, classes, labels[i]);
             top1 += r < 1;
@@ -67,10 +74,23 @@ vh_status session_evaluate(vh_session *s, vh_eval_result *res, vh_diag *d) {
         loss_sum += (double)loss * (double)batch.size;
         n += batch.size;
     }
-    /* Every rank saw its own part; the totals are the sums over ranks. */
-    double totals[4] = {(double)n, (double)top1, (double)top5, loss_sum};
-    st = session_reduce_scalars(s, totals, 4, VH_REDUCE_OP_SUM, d);
+    /* Every rank saw its own part; the totals are the sums over ranks (and
+     * whether any rank met a non-finite number). */
+    double totals[5] = {(double)n, (double)top1, (double)top5, loss_sum, bad ? 1.0 : 0.0};
+    st = session_reduce_scalars(s, totals, 5, VH_REDUCE_OP_SUM, d);
     if (st != VH_STATUS_OK) return st;
+    /* No score of NaN logits is meaningful: an error, not an accuracy. */
+    if (totals[4] != 0.0) {
+        if (bad)
+            return diag_set(d, VH_STATUS_ERR_NUMERIC,
+                            "evaluation: the %s model's logits or loss are NaN or Inf (eval "
+                            "image %lld of this rank); the weights or the computation are not "
+                            "finite, so no accuracy is reported",
+                            model_name, (long long)bad);
+        return diag_set(d, VH_STATUS_ERR_NUMERIC,
+                        "evaluation: another rank's logits or loss are NaN or Inf; no accuracy "
+                        "is reported");
+    }
     res->samples = (int64_t)totals[0];
     res->top1 = totals[0] > 0 ? totals[1] / totals[0] : 0.0;
     res->top5 = totals[0] > 0 ? totals[2] / totals[0] : 0.0;

@@ -14,6 +14,7 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
 #include <limits.h>
 #include <link.h>
@@ -29,6 +30,9 @@
 #include "recipe.h"
 #include "vtables.h"
 
+#ifndef VH_PLUGIN_DIR_FROM_EXE /* the installed plugins, relative to bin/vithost */
+#define VH_PLUGIN_DIR_FROM_EXE "../lib/vithost/plugins"
+#endif
 #ifndef VH_INSTALL_PLUGIN_DIR
 #define VH_INSTALL_PLUGIN_DIR "/usr/local/lib/vithost/plugins"
 #endif
@@ -124,6 +128,105 @@ static int name_is_valid(const char *name) {
 }
 
 /* ---- loader_open ------------------------------------------------------ */
+
+#if defined(__x86_64__)
+#define VH_NATIVE_MACHINE EM_X86_64
+#define VH_NATIVE_NAME "x86-64"
+#elif defined(__aarch64__)
+#define VH_NATIVE_MACHINE EM_AARCH64
+#define VH_NATIVE_NAME "aarch64"
+#elif defined(__powerpc64__)
+#define VH_NATIVE_MACHINE EM_PPC64
+#define VH_NATIVE_NAME "ppc64"
+#elif defined(__riscv)
+#define VH_NATIVE_MACHINE EM_RISCV
+#define VH_NATIVE_NAME "riscv"
+#endif
+
+static const char *machine_name(unsigned m) {
+    switch (m) {
+    case EM_386: return "x86 (32-bit)";
+    case EM_X86_64: return "x86-64";
+    case EM_ARM: return "arm (32-bit)";
+    case EM_AARCH64: return "aarch64";
+    case EM_PPC64: return "ppc64";
+    case EM_RISCV: return "riscv";
+    case EM_S390: return "s390";
+    default: return "another machine";
+    }
+}
+
+/* The ELF identity of the file, read before dlopen: glibc reports a shared
+ * object of another architecture as "No such file or directory", and a
+ * text file as an "invalid ELF header"; say what the file is instead. */
+static vh_status check_elf(const char *path, vh_diag *d) {
+    unsigned char h[20];
+    FILE *f = fopen(path, "rb");
+    if (!f) return VH_STATUS_OK; /* dlopen says why */
+    size_t n = fread(h, 1, sizeof h, f);
+    fclose(f);
+    if (n < sizeof h || memcmp(h, ELFMAG, SELFMAG) != 0)
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s is not a shared object: not an ELF file (a plugin is a .so built "
+                        "from C with the vithost SDK)",
+                        path);
+    int native_class = sizeof(void *) == 8 ? ELFCLASS64 : ELFCLASS32;
+    int native_data = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? ELFDATA2LSB : ELFDATA2MSB;
+    unsigned machine = h[EI_DATA] == ELFDATA2MSB ? (unsigned)(h[18] << 8 | h[19])
+                                                 : (unsigned)(h[19] << 8 | h[18]);
+    unsigned type = h[EI_DATA] == ELFDATA2MSB ? (unsigned)(h[16] << 8 | h[17])
+                                              : (unsigned)(h[17] << 8 | h[16]);
+    int wrong = h[EI_CLASS] != native_class || h[EI_DATA] != native_data;
+#ifdef VH_NATIVE_MACHINE
+    wrong = wrong || machine != VH_NATIVE_MACHINE;
+    const char *native = VH_NATIVE_NAME;
+#else
+    const char *native = "this machine";
+#endif
+    if (wrong)
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s was built for another architecture: %s, %d-bit, %s-endian (ELF "
+                        "machine %u); this vithost runs on %s (rebuild the plugin for this "
+                        "machine)",
+                        path, machine_name(machine), h[EI_CLASS] == ELFCLASS64 ? 64 : 32,
+                        h[EI_DATA] == ELFDATA2MSB ? "big" : "little", machine, native);
+    if (type != ET_DYN)
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s is an ELF file but not a shared object (ELF type %u; build the "
+                        "plugin with -shared)",
+                        path, type);
+    return VH_STATUS_OK;
+}
+
+/* A plugin file, or its folder, that others may write can be replaced by
+ * anyone on the machine with code that then runs as this user: warned (not
+ * refused: shared scratch folders are common on clusters). A sticky folder
+ * (/tmp) lets no one else replace the file. Returns 1 and the warning. */
+static int writable_by_others(const char *path, const struct stat *file, char *why,
+                              size_t len) {
+    if (file->st_mode & S_IWOTH) {
+        snprintf(why, len,
+                 "plugin file %s is world-writable: anyone on this machine can replace its "
+                 "code (chmod o-w it)",
+                 path);
+        return 1;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) slash[1] = '\0';
+    else if (slash) *slash = '\0';
+    else snprintf(dir, sizeof dir, ".");
+    struct stat ds;
+    if (stat(dir, &ds) == 0 && (ds.st_mode & S_IWOTH) && !(ds.st_mode & S_ISVTX)) {
+        snprintf(why, len,
+                 "plugin folder %s is world-writable: anyone on this machine can replace %s "
+                 "(chmod o-w the folder)",
+                 dir, base_name(path));
+        return 1;
+    }
+    return 0;
+}
 
 /* The fixed header: magic and versions. Read from the file before it is
  * loaded, and again from the loaded symbol. sym_size: the symbol's size, or
@@ -273,7 +376,10 @@ static vh_status check_descriptor(const char *path, const void *sym, size_t sym_
     return VH_STATUS_OK;
 }
 
-vh_status loader_open(vh_plugin *out, const char *path, int expected_role, vh_diag *d) {
+/* loader_open; `warn`: say on stderr when others can write the file or its
+ * folder (scans put that in their report instead). */
+static vh_status open_plugin(vh_plugin *out, const char *path, int expected_role, int warn,
+                             vh_diag *d) {
     if (!out) return diag_set(d, VH_STATUS_ERR_INVALID_ARG, "loader_open: out is NULL");
     memset(out, 0, sizeof *out);
     if (!path || !*path)
@@ -297,6 +403,14 @@ vh_status loader_open(vh_plugin *out, const char *path, int expected_role, vh_di
                         "plugin file %s is not a regular file (give the path of a plugin's "
                         ".so file)",
                         path);
+
+    vh_status est = check_elf(path, d);
+    if (est != VH_STATUS_OK) return est;
+    if (warn) {
+        char why[PATH_MAX + 256];
+        if (writable_by_others(path, &st, why, sizeof why))
+            fprintf(stderr, "vithost: warning: %s\n", why);
+    }
 
     /* The versions first, from the file: a plugin the host refuses never
      * runs a line of its code, not even a constructor. A file whose symbol
@@ -376,6 +490,10 @@ vh_status loader_open(vh_plugin *out, const char *path, int expected_role, vh_di
     out->handle = handle;
     out->desc = desc;
     return VH_STATUS_OK;
+}
+
+vh_status loader_open(vh_plugin *out, const char *path, int expected_role, vh_diag *d) {
+    return open_plugin(out, path, expected_role, 1, d);
 }
 
 void loader_close(vh_plugin *p) {
@@ -460,7 +578,7 @@ vh_status plugin_path_init(vh_plugin_path *out, const char *exe_dir, vh_diag *d)
     /* Without an executable's directory (no /proc), only the environment and
      * the install prefix are searched. */
     if (exe_dir) {
-        static const char *const next_to_exe[] = {"plugins", "../lib/vithost/plugins"};
+        static const char *const next_to_exe[] = {"plugins", VH_PLUGIN_DIR_FROM_EXE};
         for (size_t i = 0; st == VH_STATUS_OK && i < 2; i++) {
             char *dir = path_join(exe_dir, next_to_exe[i]);
             if (!dir) {
@@ -608,7 +726,12 @@ static vh_status scan_dir(const char *dir, info_list *list, scan_report *r, vh_d
         vh_plugin p;
         vh_diag local;
         local.text[0] = '\0';
-        vh_status open_st = loader_open(&p, full, -1, &local);
+        vh_status open_st = open_plugin(&p, full, -1, 0, &local);
+        struct stat fs;
+        char why[PATH_MAX + 256];
+        if (open_st == VH_STATUS_OK && !r->want && stat(full, &fs) == 0 &&
+            writable_by_others(full, &fs, why, sizeof why))
+            report_problem(r, why);
         if (open_st == VH_STATUS_ERR_NOMEM) {
             st = diag_set(d, open_st, "%s", local.text);
         } else if (open_st != VH_STATUS_OK) {
@@ -767,8 +890,8 @@ static vh_status not_found(const vh_plugin_path *path, const info_list *list,
     }
     diag_set(d, VH_STATUS_ERR_CONFIG,
              "no plugin named '%s' on the search path (%s)%s (`vithost plugins` lists the "
-             "plugins it finds; VITHOST_PLUGIN_PATH adds directories, and a value with '/' "
-             "or ending in .so is taken as a file)",
+             "plugins it finds; VITHOST_PLUGIN_PATH adds directories, and a value ending in "
+             ".so is taken as a file)",
              name, dirs.text && !dirs.failed ? dirs.text : "no directories", hint);
     free(names);
     free(dirs.text);
@@ -788,14 +911,24 @@ vh_status loader_resolve(vh_plugin *out, const vh_plugin_path *path,
                         "empty plugin name%s%s (give a plugin name or the path of a .so file)",
                         role >= 0 ? " for section " : "",
                         role >= 0 ? vh_role_name((vh_role)role) : "");
-    if (strchr(name_or_path, '/') || ends_with(name_or_path, ".so"))
-        return loader_open(out, name_or_path, role, d);
+    if (ends_with(name_or_path, ".so")) return loader_open(out, name_or_path, role, d);
+    /* Not a file (those end in .so): a name, searched only on the path, so
+     * `../../x` cannot reach a file outside it. */
+    if (!name_is_valid(name_or_path))
+        return diag_set(d, VH_STATUS_ERR_CONFIG,
+                        "'%s' is not a plugin name (names are lowercase letters, digits, '_' "
+                        "and '-', found on the plugin path); a plugin file is given by a path "
+                        "ending in .so, e.g. ./%s.so",
+                        name_or_path, base_name(name_or_path));
 
     info_list list = {0};
     scan_report report = {.want = name_or_path};
     char *found = NULL;
     vh_status st = VH_STATUS_OK;
-    for (int i = 0; i < path->count && st == VH_STATUS_OK && !found; i++) {
+    /* A file <name>.so that cannot be used ends the search: taking a file of
+     * that name further down the path would hide the broken one silently. */
+    for (int i = 0; i < path->count && st == VH_STATUS_OK && !found && !report.want_failed;
+         i++) {
         if (seen_before(path, i)) continue;
         int first = list.count;
         st = scan_dir(path->dirs[i], &list, &report, d);
@@ -811,7 +944,11 @@ vh_status loader_resolve(vh_plugin *out, const vh_plugin_path *path,
     }
     if (st == VH_STATUS_OK) {
         if (found) st = loader_open(out, found, role, d);
-        else if (report.want_failed) st = diag_set(d, report.want_status, "%s", report.want_diag.text);
+        else if (report.want_failed)
+            st = diag_set(d, report.want_status,
+                          "plugin '%s': %s (the first file of that name on the search path "
+                          "is unusable; fix or remove it rather than have a later one taken)",
+                          name_or_path, report.want_diag.text);
         else st = not_found(path, &list, name_or_path, role, d);
     }
     free(found);

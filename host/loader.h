@@ -78,10 +78,12 @@ vh_status plugin_scan(const vh_plugin_path *path, vh_plugin_info **out, int *cou
                       char **problems, vh_diag *d);
 void plugin_infos_free(vh_plugin_info *infos, int count);
 
-/* Resolves a recipe's `plugin:` value: a value containing '/' or ending in
- * ".so" is a path (relative to the current directory); otherwise a name
- * searched on the path. Opens it and checks that its role is `role` (a
- * vh_role, or -1 for any role). */
+/* Resolves a recipe's `plugin:` value: a value ending in ".so" is a path
+ * (relative to the current directory); otherwise a plugin name (lowercase
+ * letters, digits, '_', '-': nothing that could leave the search path)
+ * searched on the path, where the first file <name>.so that is not a usable
+ * plugin is an error, not skipped. Opens it and checks that its role is
+ * `role` (a vh_role, or -1 for any role). */
 vh_status loader_resolve(vh_plugin *out, const vh_plugin_path *path,
                          const char *name_or_path, int role, vh_diag *d);
 

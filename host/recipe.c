@@ -311,6 +311,23 @@ static vh_status next_event(recipe_parser *p, yaml_event_t *ev) {
     case YAML_MAPPING_START_EVENT: anchor = ev->data.mapping_start.anchor; break;
     default: break;
     }
+    const yaml_char_t *tag = NULL;
+    switch (ev->type) {
+    case YAML_SCALAR_EVENT: tag = ev->data.scalar.tag; break;
+    case YAML_SEQUENCE_START_EVENT: tag = ev->data.sequence_start.tag; break;
+    case YAML_MAPPING_START_EVENT: tag = ev->data.mapping_start.tag; break;
+    default: break;
+    }
+    /* A tag asks for a type (`!!python/object:...`, `!!int`); recipes hold
+     * plain values whose type the schema gives, so none is honoured. */
+    if (tag) {
+        vh_status st = error_at(p, ev->start_mark,
+                                "YAML tags are not supported in recipes ('%s'); write the "
+                                "plain value (the schema gives each key's type)",
+                                (const char *)tag);
+        yaml_event_delete(ev);
+        return st;
+    }
     if (ev->type == YAML_ALIAS_EVENT || anchor) {
         vh_status st = error_at(p, ev->start_mark,
                                 "anchors and aliases are not supported in recipes "
@@ -618,7 +635,9 @@ static vh_status read_all(int fd, const char *path, size_t size_hint, char **tex
 /* Opens path for reading and refuses what cannot be a recipe before reading. */
 static vh_status open_recipe(const char *path, int *fd_out, size_t *size_out,
                              vh_diag *d) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever;
+     * anything but a regular file is refused below, before any read. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return diag_set(d, VH_STATUS_ERR_IO, "%s: cannot open recipe: %s", path,
                         strerror(errno));
@@ -634,12 +653,27 @@ static vh_status open_recipe(const char *path, int *fd_out, size_t *size_out,
         return diag_set(d, VH_STATUS_ERR_IO, "%s: is a directory, not a recipe file",
                         path);
     }
-    if (S_ISREG(st.st_mode) && (unsigned long long)st.st_size > VH_RECIPE_MAX_BYTES) {
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        const char *kind = S_ISFIFO(st.st_mode)  ? "a FIFO (named pipe)"
+                           : S_ISCHR(st.st_mode) ? "a character device"
+                           : S_ISBLK(st.st_mode) ? "a block device"
+                           : S_ISSOCK(st.st_mode) ? "a socket"
+                                                  : "not a regular file";
+        return diag_set(d, VH_STATUS_ERR_IO,
+                        "%s: is %s, not a recipe file (write the recipe to a file; a run "
+                        "folder keeps a copy of it)",
+                        path, kind);
+    }
+    if ((unsigned long long)st.st_size > VH_RECIPE_MAX_BYTES) {
         close(fd);
         return too_large(path, (unsigned long long)st.st_size, d);
     }
     *fd_out = fd;
-    *size_out = S_ISREG(st.st_mode) ? (size_t)st.st_size : 0;
+    /* Regular files never block; reads stay blocking in spirit. */
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    *size_out = (size_t)st.st_size;
     return VH_STATUS_OK;
 }
 

@@ -134,11 +134,15 @@ static vh_status parse_tensor(json *j, vh_st_tensor *t) {
             st = parse_uint_array(j, dims, VH_ST_MAX_DIMS, &n);
             t->ndim = n;
             t->numel = 1;
+            /* Checked before each product: the count stays <= 2^40, so no
+             * multiplication can overflow ([2^32, 2^32] is refused, not 0). */
             for (int i = 0; i < n && st == VH_STATUS_OK; i++) {
-                if (dims[i] > (uint64_t)1 << 40) st = json_error(j, "dimension too large");
-                t->shape[i] = (int64_t)dims[i];
-                t->numel *= t->shape[i];
-                if (t->numel > (int64_t)1 << 40) st = json_error(j, "tensor too large");
+                const uint64_t limit = (uint64_t)1 << 40;
+                t->shape[i] = dims[i] <= limit ? (int64_t)dims[i] : 0;
+                if (dims[i] > limit) st = json_error(j, "dimension too large");
+                else if (dims[i] != 0 && (uint64_t)t->numel > limit / dims[i])
+                    st = json_error(j, "tensor too large (more than 2^40 values)");
+                else t->numel *= (int64_t)dims[i];
             }
             have_shape = 1;
         } else if (strcmp(key, "data_offsets") == 0) {
@@ -220,6 +224,14 @@ static vh_status parse_header(vh_st_file *f, const char *text, size_t len, vh_di
             free(name);
             return st;
         }
+        if (st_find(f, name)) {
+            st = diag_set(d, VH_STATUS_ERR_FORMAT,
+                          "%s: tensor '%s' is named twice in the header (a damaged or "
+                          "hand-made file; each name must be unique)",
+                          f->path, name);
+            free(name);
+            return st;
+        }
         vh_st_tensor *t = &f->tensors[f->count++];
         memset(t, 0, sizeof *t);
         t->name = name;
@@ -230,6 +242,59 @@ static vh_status parse_header(vh_st_file *f, const char *text, size_t len, vh_di
     skip_ws(&j);
     if (j.p != j.end) return json_error(&j, "text after the header object");
     return VH_STATUS_OK;
+}
+
+static int compare_begin(const void *a, const void *b) {
+    const vh_st_tensor *x = *(const vh_st_tensor *const *)a, *y = *(const vh_st_tensor *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* As the safetensors library requires: the tensors, in offset order, tile
+ * the data area exactly: no overlap (two names sharing bytes), no gap, no
+ * bytes after the last (a file damaged or spliced by hand). */
+static vh_status check_tiling(const vh_st_file *f, vh_diag *d) {
+    uint64_t data_size = f->size - f->data_start;
+    if (f->count == 0) {
+        if (data_size == 0) return VH_STATUS_OK;
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s: %llu data bytes but no tensor in the header", f->path,
+                        (unsigned long long)data_size);
+    }
+    size_t n = (size_t)(unsigned)f->count;
+    const vh_st_tensor **order = malloc(n * sizeof *order);
+    if (!order) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < f->count; i++) order[i] = &f->tensors[i];
+    qsort(order, n, sizeof *order, compare_begin);
+    vh_status st = VH_STATUS_OK;
+    uint64_t at = 0;
+    const vh_st_tensor *prev = NULL;
+    for (int i = 0; i < f->count && st == VH_STATUS_OK; i++) {
+        const vh_st_tensor *t = order[i];
+        if (t->begin < at)
+            st = diag_set(d, VH_STATUS_ERR_FORMAT,
+                          "%s: tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap "
+                          "(data_offsets must not share bytes)",
+                          f->path, prev->name, (unsigned long long)prev->begin,
+                          (unsigned long long)prev->end, t->name, (unsigned long long)t->begin,
+                          (unsigned long long)t->end);
+        else if (t->begin > at)
+            st = diag_set(d, VH_STATUS_ERR_FORMAT,
+                          "%s: data bytes [%llu, %llu) belong to no tensor (tensor '%s' starts "
+                          "at %llu; data_offsets must tile the data)",
+                          f->path, (unsigned long long)at, (unsigned long long)t->begin,
+                          t->name, (unsigned long long)t->begin);
+        at = t->end;
+        prev = t;
+    }
+    if (st == VH_STATUS_OK && at != data_size)
+        st = diag_set(d, VH_STATUS_ERR_FORMAT,
+                      "%s: %llu bytes after the last tensor ('%s' ends at %llu of %llu data "
+                      "bytes; a damaged or spliced file?)",
+                      f->path, (unsigned long long)(data_size - at), prev->name,
+                      (unsigned long long)at, (unsigned long long)data_size);
+    free(order);
+    return st;
 }
 
 /* Every tensor's bytes are where its dtype and shape say, inside the file. */
@@ -254,7 +319,7 @@ static vh_status check_tensors(const vh_st_file *f, vh_diag *d) {
                             f->path, t->name, (unsigned long long)t->end,
                             (unsigned long long)data_size);
     }
-    return VH_STATUS_OK;
+    return check_tiling(f, d);
 }
 
 vh_status st_read(vh_st_file *out, const char *path, vh_diag *d) {

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "checkpoint.h"
 #include "comm_stats.h"
@@ -34,6 +35,9 @@ typedef struct loop_state {
     /* communication of the steps since the last log line (comm_stats.h) */
     double window_comm_bytes, window_comm_wait;
     int64_t window_steps;
+    /* the newest two checkpoints of this run ("" none) and their steps */
+    char last_ckpt[4400], prev_ckpt[4400];
+    int64_t last_ckpt_step, prev_ckpt_step;
 } loop_state;
 
 /* ---- evaluation and checkpoints inside the loop --------------------------- */
@@ -86,6 +90,11 @@ static vh_status save_checkpoint(loop_state *ls, vh_diag *d) {
         progress_clear(&ls->prog);
         fprintf(ls->s->out, "vithost: checkpoint %s/checkpoints/step-%08lld (%.2f s)\n",
                 ls->dir, (long long)ls->s->step, progress_now() - t0);
+        memcpy(ls->prev_ckpt, ls->last_ckpt, sizeof ls->prev_ckpt);
+        ls->prev_ckpt_step = ls->last_ckpt_step;
+        snprintf(ls->last_ckpt, sizeof ls->last_ckpt, "%s/checkpoints/step-%08lld", ls->dir,
+                 (long long)ls->s->step);
+        ls->last_ckpt_step = ls->s->step;
     }
     return st;
 }
@@ -192,8 +201,32 @@ static vh_status print_memory(vh_session *s, vh_diag *d) {
 
 /* ---- the loop ------------------------------------------------------------------ */
 
+/* A NaN or Inf loss ends the run (unless the precision plugin skipped the
+ * step): the step, and the checkpoint to go back to. */
+static vh_status diverged(const loop_state *ls, float loss, vh_diag *d) {
+    /* The checkpoint of the step just before holds the weights that gave
+     * this loss: the good one is older (if rotation kept it). */
+    const char *good = ls->last_ckpt;
+    if (good[0] && ls->last_ckpt_step >= ls->s->step - 1) {
+        struct stat sb;
+        good = ls->prev_ckpt[0] && stat(ls->prev_ckpt, &sb) == 0 ? ls->prev_ckpt : "";
+    }
+    return diag_set(d, VH_STATUS_ERR_NUMERIC,
+                    "training diverged: the loss is %f at step %lld (lower the learning rate, "
+                    "clip gradients, or use a precision policy with loss scaling); %s%s",
+                    (double)loss, (long long)ls->s->step,
+                    good[0] ? "the last good checkpoint is " : "",
+                    good[0] ? good
+                    : ls->last_ckpt[0] ? "no checkpoint before the weights that gave it is kept"
+                                       : "no checkpoint was written before it");
+}
+
 /* Trains one epoch's pass (or the rest of it, after a resume). The loss is
- * copied back from the device only on steps that print it. */
+ * read back every step: the loop synchronizes the device after each step
+ * anyway, so the 4-byte copy adds no wait (on the CPU it is a load), and a
+ * NaN stops the run at the step it appeared, before a checkpoint saves it.
+ * Only log steps average it over the ranks (a collective); a rank whose own
+ * loss is not finite fails, and train_run ends every rank. */
 static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d) {
     vh_session *s = ls->s;
     if (!s->epoch_in_progress) {
@@ -228,9 +261,10 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
         /* Every skipped step gets a metrics line (the precision plugin has
          * said it on the log), so the file counts every skip up to any
          * checkpoint and a resumed run continues the count. */
+        st = session_read_loss(s, dev_loss, loss, d);
+        if (st != VH_STATUS_OK) return st;
+        if (!isfinite(*loss) && !skipped) return diverged(ls, *loss, d);
         if (log || draw || skipped) {
-            st = session_read_loss(s, dev_loss, loss, d);
-            if (st != VH_STATUS_OK) return st;
             /* A logged loss is the global batch's: the mean of the ranks'
              * (equal batches). Log steps are the same on every rank; the
              * progress bar's draws are not, so they show this rank's. */
@@ -240,12 +274,7 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
                 if (st != VH_STATUS_OK) return st;
                 *loss = (float)mean;
             }
-            if (!isfinite(*loss) && !skipped)
-                return diag_set(d, VH_STATUS_ERR_NUMERIC,
-                                "training diverged: the loss is %f at step %lld (lower the "
-                                "learning rate, clip gradients, or use a precision policy with "
-                                "loss scaling)",
-                                (double)*loss, (long long)s->step);
+            if (!isfinite(*loss) && !skipped) return diverged(ls, *loss, d);
         }
         if (log) {
             log_step(ls, *loss, *lr, skipped);
@@ -298,6 +327,10 @@ static vh_status train_loop(loop_state *ls, vh_diag *d) {
             s->epoch_in_progress = 0;
         }
     }
+    /* Skipped steps may carry a NaN loss (the policy's choice), but a run
+     * whose last step still had one did not recover: no final checkpoint,
+     * no exit 0. */
+    if (ls->steps_this_run > 0 && !isfinite(loss)) return diverged(ls, loss, d);
     vh_status st = save_checkpoint(ls, d);
     if (st != VH_STATUS_OK) return st;
     progress_clear(&ls->prog);
@@ -414,6 +447,42 @@ static void abort_all_ranks(vh_run *run, vh_status st, const vh_diag *d) {
     run->comm.ops->abort(&run->comm, st == VH_STATUS_ERR_CONFIG ? 2 : 1);
 }
 
+/* Appends word to buf, in single quotes when a shell would change it. */
+static void append_quoted(char *buf, size_t len, const char *word) {
+    size_t used = strlen(buf);
+    int plain = word[0] != '\0' &&
+                word[strspn(word, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                  "0123456789_-+=.,/:@%")] == '\0';
+    if (plain) {
+        snprintf(buf + used, len - used, " %s", word);
+        return;
+    }
+    used += (size_t)snprintf(buf + used, len - used, " '");
+    for (const char *c = word; *c && used + 5 < len; c++) {
+        if (*c == '\'') used += (size_t)snprintf(buf + used, len - used, "'\\''");
+        else buf[used++] = *c, buf[used] = '\0';
+    }
+    if (used < len) snprintf(buf + used, len - used, "'");
+}
+
+/* The command that continues this run as it was started: its recipe, every
+ * --set (a resumed run without them would be another run) and its folder,
+ * quoted for a shell. */
+static void resume_command(const vh_run *run, const char *dir, char *buf, size_t len) {
+    snprintf(buf, len, "vithost run");
+    append_quoted(buf, len, run->recipe.file);
+    for (int i = 0; i < run->opts.num_sets; i++) {
+        size_t used = strlen(buf);
+        snprintf(buf + used, len - used, " --set");
+        append_quoted(buf, len, run->opts.sets[i]);
+    }
+    size_t used = strlen(buf);
+    snprintf(buf + used, len - used, " --out");
+    append_quoted(buf, len, dir);
+    used = strlen(buf);
+    snprintf(buf + used, len - used, " --resume");
+}
+
 vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
     char dir[4096];
     if (o->out_dir) snprintf(dir, sizeof dir, "%s", o->out_dir);
@@ -441,6 +510,11 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
         st = metrics_open(&s.metrics, dir, o->resume ? s.step : -1, d);
     loop_state ls;
     if (st == VH_STATUS_OK) st = setup_loop(&ls, &s, dir, o, d);
+    if (st == VH_STATUS_OK && ckpt[0]) { /* a resumed run: its checkpoint, the one before */
+        snprintf(ls.last_ckpt, sizeof ls.last_ckpt, "%s", ckpt);
+        ls.last_ckpt_step = s.step;
+        checkpoint_previous(ckpt, ls.prev_ckpt, sizeof ls.prev_ckpt);
+    }
     if (st == VH_STATUS_OK) {
         /* Handlers first: once the banner is out, a signal stops cleanly. */
         vh_signals_saved saved;
@@ -450,11 +524,11 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
         signals_restore(&saved);
         if (st == VH_STATUS_ERR_INTERRUPTED) {
             progress_clear(&ls.prog);
-            diag_set(d, st,
-                     "stopped at step %lld (%s) with a checkpoint; continue with: vithost run "
-                     "%s --out %s --resume",
+            char again[3000];
+            resume_command(run, dir, again, sizeof again);
+            diag_set(d, st, "stopped at step %lld (%s) with a checkpoint; continue with: %s",
                      (long long)s.step, signals_stop_requested() ? "signal" : "--stop-after",
-                     run->recipe.file, dir);
+                     again);
         }
     }
     if (many && st != VH_STATUS_OK && st != VH_STATUS_ERR_INTERRUPTED) abort_all_ranks(run, st, d);

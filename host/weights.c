@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "weights.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,6 +159,28 @@ static vh_status default_load_unit(vh_session *s, weights_file *w, int32_t u, fl
     return VH_STATUS_OK;
 }
 
+/* Loaded values are finite: a NaN or Inf (a checkpoint of a diverged run,
+ * a damaged file) would train or evaluate into NaN logits. The init rules'
+ * values are finite, so what is not came from the file. */
+static vh_status check_finite(vh_session *s, const weights_file *w, int32_t u,
+                              const float *values, vh_diag *d) {
+    const vh_unit_desc *unit = &s->table->units[u];
+    for (int32_t p = 0; p < unit->num_params; p++) {
+        const vh_param_desc *pd = &unit->params[p];
+        for (int64_t i = 0; i < pd->numel; i++) {
+            float v = values[pd->offset + i];
+            if (isfinite(v)) continue;
+            return diag_set(d, VH_STATUS_ERR_NUMERIC,
+                            "%s: tensor '%s' holds %s (value %lld of %lld): these weights "
+                            "cannot train or evaluate (a checkpoint of a diverged run? use an "
+                            "earlier checkpoint)",
+                            w->f.path, pd->name, isnan(v) ? "NaN" : "Inf", (long long)i,
+                            (long long)pd->numel);
+        }
+    }
+    return VH_STATUS_OK;
+}
+
 /* One unit: init rules, the file (when there is one), the sharding plugin. */
 static vh_status load_unit(vh_session *s, weights_file *w, vh_weights_mode mode, int32_t u,
                            float *values, weights_report *r, vh_diag *d) {
@@ -182,6 +205,10 @@ static vh_status load_unit(vh_session *s, weights_file *w, vh_weights_mode mode,
         }
     } else if (w) {
         st = default_load_unit(s, w, u, values, r, d);
+        if (st != VH_STATUS_OK) return st;
+    }
+    if (w) {
+        st = check_finite(s, w, u, values, d);
         if (st != VH_STATUS_OK) return st;
     }
     snprintf(call, sizeof call, "sharding.load_unit unit=%d", (int)u);

@@ -2027,6 +2027,77 @@ static void test_fashion_mnist(void **state) {
 
 /* ---- main ----------------------------------------------------------------------- */
 
+/* Messages that used to mislead: an IDX count past 2^31-1 says why it is
+ * refused; gzip data followed by other bytes is refused (gzread skips
+ * them); a folder where a CIFAR batch file should be is called a folder. */
+static void test_data_messages(void **state) {
+    (void)state;
+    char dir[256], sec[1024], file[512];
+    inst *x = inst_new();
+
+    make_dir(dir, sizeof dir, "idx_huge_count");
+    write_idx_set(dir);
+    { /* a label file whose header claims 2^31 labels */
+        unsigned char b[8];
+        put_be32(b, 0x801);
+        put_be32(b + 4, 0x80000000u);
+        snprintf(file, sizeof file, "%s/t10k-labels-idx1-ubyte", dir);
+        write_file(file, b, sizeof b, 0);
+    }
+    idx_section(sec, sizeof sec, dir, "");
+    assert_int_equal(inst_open(x, sec, 0, 1, 4, 0), VH_STATUS_ERR_FORMAT);
+    assert_one_line_error(x->error, file,
+                          "header says 2147483648 labels, more than the 2147483647 a split may "
+                          "hold (sample indices are 32-bit");
+    inst_close(x);
+
+    make_dir(dir, sizeof dir, "idx_gz_trailing");
+    write_idx_set(dir);
+    snprintf(file, sizeof file, "%s/train-labels-idx1-ubyte.gz", dir);
+    {
+        FILE *f = fopen(file, "ab");
+        assert_non_null(f);
+        fputs("garbage after the stream", f);
+        fclose(f);
+    }
+    idx_section(sec, sizeof sec, dir, "");
+    assert_int_equal(inst_open(x, sec, 0, 1, 4, 0), VH_STATUS_ERR_FORMAT);
+    assert_one_line_error(x->error, file, "24 bytes after the gzip data");
+    inst_close(x);
+    { /* two gzip members one after the other are one valid file */
+        make_dir(dir, sizeof dir, "idx_gz_members");
+        write_idx_set(dir);
+        snprintf(file, sizeof file, "%s/train-labels-idx1-ubyte.gz", dir);
+        unsigned char b[8 + IDX_TRAIN];
+        put_be32(b, 0x801);
+        put_be32(b + 4, IDX_TRAIN);
+        for (int i = 0; i < IDX_TRAIN; i++) b[8 + i] = idx_label(i);
+        gzFile g = gzopen(file, "wb");
+        assert_non_null(g);
+        gzwrite(g, b, 20);
+        gzclose(g);
+        g = gzopen(file, "ab");
+        assert_non_null(g);
+        gzwrite(g, b + 20, sizeof b - 20);
+        gzclose(g);
+        idx_section(sec, sizeof sec, dir, "");
+        if (inst_open(x, sec, 0, 1, 4, 0) != VH_STATUS_OK) fail_msg("%s", x->error);
+        inst_close(x);
+    }
+
+    make_dir(dir, sizeof dir, "cifar_dir");
+    write_cifar10_set(dir);
+    snprintf(file, sizeof file, "%s/data_batch_2.bin", dir);
+    assert_int_equal(remove(file), 0);
+    assert_int_equal(mkdir(file, 0700), 0);
+    snprintf(sec, sizeof sec, "{plugin: cifar, root: %s}", dir);
+    assert_int_equal(inst_open(x, sec, 0, 1, 4, 0), VH_STATUS_ERR_IO);
+    assert_one_line_error(x->error, file, "is a directory, not a CIFAR-10 batch file");
+    assert_null(strstr(x->error, "bytes is not a whole number"));
+    inst_close(x);
+    inst_free(x);
+}
+
 static int group_setup(void **state) {
     (void)state;
     snprintf(tmp_root, sizeof tmp_root, "/tmp/vh_data_test_XXXXXX");
@@ -2065,6 +2136,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_cifar10),
         cmocka_unit_test(test_cifar100),
         cmocka_unit_test(test_cifar_errors),
+        cmocka_unit_test(test_data_messages),
         cmocka_unit_test(test_synthetic),
         cmocka_unit_test(test_fashion_mnist),
     };

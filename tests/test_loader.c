@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "eval_command.h"
@@ -97,7 +98,7 @@ typedef struct refusal {
 } refusal;
 
 static const refusal refusals[] = {
-    {"not_elf.so", VH_STATUS_ERR_FORMAT, {"not a loadable shared object"}},
+    {"not_elf.so", VH_STATUS_ERR_FORMAT, {"is not a shared object: not an ELF file"}},
     {"no_symbol.so", VH_STATUS_ERR_FORMAT,
      {"is not a vithost plugin: it does not export the symbol 'vh_plugin' (define it with "
       "VH_PLUGIN_DEFINE)"}},
@@ -793,6 +794,153 @@ static void test_old_minor_model_trains(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* ---- hardening: unusable files by name, other architectures, names -------- */
+
+/* A fresh folder under /tmp (mode 0755) for hand-made plugin files. */
+static void make_dir(char *dir, size_t len) {
+    snprintf(dir, len, "/tmp/vh-test-loader-XXXXXX");
+    if (!mkdtemp(dir)) fail_msg("mkdtemp failed");
+    chmod(dir, 0755);
+}
+
+static void copy_file(const char *from, const char *to, int machine) {
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    assert_non_null(in);
+    assert_non_null(out);
+    unsigned char buf[65536];
+    size_t n, total = 0;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) {
+        if (machine >= 0 && total == 0) { /* e_machine, little-endian */
+            buf[18] = (unsigned char)(machine & 0xff);
+            buf[19] = (unsigned char)(machine >> 8);
+        }
+        fwrite(buf, 1, n, out);
+        total += n;
+    }
+    fclose(in);
+    fclose(out);
+}
+
+static void remove_dir(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A shared object of another architecture: said so, by loader_open and in
+ * the scan (glibc's dlopen reports "No such file or directory"). */
+static void test_wrong_architecture(void **state) {
+    (void)state;
+    char dir[64], path[128];
+    make_dir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/good_precision.so", dir);
+#if defined(__aarch64__)
+    copy_file(GOOD, path, 62); /* x86-64 on an aarch64 machine */
+#else
+    copy_file(GOOD, path, 183); /* aarch64 elsewhere */
+#endif
+    vh_plugin p;
+    vh_diag d = {{0}};
+    assert_int_equal(loader_open(&p, path, -1, &d), VH_STATUS_ERR_FORMAT);
+    expect_contains(d.text, path);
+    expect_contains(d.text, "was built for another architecture");
+    assert_null(strstr(d.text, "No such file"));
+    /* The scan reports it the same way. */
+    const char *dirs[] = {dir};
+    vh_plugin_path pp = path_of(dirs, 1);
+    vh_plugin_info *infos = NULL;
+    int count = 0;
+    char *problems = NULL;
+    assert_int_equal(plugin_scan(&pp, &infos, &count, &problems, &d), VH_STATUS_OK);
+    assert_non_null(problems);
+    expect_contains(problems, "was built for another architecture");
+    free(problems);
+    plugin_infos_free(infos, count);
+    remove_dir(dir);
+}
+
+/* A file <name>.so early on the path that cannot be used is not skipped in
+ * favour of a good one further down: refused, naming the file and why. */
+static void test_resolve_stops_at_unusable_file(void **state) {
+    (void)state;
+    char dir[64], path[128];
+    make_dir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/good_precision.so", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("not a plugin\n", f);
+    fclose(f);
+    const char *dirs[] = {dir, BROKEN};
+    vh_plugin_path pp = path_of(dirs, 2);
+    vh_plugin p;
+    vh_diag d = {{0}};
+    assert_int_not_equal(loader_resolve(&p, &pp, "good_precision", VH_ROLE_PRECISION, &d),
+                         VH_STATUS_OK);
+    expect_contains(d.text, "plugin 'good_precision': ");
+    expect_contains(d.text, path);
+    expect_contains(d.text, "not an ELF file");
+    remove_dir(dir);
+}
+
+/* A name cannot leave the search path: a value that is neither a name nor
+ * a path ending in .so is refused, saying how to write a path. */
+static void test_names_stay_on_the_path(void **state) {
+    (void)state;
+    const char *dirs[] = {BROKEN};
+    vh_plugin_path pp = path_of(dirs, 1);
+    vh_plugin p;
+    vh_diag d = {{0}};
+    char rel[PATH_MAX];
+    /* ../../x from the broken folder would reach a real file */
+    snprintf(rel, sizeof rel, "%s/good_precision", BROKEN);
+    assert_int_equal(loader_resolve(&p, &pp, rel, VH_ROLE_PRECISION, &d), VH_STATUS_ERR_CONFIG);
+    expect_contains(d.text, "is not a plugin name");
+    expect_contains(d.text, "ending in .so");
+    assert_int_equal(loader_resolve(&p, &pp, "../../x", -1, &d), VH_STATUS_ERR_CONFIG);
+    expect_contains(d.text, "'../../x' is not a plugin name");
+    /* written as a path, it is one */
+    snprintf(rel, sizeof rel, "%s/good_precision.so", BROKEN);
+    assert_int_equal(loader_resolve(&p, &pp, rel, VH_ROLE_PRECISION, &d), VH_STATUS_OK);
+    loader_close(&p);
+}
+
+/* Plugin files or folders others can write: a warning in the scan. */
+static void test_world_writable_warned(void **state) {
+    (void)state;
+    char dir[64], path[128];
+    make_dir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/good_precision.so", dir);
+    copy_file(GOOD, path, -1);
+    const char *dirs[] = {dir};
+    vh_plugin_path pp = path_of(dirs, 1);
+    vh_plugin_info *infos = NULL;
+    int count = 0;
+    char *problems = NULL;
+    vh_diag d = {{0}};
+    assert_int_equal(plugin_scan(&pp, &infos, &count, &problems, &d), VH_STATUS_OK);
+    assert_int_equal(count, 1);
+    assert_true(!problems || !strstr(problems, "world-writable"));
+    free(problems);
+    plugin_infos_free(infos, count);
+    assert_int_equal(chmod(dir, 0777), 0);
+    assert_int_equal(plugin_scan(&pp, &infos, &count, &problems, &d), VH_STATUS_OK);
+    assert_int_equal(count, 1); /* still listed: a warning, not a refusal */
+    assert_non_null(problems);
+    expect_contains(problems, "plugin folder");
+    expect_contains(problems, "is world-writable");
+    free(problems);
+    plugin_infos_free(infos, count);
+    assert_int_equal(chmod(dir, 0755), 0);
+    assert_int_equal(chmod(path, 0666), 0);
+    assert_int_equal(plugin_scan(&pp, &infos, &count, &problems, &d), VH_STATUS_OK);
+    assert_non_null(problems);
+    expect_contains(problems, "plugin file");
+    expect_contains(problems, "is world-writable");
+    free(problems);
+    plugin_infos_free(infos, count);
+    remove_dir(dir);
+}
+
 int main(void) {
     /* A plugin path from the caller's shell must not leak into the tests. */
     unsetenv("VITHOST_PLUGIN_PATH");
@@ -832,6 +980,10 @@ int main(void) {
         cmocka_unit_test(test_build_plugins_load),
         cmocka_unit_test(test_old_minor_model_loads),
         cmocka_unit_test(test_old_minor_model_trains),
+        cmocka_unit_test(test_wrong_architecture),
+        cmocka_unit_test(test_resolve_stops_at_unusable_file),
+        cmocka_unit_test(test_names_stay_on_the_path),
+        cmocka_unit_test(test_world_writable_warned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

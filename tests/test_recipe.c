@@ -556,10 +556,38 @@ static void test_path_through_file(void **state) {
 
 static void test_endless_device(void **state) {
     fixture *f = *state;
-    /* Not a regular file, so no size to check first: reading stops past the limit. */
-    assert_int_equal(recipe_load_file(&f->r, "/dev/zero", &f->d), VH_STATUS_ERR_CONFIG);
-    assert_string_equal(f->d.text,
-                        "/dev/zero: more than 1048576 bytes is too large for a recipe");
+    /* Not a regular file: refused before anything is read. */
+    assert_int_equal(recipe_load_file(&f->r, "/dev/zero", &f->d), VH_STATUS_ERR_IO);
+    assert_prefix(f->d.text, "/dev/zero: is a character device, not a recipe file");
+}
+
+/* A FIFO with no writer: opening it used to wait forever. Refused at once,
+ * one message; the alarm only turns a regression into a failure, not a hang. */
+static void test_fifo_refused(void **state) {
+    fixture *f = *state;
+    snprintf(f->path, sizeof f->path, "%s/pipe.yaml", f->dir);
+    assert_int_equal(mkfifo(f->path, 0600), 0);
+    snprintf(f->files[f->nfiles++], sizeof f->files[0], "%s", f->path);
+    alarm(30);
+    vh_status st = recipe_load_file(&f->r, f->path, &f->d);
+    alarm(0);
+    assert_int_equal(st, VH_STATUS_ERR_IO);
+    char want[512];
+    snprintf(want, sizeof want, "%s: is a FIFO (named pipe), not a recipe file", f->path);
+    assert_prefix(f->d.text, want);
+}
+
+/* YAML tags ask for a type the recipe cannot honour: refused at the tag. */
+static void test_tags_refused(void **state) {
+    fixture *f = *state;
+    assert_int_equal(load(f, "model:\n  plugin: !!python/object:os.system ls\n"),
+                     VH_STATUS_ERR_CONFIG);
+    assert_prefix(f->d.text, "recipe.yaml:2:11: YAML tags are not supported in recipes");
+    assert_contains(f->d.text, "python/object:os.system");
+    assert_int_equal(load(f, "run: {seed: !!int 3}\n"), VH_STATUS_ERR_CONFIG);
+    assert_prefix(f->d.text, "recipe.yaml:1:13: YAML tags are not supported");
+    assert_int_equal(load(f, "model: !custom {dim: 1}\n"), VH_STATUS_ERR_CONFIG);
+    assert_prefix(f->d.text, "recipe.yaml:1:8: YAML tags are not supported");
 }
 
 /* ---- YAML syntax, tabs, line endings ----------------------------------------------- */
@@ -810,6 +838,8 @@ int main(int argc, char **argv) {
         T(test_unreadable_file),
         T(test_path_through_file),
         T(test_endless_device),
+        T(test_fifo_refused),
+        T(test_tags_refused),
         T(test_syntax_error),
         T(test_tab_indentation),
         T(test_tab_separator_ok),

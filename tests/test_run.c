@@ -367,6 +367,171 @@ static void test_checkpoint_rotation(void **state) {
     assert_int_not_equal(stat(path, &sb), 0);
 }
 
+/* ---- hardening: stops that name what to do, damaged checkpoints ------------ */
+
+/* Overwrites `n` bytes at `offset` from the end of a file of the tmp dir. */
+static void patch_tail(const char *name, long offset, const void *bytes, size_t n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, -offset, SEEK_END), 0);
+    assert_int_equal(fwrite(bytes, 1, n, f), n);
+    fclose(f);
+}
+
+/* Replaces the first "key" line of a run's state.json with `line` ("" drops it). */
+static void edit_state(const char *name, const char *key, const char *line) {
+    char *text = tmp_text(name);
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    char *save = NULL;
+    int first = 1;
+    for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (strstr(l, key)) {
+            if (line[0]) fprintf(f, "%s\n", line);
+            continue;
+        }
+        /* a dropped last member leaves a trailing comma: JSON-ish is enough */
+        fprintf(f, "%s\n", l);
+        first = 0;
+    }
+    (void)first;
+    fclose(f);
+    free(text);
+}
+
+/* The resume command printed at a stop repeats the run's --set flags,
+ * quoted for a shell, and following it verbatim finishes the same run. */
+static void test_resume_command_keeps_sets(void **state) {
+    (void)state;
+    assert_int_equal(vithost("run recipe.yaml --out rs --set run.epochs=2 "
+                             "--set 'optim.lr=0.05' --stop-after 3"), 5);
+    char *err = tmp_text("err");
+    const char *cmd = strstr(err, "continue with: ");
+    assert_non_null(cmd);
+    cmd += strlen("continue with: ");
+    assert_non_null(strstr(cmd, "vithost run recipe.yaml --set run.epochs=2 --set optim.lr=0.05 "
+                                "--out rs --resume"));
+    char again[1024];
+    snprintf(again, sizeof again, "%s", cmd + strlen("vithost "));
+    again[strcspn(again, "\n")] = '\0';
+    free(err);
+    assert_int_equal(vithost("%s", again), 0);
+    char *out = tmp_text("out");
+    assert_non_null(strstr(out, "finished 16 steps")); /* 2 epochs, not the recipe's 4 */
+    free(out);
+    /* A value a shell would split is quoted. */
+    write_recipe("my recipe.yaml", recipe);
+    assert_int_equal(vithost("run 'my recipe.yaml' --out rq --set 'run.seed=7' --stop-after 1"),
+                     5);
+    err = tmp_text("err");
+    assert_non_null(strstr(err, "vithost run 'my recipe.yaml' --set run.seed=7 --out rq"));
+    free(err);
+}
+
+/* A loss that becomes NaN/Inf stops the run at that step, naming the last
+ * good checkpoint, with a non-zero exit. The weights of a checkpoint are
+ * made huge (finite: they load) so that the next step's logits overflow. */
+static void test_divergence_names_the_last_checkpoint(void **state) {
+    (void)state;
+#define FP32_NO_SKIP "--set precision.plugin=fp32 --set precision.check_finite=false"
+    assert_int_equal(vithost("run recipe.yaml --out dv " FP32_NO_SKIP " --set run.checkpoint_every=2 "
+                             "--set run.log_every=100 --stop-after 4"), 5);
+    edit_state("dv/checkpoints/step-00000004/state.json", "model_crc32", "");
+    edit_state("dv/checkpoints/step-00000004/state.json", "model_bytes", "");
+    unsigned char huge[1024];
+    const float big = 3e38f;
+    for (size_t i = 0; i < sizeof huge; i += 4) memcpy(huge + i, &big, 4);
+    patch_tail("dv/checkpoints/step-00000004/model.safetensors", (long)sizeof huge, huge,
+               sizeof huge);
+    /* not a log step (log_every 100): the loss is read every step */
+    assert_int_equal(vithost("run recipe.yaml --out dv " FP32_NO_SKIP " --resume"), 1);
+    char *err = tmp_text("err");
+    if (!strstr(err, "training diverged: the loss is ")) fail_msg("%s", err);
+    assert_non_null(strstr(err, " at step 5 "));
+    /* step 4's weights gave the loss: the good checkpoint is the one before */
+    assert_non_null(strstr(err, "the last good checkpoint is dv/checkpoints/step-00000002"));
+    free(err);
+    /* A policy that skips such steps may go on, but a run whose last step
+     * still has a NaN loss does not end with exit 0 (eval off: nothing
+     * else would notice). */
+    assert_int_equal(vithost("run recipe.yaml --out dv2 --set precision.plugin=fp32 "
+                             "--set run.eval_every=0 --stop-after 4"), 5);
+    edit_state("dv2/checkpoints/step-00000004/state.json", "model_crc32", "");
+    edit_state("dv2/checkpoints/step-00000004/state.json", "model_bytes", "");
+    patch_tail("dv2/checkpoints/step-00000004/model.safetensors", (long)sizeof huge, huge,
+               sizeof huge);
+    assert_int_equal(vithost("run recipe.yaml --out dv2 --set precision.plugin=fp32 "
+                             "--set run.eval_every=0 --resume"), 1);
+    err = tmp_text("err");
+    if (!strstr(err, "training diverged: the loss is ")) fail_msg("%s", err);
+    assert_non_null(strstr(err, " at step 32 "));
+    free(err);
+}
+
+/* Checkpoints carry CRC-32s of their files; a damaged file is refused, the
+ * previous checkpoint offered; a checkpoint without checksums (older) still
+ * loads; state.json with impossible values and weights holding NaN are
+ * refused naming the file. */
+static void test_damaged_checkpoints(void **state) {
+    (void)state;
+    assert_int_equal(vithost("run recipe.yaml --out ck --set run.checkpoint_every=2 "
+                             "--stop-after 4"), 5);
+    char *st = tmp_text("ck/checkpoints/step-00000004/state.json");
+    assert_non_null(strstr(st, "\"model_crc32\": \""));
+    assert_non_null(strstr(st, "\"model_bytes\": "));
+    free(st);
+    /* one flipped value in the weights */
+    const unsigned char junk[4] = {0x12, 0x34, 0x56, 0x78};
+    patch_tail("ck/checkpoints/step-00000004/model.safetensors", 8, junk, 4);
+    assert_int_equal(vithost("run recipe.yaml --out ck --resume"), 1);
+    char *err = tmp_text("err");
+    assert_non_null(strstr(err, "ck/checkpoints/step-00000004/model.safetensors is damaged: its "
+                                "CRC-32 is"));
+    assert_non_null(strstr(err, "the previous checkpoint is ck/checkpoints/step-00000002 (to "
+                                "resume from it: echo step-00000002 > ck/checkpoints/latest)"));
+    free(err);
+    /* older checkpoints have no checksum: the damage is then in the weights
+     * as read, here a NaN, refused by name */
+    edit_state("ck/checkpoints/step-00000004/state.json", "model_crc32", "");
+    edit_state("ck/checkpoints/step-00000004/state.json", "model_bytes", "");
+    const unsigned char nan_bits[4] = {0x00, 0x00, 0xc0, 0x7f};
+    patch_tail("ck/checkpoints/step-00000004/model.safetensors", 4, nan_bits, 4);
+    assert_int_equal(vithost("run recipe.yaml --out ck --resume"), 1);
+    err = tmp_text("err");
+    assert_non_null(strstr(err, "ck/checkpoints/step-00000004/model.safetensors: tensor "));
+    assert_non_null(strstr(err, "holds NaN"));
+    free(err);
+    /* vithost eval on those weights: an error, never a top-1 */
+    assert_int_equal(vithost("eval recipe.yaml --checkpoint ck/checkpoints/step-00000004"), 1);
+    err = tmp_text("err");
+    assert_non_null(strstr(err, "holds NaN"));
+    free(err);
+    char *out = tmp_text("out");
+    assert_null(strstr(out, "eval_top1"));
+    free(out);
+    /* state.json with a negative step */
+    edit_state("ck/checkpoints/step-00000002/state.json", "\"step\"", "  \"step\": -3,");
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "echo step-00000002 > %s/ck/checkpoints/latest", tmp_dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(vithost("run recipe.yaml --out ck --resume"), 1);
+    err = tmp_text("err");
+    assert_non_null(strstr(err, "ck/checkpoints/step-00000002/state.json: impossible values "
+                                "(step -3"));
+    free(err);
+    /* an undamaged older checkpoint (no checksums) resumes */
+    assert_int_equal(vithost("run recipe.yaml --out old --stop-after 2"), 5);
+    edit_state("old/checkpoints/step-00000002/state.json", "model_crc32", "");
+    edit_state("old/checkpoints/step-00000002/state.json", "model_bytes", "");
+    edit_state("old/checkpoints/step-00000002/state.json", "optim_crc32", "");
+    edit_state("old/checkpoints/step-00000002/state.json", "optim_bytes", "");
+    assert_int_equal(vithost("run recipe.yaml --out old --resume"), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_file_has_every_field),
@@ -377,6 +542,9 @@ int main(void) {
         cmocka_unit_test(test_sigint_writes_a_checkpoint),
         cmocka_unit_test(test_eval_inside_an_epoch),
         cmocka_unit_test(test_checkpoint_rotation),
+        cmocka_unit_test(test_resume_command_keeps_sets),
+        cmocka_unit_test(test_divergence_names_the_last_checkpoint),
+        cmocka_unit_test(test_damaged_checkpoints),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

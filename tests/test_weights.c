@@ -4,6 +4,7 @@
  * installed, loads back into the PyTorch model); damaged files give one clear
  * error naming the file. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -242,6 +243,32 @@ static void test_damaged_files(void **state) {
                            "{\"w\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
                            0),
                  "unknown dtype");
+    /* 2^32 x 2^32 values: refused, not wrapped to 0 (UBSan would flag the
+     * signed overflow of a product taken before the check). */
+    expect_error(make_file("wrap.safetensors",
+                           "{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],"
+                           "\"data_offsets\":[0,0]}}",
+                           0, 0),
+                 "tensor too large");
+    /* Two names sharing bytes, a gap, bytes after the last tensor, a name
+     * given twice: each refused, naming the tensors. */
+    expect_error(make_file("overlap.safetensors",
+                           "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                           "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                           12, 0),
+                 "tensors 'a' [0, 8] and 'b' [4, 12] overlap");
+    expect_error(make_file("gap.safetensors",
+                           "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                           "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+                           12, 0),
+                 "data bytes [4, 8) belong to no tensor");
+    expect_error(make_file("trailing.safetensors", ok, 28, 0),
+                 "4 bytes after the last tensor");
+    expect_error(make_file("dupname.safetensors",
+                           "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                           "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                           8, 0),
+                 "tensor 'w' is named twice");
     char tiny[600];
     snprintf(tiny, sizeof tiny, "%s/tiny.safetensors", tmp_dir);
     write_bytes(tiny, "abc", 3);
@@ -445,6 +472,55 @@ static void test_optim_state_file(void **state) {
     fclose(out);
 }
 
+/* Overwrites the last n bytes of a file. */
+static void patch_tail(const char *path, const void *bytes, size_t n) {
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, -(long)n, SEEK_END), 0);
+    assert_int_equal(fwrite(bytes, 1, n, f), n);
+    fclose(f);
+}
+
+/* Weights holding NaN or Inf are refused by name in every mode (pretrained
+ * as strictly as a checkpoint); finite weights whose logits overflow give
+ * an evaluation error, never an accuracy. */
+static void test_non_finite_weights(void **state) {
+    (void)state;
+    FILE *out = tmpfile();
+    vh_run run;
+    vh_session s;
+    open_test_session(&run, &s, out);
+    vh_diag d = {{0}};
+    char path[600];
+    snprintf(path, sizeof path, "%s/nan.safetensors", tmp_dir);
+    if (weights_save_model(&s, path, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    const float nan_value = NAN, inf_value = -INFINITY;
+    patch_tail(path, &nan_value, 4);
+    for (int mode = 0; mode < 2; mode++) {
+        vh_weights_mode m = mode ? VH_WEIGHTS_MODE_PRETRAINED : VH_WEIGHTS_MODE_STRICT;
+        assert_int_equal(weights_load_model(&s, path, m, &d), VH_STATUS_ERR_NUMERIC);
+        if (!strstr(d.text, path) || !strstr(d.text, "holds NaN"))
+            fail_msg("'%s' lacks the file or 'holds NaN'", d.text);
+    }
+    patch_tail(path, &inf_value, 4);
+    assert_int_equal(weights_load_model(&s, path, VH_WEIGHTS_MODE_PRETRAINED, &d),
+                     VH_STATUS_ERR_NUMERIC);
+    assert_non_null(strstr(d.text, "holds Inf"));
+
+    /* huge but finite: loads, and the logits overflow */
+    float huge[48]; /* of the 51 values (3 x 16 weights, 3 biases) */
+    for (int i = 0; i < 48; i++) huge[i] = 3e38f;
+    patch_tail(path, huge, sizeof huge);
+    if (weights_load_model(&s, path, VH_WEIGHTS_MODE_STRICT, &d) != VH_STATUS_OK)
+        fail_msg("%s", d.text);
+    vh_eval_result r;
+    assert_int_equal(session_evaluate(&s, &r, &d), VH_STATUS_ERR_NUMERIC);
+    assert_non_null(strstr(d.text, "logits or loss are NaN or Inf"));
+    session_close(&s);
+    run_close(&run);
+    fclose(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pytorch_file_gives_pytorch_logits),
@@ -454,6 +530,7 @@ int main(void) {
         cmocka_unit_test(test_half_precision_read),
         cmocka_unit_test(test_host_loader_and_report),
         cmocka_unit_test(test_optim_state_file),
+        cmocka_unit_test(test_non_finite_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -106,6 +106,12 @@ static vh_status load_set(cifar_data *d, vh_split split, const char *root,
             return host->api->fail(host, VH_STATUS_ERR_IO,
                                    "%s: cannot open: %s (%s files under root)", path,
                                    strerror(errno), variant);
+        if (!S_ISREG(sb.st_mode))
+            return host->api->fail(host, VH_STATUS_ERR_IO,
+                                   "%s: is %s, not a %s batch file (data.root must be the folder "
+                                   "holding the extracted .bin files)",
+                                   path, S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file",
+                                   variant);
         int64_t bytes = (int64_t)sb.st_size;
         if (bytes == 0 || bytes % record != 0) {
             int64_t other = d->cifar100 ? PIXELS + 1 : PIXELS + 2;

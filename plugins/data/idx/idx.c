@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -171,6 +172,56 @@ static int64_t gz_count_rest(gzFile gz) {
     return n;
 }
 
+/* Whether bytes that are not a gzip member follow the gzip members of the
+ * file (zlib's gzread skips them silently); *at: where they start, *rest:
+ * how many. Decompresses the file once more, into a scratch buffer. */
+static int gz_trailing(const char *path, int64_t *at, int64_t *rest) {
+    struct stat sb;
+    if (stat(path, &sb) != 0 || sb.st_size <= 0) return 0;
+    size_t size = (size_t)sb.st_size;
+    unsigned char *in = malloc(size), *out = malloc(1 << 16);
+    FILE *f = fopen(path, "rb");
+    int ok = in && out && f && fread(in, 1, size, f) == size;
+    if (f) fclose(f);
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (!ok || inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {
+        free(in);
+        free(out);
+        return 0;
+    }
+    size_t pos = 0;
+    int found = 0;
+    /* One member after another; each ends in Z_STREAM_END, and what follows
+     * must be the next member's magic (1f 8b) or nothing. */
+    while (pos < size) {
+        z.next_in = in + pos;
+        z.avail_in = (uInt)(size - pos > (1u << 30) ? (1u << 30) : size - pos);
+        z.next_out = out;
+        z.avail_out = 1 << 16;
+        int ret = inflate(&z, Z_NO_FLUSH);
+        pos = (size_t)(z.next_in - in);
+        if (ret == Z_STREAM_END) {
+            if (pos == size) break;
+            if (size - pos >= 2 && in[pos] == 0x1f && in[pos + 1] == 0x8b) {
+                inflateReset(&z);
+                continue;
+            }
+            found = 1;
+            break;
+        }
+        if (ret != Z_OK) break; /* damaged or truncated: gzread has said so */
+    }
+    if (found) {
+        *at = (int64_t)pos;
+        *rest = (int64_t)(size - pos);
+    }
+    inflateEnd(&z);
+    free(in);
+    free(out);
+    return found;
+}
+
 static const char *magic_kind(uint32_t magic) {
     if (magic == IDX_MAGIC_IMAGES) return " (an IDX image file)";
     if (magic == IDX_MAGIC_LABELS) return " (an IDX label file)";
@@ -214,8 +265,12 @@ static vh_status read_idx(vh_host *host, const char *path, int images, int64_t d
     }
     for (int k = 0; k < ndim; k++) dims[k] = be32(h + 4 + 4 * k);
     if (dims[0] < 1 || dims[0] > INT32_MAX) {
-        st = host->api->fail(host, VH_STATUS_ERR_FORMAT, "%s: header says %lld %ss", path,
-                             (long long)dims[0], what);
+        st = host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                             dims[0] < 1 ? "%s: header says %lld %ss; a split needs at least one"
+                                         : "%s: header says %lld %ss, more than the %d a split "
+                                           "may hold (sample indices are 32-bit; a damaged "
+                                           "header?)",
+                             path, (long long)dims[0], what, INT32_MAX);
         goto done;
     }
     char desc[128]; /* "60000 images of 28x28" */
@@ -279,6 +334,16 @@ static vh_status read_idx(vh_host *host, const char *path, int images, int64_t d
                              "%s: too long: header says %s (%lld bytes), file has %lld", path, desc,
                              (long long)total, (long long)(total + extra));
         goto done;
+    }
+    if (!gzdirect(gz)) {
+        int64_t at = 0, rest = 0;
+        if (gz_trailing(path, &at, &rest)) {
+            st = host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                                 "%s: %lld bytes after the gzip data (from byte %lld) are not "
+                                 "gzip: a damaged or appended-to file (re-download it)",
+                                 path, (long long)rest, (long long)at);
+            goto done;
+        }
     }
 done:
     gzclose(gz);

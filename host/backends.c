@@ -4,7 +4,8 @@
  * The others live in their own shared objects, loaded only when a recipe
  * asks for them, so a build without CUDA or MPI still runs everything else:
  * libvh_cuda.so, libvh_comm_mpi.so, libvh_comm_nccl.so, in <exe dir>/lib in
- * the build tree and in the libdir once installed.
+ * the build tree and in the libdir once installed (found relative to the
+ * executable first, so an installed tree works wherever it is copied).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dlfcn.h>
@@ -22,11 +23,16 @@
 static void *open_backend_lib(const char *file, int *found, char *why, size_t why_len) {
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    char candidates[2][4200];
+    char candidates[3][4200];
     int count = 0;
     if (n > 0) {
         exe[n] = '\0';
-        snprintf(candidates[count++], sizeof candidates[0], "%s/lib/%s", dirname(exe), file);
+        const char *dir = dirname(exe);
+        snprintf(candidates[count++], sizeof candidates[0], "%s/lib/%s", dir, file);
+#ifdef VH_LIB_DIR_FROM_EXE
+        snprintf(candidates[count++], sizeof candidates[0], "%s/%s/%s", dir, VH_LIB_DIR_FROM_EXE,
+                 file);
+#endif
     }
 #ifdef VH_INSTALL_LIB_DIR
     snprintf(candidates[count++], sizeof candidates[0], "%s/%s", VH_INSTALL_LIB_DIR, file);

@@ -2,19 +2,22 @@
 """bench_step.py - vithost's full training step beside PyTorch's, in one run, on the same threads.
 
     /usr/bin/python3 bench/bench_step.py [--build build] [--configs T1,T2,T3] [--threads 2]
-                                         [--precision fp32] [--torch /usr/bin/python3] [--quick]
+                                         [--precision fp32,amp] [--torch /usr/bin/python3]
+                                         [--torch-bf16 auto|yes|no] [--quick]
 
 What one run prints (a benchmark, not a test: ctest never runs it):
 1. the CPU model and the ISA features that decide the engine's kernels (avx2, avx512f,
    avx512_bf16, amx), and the thread count both sides get;
 2. the GEMM peak of this machine as the SDK's CPU engine measures it, fp32 and bf16
    (build/bench/bench_gemm);
-3. per configuration, the median images/s of full training steps (forward, backward, AdamW):
-   vithost through `vithost run` (synthetic data, `precision.plugin` as given, ddp, mta adamw;
-   per-step img/s from metrics.jsonl after the warm-up steps) and PyTorch through
-   bench_step_torch.py (fp32, and bf16 autocast), each PyTorch case run with libgomp's default
-   wait policy and with OMP_WAIT_POLICY=PASSIVE, the faster counted;
-4. one table with the ratios and the issue's goals, and the fp32 GEMM peak share of vithost.
+3. per configuration and per vithost precision policy (--precision, a comma list: fp32, amp
+   (bf16), fp16), the images/s of full training steps (data, forward, backward, AdamW):
+   vithost through `vithost bench --json` (synthetic data, ddp, mta adamw; the median step after
+   the warm-up) and PyTorch through bench/torch/train_step.py (fp32, and bf16 autocast), each
+   PyTorch case run with libgomp's default wait policy and with OMP_WAIT_POLICY=PASSIVE, the
+   faster counted;
+4. one table with the ratios: vithost fp32 / torch fp32 (and the issue's goal), vithost AMP-bf16 /
+   torch bf16 autocast, vithost AMP-bf16 / vithost fp32; the fp32 GEMM peak share of vithost.
 
 Configurations (DESIGN.md's letters):
   T1  D64  L4  H4 P4,  28x28x1,  B128, 10 classes
@@ -75,7 +78,7 @@ def gemm_peaks(build):
 def recipe(cfg, precision):
     dim, depth, heads, mlp, patch, ch, side, classes, batch, steps, warmup, _ = cfg
     return f"""run:       {{ device: cpu, seed: 0, epochs: 1, steps: {steps + warmup}, batch_size: {batch},
-             eval_every: 0, log_every: 1 }}
+             eval_every: 0 }}
 model:     {{ plugin: vit, dim: {dim}, depth: {depth}, heads: {heads}, mlp_dim: {mlp},
              patch_size: {patch} }}
 precision: {{ plugin: {precision} }}
@@ -86,26 +89,23 @@ data:      {{ plugin: synthetic, channels: {ch}, image_size: {side}, num_classes
 """
 
 
-def run_vithost(build, name, cfg, precision, env):
+def run_vithost(build, name, cfg, precision, env, quick):
+    """Median img/s of `vithost bench --json` (its own warm-up), or None."""
     steps, warmup = cfg[9], cfg[10]
+    if quick:
+        steps, warmup = max(3, steps // 3), 1
     work = tempfile.mkdtemp(prefix=f"bench-{name}-")
     try:
         path = os.path.join(work, f"{name}.yaml")
         with open(path, "w") as f:
             f.write(recipe(cfg, precision))
-        out = os.path.join(work, "run")
-        r = subprocess.run([os.path.join(build, "vithost"), "run", path, "--out", out],
-                           capture_output=True, text=True, env=env)
+        cmd = [os.path.join(build, "vithost"), "bench", path, "--json", "--steps", str(steps),
+               "--warmup", str(warmup)]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0:
-            print(f"  vithost {name}: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+            print(f"  vithost {name} {precision}: exit {r.returncode}\n{r.stderr[-2000:]}")
             return None
-        rates = []
-        with open(os.path.join(out, "metrics.jsonl")) as f:
-            for line in f:
-                m = json.loads(line)
-                if "img_per_s" in m and m["step"] > warmup:
-                    rates.append(m["img_per_s"])
-        return statistics.median(rates) if rates else None
+        return json.loads(r.stdout.strip().splitlines()[-1])["img_per_s"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -125,7 +125,7 @@ def run_torch(python, names, threads, autocast, quick):
         env.pop("OMP_WAIT_POLICY", None)
         if policy:
             env["OMP_WAIT_POLICY"] = policy
-        r = subprocess.run([python, os.path.join(HERE, "bench_step_torch.py"), "--threads",
+        r = subprocess.run([python, os.path.join(HERE, "torch", "train_step.py"), "--threads",
                             str(threads), "--autocast", autocast] + jobs,
                            capture_output=True, text=True, env=env)
         for line in r.stdout.splitlines():
@@ -154,22 +154,31 @@ def flops_per_image(cfg):
     return 6.0 * macs
 
 
+PRECISIONS = {"fp32": "fp32", "amp": "AMP-bf16", "fp16": "FP16"}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--configs", default="T1,T2,T3")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--precision", default="fp32", help="precision plugin of the vithost side")
+    ap.add_argument("--precision", default="fp32,amp",
+                    help="vithost precision plugins, a comma list of fp32, amp (bf16), fp16")
     ap.add_argument("--torch", default="/usr/bin/python3", help="interpreter that has torch")
-    ap.add_argument("--quick", action="store_true", help="fewer PyTorch steps")
+    ap.add_argument("--quick", action="store_true", help="fewer steps on both sides (a smoke "
+                    "test of the command, not a measurement)")
     ap.add_argument("--torch-bf16", choices=("auto", "yes", "no"), default="auto",
                     help="time PyTorch's bf16 autocast (auto: only where the CPU has "
                          "avx512_bf16; without it PyTorch 1.13 runs it 12-27x slower than fp32)")
     args = ap.parse_args()
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
     for n in names:
         if n not in CONFIGS:
             sys.exit(f"bench_step: unknown config '{n}' (have {', '.join(CONFIGS)})")
+    for p in precisions:
+        if p not in PRECISIONS:
+            sys.exit(f"bench_step: unknown precision '{p}' (have {', '.join(PRECISIONS)})")
 
     model, isa = cpu_facts()
     print(f"CPU: {model}; ISA: {' '.join(isa) or '?'}; threads: {args.threads}")
@@ -177,39 +186,67 @@ def main():
     print("GEMM peak through the SDK's CPU engine (best of 3):")
     peaks = gemm_peaks(args.build)
 
-    ours = {}
+    ours = {p: {} for p in precisions}
     for n in names:
-        ours[n] = run_vithost(args.build, n, CONFIGS[n], args.precision, env)
+        for p in precisions:
+            ours[p][n] = run_vithost(args.build, n, CONFIGS[n], p, env, args.quick)
     torch32 = run_torch(args.torch, names, args.threads, "none", args.quick)
     want_bf16 = args.torch_bf16 == "yes" or (args.torch_bf16 == "auto" and "avx512_bf16" in isa)
+    bf16_note = ""
     if want_bf16:
         torchbf = run_torch(args.torch, names, args.threads, "bf16", args.quick)
     else:
         torchbf = {}
-        print("  PyTorch bf16 autocast: skipped, this CPU has no avx512_bf16 "
-              "(--torch-bf16 yes to time it anyway)")
+        bf16_note = ("PyTorch bf16 autocast: not timed, this CPU has no avx512_bf16 "
+                     "(--torch-bf16 yes times it anyway)")
+        print("  " + bf16_note)
+
+    def fmt(x, spec=".1f"):
+        return format(x, spec) if x is not None else "-"
+
+    def ratio(a, b):
+        return f"{a / b:.2f}x" if a and b else "-"
 
     print()
-    print(f"full training step (forward, backward, AdamW), img/s, {args.threads} threads; "
-          f"vithost precision: {args.precision}")
-    print("cfg | vithost | torch fp32 | torch bf16 autocast | vithost/torch fp32 (goal) | "
-          "vithost/torch bf16 | vithost GFLOP/s (% of f32 GEMM peak)")
+    print(f"full training step (data, forward, backward, AdamW), img/s, {args.threads} threads"
+          f"{' (--quick: few steps, not a measurement)' if args.quick else ''}")
+    head = "| cfg | vithost fp32 | torch fp32 | vithost/torch fp32 (goal) |"
+    rule = "|---|---|---|---|"
+    for p in precisions:
+        if p == "fp32":
+            continue
+        head += f" vithost {PRECISIONS[p]} | vs vithost fp32 |"
+        rule += "---|---|"
+        if p == "amp":
+            head += " torch bf16 autocast | vithost AMP-bf16/torch bf16 |"
+            rule += "---|---|"
+    head += " vithost fp32 GFLOP/s (% of f32 GEMM peak) |"
+    rule += "---|"
+    print(head)
+    print(rule)
     for n in names:
-        v, t, b = ours.get(n), torch32.get(n), torchbf.get(n)
+        v32, t32, tbf = ours.get("fp32", {}).get(n), torch32.get(n), torchbf.get(n)
         goal = CONFIGS[n][11]
-        gf = v * flops_per_image(CONFIGS[n]) / 1e9 if v else None
+        r32 = (f"{v32 / t32:.2f}x ({goal:.1f}x{'' if v32 / t32 >= goal else ' MISSED'})"
+               if v32 and t32 else "-")
+        line = f"| {n} | {fmt(v32)} | {fmt(t32)} | {r32} |"
+        for p in precisions:
+            if p == "fp32":
+                continue
+            v = ours[p].get(n)
+            line += f" {fmt(v)} | {ratio(v, v32)} |"
+            if p == "amp":
+                line += f" {fmt(tbf)} | {ratio(v, tbf)} |"
+        gf = v32 * flops_per_image(CONFIGS[n]) / 1e9 if v32 else None
         pk = peaks.get("f32")
-
-        def fmt(x, spec=".1f"):
-            return format(x, spec) if x is not None else "-"
-        r32 = f"{v / t:.2f}x ({goal:.1f}x{'' if v / t >= goal else ' MISSED'})" if v and t else "-"
-        rbf = f"{v / b:.2f}x" if v and b else "-"
-        share = f"{gf:.0f} ({100 * gf / pk:.0f}%)" if gf and pk else "-"
-        print(f"{n}  | {fmt(v)} | {fmt(t)} | {fmt(b)} | {r32} | {rbf} | {share}")
+        line += f" {f'{gf:.0f} ({100 * gf / pk:.0f}%)' if gf and pk else '-'} |"
+        print(line)
+    if bf16_note:
+        print(f"({bf16_note})")
     print("JSON " + json.dumps({"cpu": model, "isa": isa, "threads": args.threads,
                                 "gemm_peak_gflops": peaks, "vithost_img_s": ours,
                                 "torch_fp32_img_s": torch32, "torch_bf16_img_s": torchbf,
-                                "precision": args.precision}))
+                                "quick": args.quick}))
 
 
 if __name__ == "__main__":

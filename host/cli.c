@@ -10,6 +10,11 @@
 #include "runtime.h"
 #include "eval_command.h"
 #include "train_loop.h"
+#include "new_plugin.h"
+#include "session.h"
+#include "bench_command.h"
+#include "plot.h"
+#include "sweep.h"
 
 #ifndef VITHOST_VERSION
 #define VITHOST_VERSION "0.0.0"
@@ -21,6 +26,11 @@ static const char usage_text[] =
     "       vithost eval RECIPE --checkpoint PATH [--set SECTION.KEY=VALUE]...\n"
     "       vithost check RECIPE [--set SECTION.KEY=VALUE]...\n"
     "       vithost plugins [--describe NAME]\n"
+    "       vithost bench RECIPE [--steps N] [--warmup K] [--json] [--set ...]\n"
+    "       vithost sweep RECIPE (--vary KEY=V1,V2 ... | --sequence --step KEY=V[,KEY=V]...)\n"
+    "                            [--np N] [--steps N] [--out DIR]\n"
+    "       vithost plot RUN_DIR... -o FILE.svg\n"
+    "       vithost new-plugin ROLE NAME [DIR]\n"
     "       vithost --help | --version\n";
 
 static const char help_text[] =
@@ -34,6 +44,13 @@ static const char help_text[] =
     "  check RECIPE    check the recipe, load every plugin it names, and print the\n"
     "                  resolved recipe with the origin of each value; trains nothing\n"
     "  plugins         list the plugins on the search path (role, version, file)\n"
+    "  new-plugin ROLE NAME [DIR]  write a plugin project to start from (DIR: ./NAME):\n"
+    "                  NAME.c for the role, CMakeLists.txt, a recipe, a README\n"
+    "  bench RECIPE    time training steps: img/s, TFLOP/s, MFU, memory, time per phase\n"
+    "  sweep RECIPE    bench every combination of --vary values (or a cumulative\n"
+    "                  --sequence of --step changes); writes sweep.md, .svg and .json\n"
+    "  plot RUN_DIR... loss, accuracy and img/s of runs overlaid in one SVG\n"
+    "                  (`vithost bench|sweep|plot --help` for their options)\n"
     "\n"
     "options:\n"
     "  --set SECTION.KEY=VALUE   override one recipe value (checked like the file's);\n"
@@ -49,7 +66,7 @@ static const char help_text[] =
     "\n"
     "plugin search path, first match wins: $VITHOST_PLUGIN_PATH (colon-separated),\n"
     "<vithost dir>/plugins, <vithost dir>/../lib/vithost/plugins, the install prefix.\n"
-    "A recipe's `plugin:` value with a '/' or ending in .so is a file path.\n"
+    "A recipe's `plugin:` value ending in .so is a file path; any other is a name.\n"
     "\n"
     "exit codes:\n"
     "  0  success\n"
@@ -148,6 +165,35 @@ static int open_exit_code(const vh_run *run, vh_status st) {
     return st == VH_STATUS_ERR_NOMEM ? VH_EXIT_RUN_FAILED : VH_EXIT_RECIPE;
 }
 
+/* Creates the five plugins as a run does (device and communicator, data
+ * and its info, precision, the model against both, optim, sharding), then
+ * destroys them: no weights are loaded and no step is taken, but every
+ * rule a plugin checks against the others' info (heads dividing dim, the
+ * patch dividing the images, the data being there) is checked. */
+static vh_status check_plugins(vh_run *run, const char *recipe, FILE *out, vh_diag *d) {
+    vh_session s;
+    FILE *saved = run->opts.out;
+    run->opts.out = out;
+    vh_status st = session_open(&s, run, d);
+    if (st == VH_STATUS_OK && s.info.train_size / run->comm.world_size / s.batch_size < 1)
+        st = diag_set(d, VH_STATUS_ERR_CONFIG,
+                      "%s: the training split has %lld samples, fewer than one batch of %lld "
+                      "per rank on %d rank(s); lower run.batch_size",
+                      run->recipe.file, (long long)s.info.train_size, (long long)s.batch_size,
+                      (int)run->comm.world_size);
+    if (st == VH_STATUS_OK)
+        fprintf(out,
+                "# %s: ok (recipe and schemas; plugins created against each other on %s: "
+                "data %lld train / %lld eval images %d x %d x %d, %d classes; model %lld "
+                "parameters; no weights loaded, nothing trained)\n",
+                recipe, run->device->name, (long long)s.info.train_size,
+                (long long)s.info.eval_size, (int)s.info.channels, (int)s.info.height,
+                (int)s.info.width, (int)s.info.num_classes, (long long)s.table->numel);
+    session_close(&s);
+    run->opts.out = saved;
+    return st;
+}
+
 static int cmd_check(const cli_args *a, FILE *out, FILE *err) {
     vh_run run;
     vh_diag d = {{0}};
@@ -161,8 +207,14 @@ static int cmd_check(const cli_args *a, FILE *out, FILE *err) {
         return code;
     }
     run_print_resolved(&run, out);
-    fprintf(out, "# %s: ok\n", a->recipe);
+    /* What `run` would refuse before its first step: the plugins created
+     * against each other's info. */
+    vh_status cst = check_plugins(&run, a->recipe, out, &d);
     run_close(&run);
+    if (cst != VH_STATUS_OK) {
+        fprintf(err, "vithost: %s\n", d.text);
+        return cst == VH_STATUS_ERR_CONFIG ? VH_EXIT_RECIPE : VH_EXIT_RUN_FAILED;
+    }
     return VH_EXIT_OK;
 }
 
@@ -312,6 +364,10 @@ int cli_main(int argc, char **argv, FILE *out, FILE *err) {
                 VH_ABI_MINOR);
         return VH_EXIT_OK;
     }
+    if (strcmp(cmd, "bench") == 0) return bench_main(argc, argv, out, err);
+    if (strcmp(cmd, "sweep") == 0) return sweep_main(argc, argv, out, err);
+    if (strcmp(cmd, "plot") == 0) return plot_main(argc, argv, out, err);
+    if (strcmp(cmd, "new-plugin") == 0) return new_plugin_command(argc - 2, argv + 2, out, err);
     if (strcmp(cmd, "run") != 0 && strcmp(cmd, "check") != 0 && strcmp(cmd, "plugins") != 0 &&
         strcmp(cmd, "eval") != 0)
         return usage_error(err, "unknown command '%s'", cmd);

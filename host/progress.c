@@ -18,6 +18,8 @@ void progress_init(vh_progress *p, FILE *out) {
     p->run_start = p->window_start = progress_now();
     p->last_draw = 0.0;
     p->window_images = 0;
+    p->first_drawn_step = -1;
+    p->first_draw = 0.0;
 }
 
 double progress_img_per_s(const vh_progress *p) {
@@ -55,18 +57,39 @@ void progress_scale_text(char *buf, size_t len, const vh_progress_scale *scale) 
              (long long)scale->skipped_steps);
 }
 
+void progress_bar_text(char *buf, size_t len, double done) {
+    if (len == 0) return;
+    if (!(done >= 0.0)) done = 0.0;
+    if (done > 1.0) done = 1.0;
+    size_t width = len - 1, full = (size_t)(done * (double)width + 0.5);
+    for (size_t i = 0; i < width; i++) buf[i] = i < full ? '#' : '.';
+    buf[width] = '\0';
+}
+
 void progress_draw(vh_progress *p, int64_t step, int64_t total, float loss,
                    const vh_progress_scale *scale) {
     if (!p->tty) return;
     double now = progress_now();
     p->last_draw = now;
-    double elapsed = now - p->run_start;
+    if (p->first_drawn_step < 0) {
+        p->first_drawn_step = step;
+        p->first_draw = now;
+    }
+    /* seconds per step: since the first draw once there are steps since,
+     * else since the start over every step (right for a fresh run) */
+    double per_step = step > p->first_drawn_step
+                          ? (now - p->first_draw) / (double)(step - p->first_drawn_step)
+                      : step > 0 ? (now - p->run_start) / (double)step
+                                 : -1.0;
     char eta[32], extra[64];
-    format_eta(eta, sizeof eta, step > 0 ? elapsed / (double)step * (double)(total - step) : -1);
+    format_eta(eta, sizeof eta, per_step >= 0 ? per_step * (double)(total - step) : -1);
     progress_scale_text(extra, sizeof extra, scale);
-    fprintf(p->out, "\r\033[Kstep %lld/%lld  loss %.4f  %.0f img/s%s%s  eta %s",
-            (long long)step, (long long)total, (double)loss, progress_img_per_s(p),
-            extra[0] ? " " : "", extra, eta);
+    char bar[PROGRESS_BAR_WIDTH + 1];
+    double done = total > 0 ? (double)step / (double)total : 0.0;
+    progress_bar_text(bar, sizeof bar, done);
+    fprintf(p->out, "\r\033[K[%s] %3.0f%%  step %lld/%lld  loss %.4f  %.0f img/s%s%s  eta %s",
+            bar, 100.0 * (done < 1.0 ? done : 1.0), (long long)step, (long long)total,
+            (double)loss, progress_img_per_s(p), extra[0] ? " " : "", extra, eta);
     fflush(p->out);
 }
 

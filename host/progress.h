@@ -13,6 +13,10 @@ typedef struct vh_progress {
     int tty;
     double window_start, last_draw, run_start;
     int64_t window_images;
+    /* the first drawn step and when: the ETA's rate (a resumed run's
+     * earlier steps took no time of this process) */
+    int64_t first_drawn_step;
+    double first_draw;
 } vh_progress;
 
 /* Seconds on a monotonic clock. */
@@ -41,6 +45,12 @@ typedef struct vh_progress_scale {
 int progress_due(const vh_progress *p, int64_t step, int64_t total);
 void progress_draw(vh_progress *p, int64_t step, int64_t total, float loss,
                    const vh_progress_scale *scale);
+/* The bar of the redrawn line: len - 1 characters, '#' for the share done
+ * (0..1) and '.' for the rest, e.g. "[#########...............]  37%  step
+ * 370/1000 ... eta 1m02s" (the ETA: the run's mean time per step so far,
+ * times the steps left). Lines off a terminal are unchanged. */
+#define PROGRESS_BAR_WIDTH 24
+void progress_bar_text(char *buf, size_t len, double done);
 /* " scale 65536 skipped 2" (empty when !scale->show), for the lines. */
 void progress_scale_text(char *buf, size_t len, const vh_progress_scale *scale);
 /* Clears the redrawn line before a line that stays. */

@@ -13,9 +13,18 @@
  *
  * The batch comes from session_next_batch (data.next, copied to the device).
  * The loss stays in device memory: the loop copies it back only on the steps
- * it logs.
+ * it logs. session_step_timed (step_phases.h) is the same step with a clock
+ * read at each phase boundary, for `vithost bench`.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "session.h"
+
+#include <time.h>
+
+#include "step_phases.h"
+
+const char *const vh_step_phase_names[VH_STEP_PHASE_COUNT] = {
+    "data", "forward", "backward", "comm_wait", "optimizer"};
 
 const char vh_step_order[] =
     "data.next, sharding.zero_grads, model.forward (sharding.gather/release per unit), "
@@ -30,18 +39,72 @@ const char vh_step_order[] =
         if (st_ != VH_STATUS_OK) return session_plugin_error((s), (role), st_, (call), d); \
     } while (0)
 
+/* The clock at the phase boundaries of session_step_timed: the last
+ * boundary's time and the communicator's wait total then. */
+typedef struct phase_clock {
+    vh_step_phases *phases; /* NULL: no timing */
+    double at, waited;
+} phase_clock;
+
+static double clock_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void phase_start(vh_session *s, phase_clock *c, vh_step_phases *phases) {
+    c->phases = phases;
+    if (!phases) return;
+    c->at = clock_seconds();
+    c->waited = s->run->comm_stats.wait_seconds;
+}
+
+/* Ends `phase` here: its time less what was spent waiting on the
+ * communicator, which goes to comm_wait. */
+static vh_status phase_end(vh_session *s, phase_clock *c, vh_step_phase phase, vh_diag *d) {
+    if (!c->phases) return VH_STATUS_OK;
+    if (c->phases->sync) {
+        const vh_device_ops *dev = s->run->device;
+        vh_status st = dev->synchronize(dev->device);
+        if (st != VH_STATUS_OK) return diag_set(d, st, "synchronizing %s failed", dev->name);
+    }
+    double now = clock_seconds(), waited = s->run->comm_stats.wait_seconds;
+    double dw = waited - c->waited;
+    c->phases->seconds[phase] += now - c->at - dw;
+    c->phases->seconds[VH_STEP_PHASE_COMM_WAIT] += dw;
+    c->at = now;
+    c->waited = waited;
+    return VH_STATUS_OK;
+}
+
+#define PHASE_END(s, c, phase)                                   \
+    do {                                                         \
+        vh_status pst_ = phase_end((s), (c), (phase), d);        \
+        if (pst_ != VH_STATUS_OK) return pst_;                   \
+    } while (0)
+
 vh_status session_step(vh_session *s, const vh_batch *batch, int64_t step,
                        const float **dev_loss, double *lr, int *skipped, vh_diag *d) {
+    return session_step_timed(s, batch, step, dev_loss, lr, skipped, NULL, d);
+}
+
+vh_status session_step_timed(vh_session *s, const vh_batch *batch, int64_t step,
+                             const float **dev_loss, double *lr, int *skipped,
+                             vh_step_phases *phases, vh_diag *d) {
     vh_model_output out = {.struct_size = sizeof out};
     void *sharding = s->self[VH_ROLE_SHARDING], *precision = s->self[VH_ROLE_PRECISION];
+    phase_clock clock;
+    phase_start(s, &clock, phases);
     CALL(s, VH_ROLE_SHARDING, "sharding.zero_grads", s->sharding->zero_grads(sharding));
     CALL(s, VH_ROLE_MODEL, "model.forward",
          s->model->forward(s->self[VH_ROLE_MODEL], batch, VH_MODE_TRAIN, &s->hooks, &out));
+    PHASE_END(s, &clock, VH_STEP_PHASE_FORWARD);
     session_trace(s, "precision.loss_scale");
     float scale = s->precision->loss_scale(precision);
     CALL(s, VH_ROLE_MODEL, "model.backward",
          s->model->backward(s->self[VH_ROLE_MODEL], scale, &s->hooks));
     CALL(s, VH_ROLE_SHARDING, "sharding.wait", s->sharding->wait(sharding));
+    PHASE_END(s, &clock, VH_STEP_PHASE_BACKWARD);
     int found_inf = 0;
     CALL(s, VH_ROLE_PRECISION, "precision.unscale_and_check",
          s->precision->unscale_and_check(precision, &s->slices, &found_inf));
@@ -64,6 +127,7 @@ vh_status session_step(vh_session *s, const vh_batch *batch, int64_t step,
         session_trace(s, "optim.step skipped: gradients overflowed");
     }
     CALL(s, VH_ROLE_PRECISION, "precision.update", s->precision->update(precision, found_inf));
+    PHASE_END(s, &clock, VH_STEP_PHASE_OPTIMIZER);
     *dev_loss = out.loss;
     return VH_STATUS_OK;
 }

@@ -1,11 +1,11 @@
-"""bench_step_torch.py - the PyTorch side of bench_step.py: full training steps of the same ViT.
+"""train_step.py - the PyTorch side of bench_step.py: full training steps of the same ViT.
 
 A step is zero_grad + forward + cross-entropy + backward + AdamW step, the same work as one
 `vithost run` step (mta adamw). The model is tests/reference/vit_reference.py (timm's
 VisionTransformer, the ground truth of the vit plugin's tests). Run by bench_step.py through
 /usr/bin/python3 (Debian's torch 1.13) or any interpreter with torch; by hand:
 
-    OMP_NUM_THREADS=2 /usr/bin/python3 bench/bench_step_torch.py --threads 2 --autocast none \\
+    OMP_NUM_THREADS=2 /usr/bin/python3 bench/torch/train_step.py --threads 2 --autocast none \\
         --job name=T1,batch=128,channels=1,side=28,patch=4,dim=64,depth=4,heads=4,mlp=256,\\
 classes=10,steps=20,warmup=3
 
@@ -20,7 +20,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "reference"))
 
 try:
     import torch

@@ -1,0 +1,392 @@
+/* test_bench.c - `vithost bench`, `vithost sweep` and `vithost plot` as
+ * scripts use them: the bench's JSON keys and their sanity, a 2x2 sweep and
+ * a cumulative one (files, rows, well-formed SVG with one bar per row),
+ * plot's SVG (a polyline per run and panel), and the progress bar's text.
+ * No timing is asserted beyond "positive and consistent". */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "plot.h"
+#include "progress.h"
+
+static char tmp_dir[256];
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    buf[got] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static char *tmp_text(const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    return slurp(path);
+}
+
+/* Runs vithost with ARGS in tmp_dir; its exit code, output in out and err. */
+static int vithost(const char *fmt, ...) {
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd %s && %s %s >%s/out 2>%s/err </dev/null", tmp_dir,
+             VH_TEST_VITHOST, args, tmp_dir, tmp_dir);
+    int status = system(cmd);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void write_file(const char *name, const char *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A ViT small enough that a step takes a millisecond. */
+static const char tiny[] =
+    "run: {steps: 8, batch_size: 8, eval_every: 0, peak_tflops: 0.5}\n"
+    "model: {plugin: vit, dim: 16, depth: 1, heads: 2, mlp_dim: 32, patch_size: 4}\n"
+    "precision: {plugin: fp32}\n"
+    "sharding: {plugin: ddp}\n"
+    "optim: {plugin: mta, algo: adamw, lr: 1.0e-3}\n"
+    "data: {plugin: synthetic, channels: 1, image_size: 8, num_classes: 4, train_size: 32,\n"
+    "       eval_size: 8, workers: 0}\n";
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/vithost-test-bench-XXXXXX");
+    if (!mkdtemp(tmp_dir)) return -1;
+    setenv("VITHOST_PLUGIN_PATH", "", 1);
+    setenv("OMP_NUM_THREADS", "1", 1); /* tiny steps: threads would only wait */
+    write_file("tiny.yaml", tiny);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static double number(const char *json, const char *key) {
+    double v = NAN;
+    if (!plot_json_number(json, key, &v)) fail_msg("no number \"%s\" in: %s", key, json);
+    return v;
+}
+
+static int count(const char *text, const char *what) {
+    int n = 0;
+    for (const char *p = strstr(text, what); p; p = strstr(p + 1, what)) n++;
+    return n;
+}
+
+/* ---- a minimal XML check: every tag closed in order, entities known ------ */
+
+static void assert_well_formed(const char *xml) {
+    char stack[64][32];
+    int depth = 0, roots = 0;
+    for (const char *p = xml; *p; p++) {
+        if (*p == '&') {
+            static const char *const ents[] = {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"};
+            int ok = 0;
+            for (int i = 0; i < 5; i++) ok |= strncmp(p, ents[i], strlen(ents[i])) == 0;
+            if (!ok) fail_msg("a bare '&' at: %.40s", p);
+            continue;
+        }
+        if (*p == '>') fail_msg("a bare '>' at: %.40s", p);
+        if (*p != '<') continue;
+        const char *end = strchr(p, '>');
+        assert_non_null(end);
+        if (p[1] == '?' || p[1] == '!') { /* declaration, comment */
+            p = end;
+            continue;
+        }
+        if (p[1] == '/') {
+            assert_true(depth > 0);
+            depth--;
+            size_t n = strlen(stack[depth]);
+            if (strncmp(p + 2, stack[depth], n) != 0 || (p[2 + n] != '>' && p[2 + n] != ' '))
+                fail_msg("</...> does not close <%s> at: %.40s", stack[depth], p);
+        } else if (end[-1] != '/') {
+            assert_true(depth < 64);
+            size_t n = strcspn(p + 1, " \t\n/>");
+            assert_true(n > 0 && n < 32);
+            memcpy(stack[depth], p + 1, n);
+            stack[depth][n] = '\0';
+            if (depth == 0) roots++;
+            depth++;
+        }
+        /* attribute values: quotes balanced inside the tag */
+        int quotes = 0;
+        for (const char *q = p; q < end; q++) quotes += *q == '"';
+        if (quotes % 2) fail_msg("unbalanced quotes in: %.60s", p);
+        p = end;
+    }
+    assert_int_equal(depth, 0);
+    assert_int_equal(roots, 1);
+    assert_non_null(strstr(xml, "<svg xmlns=\"http://www.w3.org/2000/svg\""));
+}
+
+/* ---- bench ----------------------------------------------------------------- */
+
+static void check_bench_object(const char *json, double peak) {
+    assert_int_equal(json[0], '{');
+    assert_non_null(strstr(json, "\"phase_ms\": {"));
+    double median = number(json, "step_ms_median");
+    assert_true(median > 0);
+    assert_true(number(json, "step_ms_min") <= median);
+    assert_true(number(json, "step_ms_max") >= median);
+    double img = number(json, "img_per_s");
+    /* img/s is the global batch over the median step */
+    assert_true(fabs(img * median / 1e3 - number(json, "global_batch")) < 1e-3 * img);
+    double tflops = number(json, "tflops");
+    assert_true(tflops > 0);
+    double mfu = number(json, "mfu");
+    if (peak > 0) assert_true(fabs(mfu - tflops / peak) <= 1e-4 * mfu);
+    assert_true(mfu > 0 && mfu < 10);
+    assert_true(number(json, "peak_mem_bytes") > 1e6);
+    assert_true(number(json, "model_state_bytes") > 0);
+    const char *phases = strstr(json, "\"phase_ms\"");
+    static const char *const keys[] = {"data", "forward", "backward", "comm_wait",
+                                       "optimizer"};
+    for (int i = 0; i < 5; i++) assert_true(number(phases, keys[i]) >= 0);
+    assert_true(number(phases, "forward") > 0 && number(phases, "backward") > 0);
+    assert_int_equal((int)number(json, "world_size"), 1);
+    assert_int_equal((int)number(json, "steps"), 3);
+    assert_true(isfinite(number(json, "loss")));
+    assert_non_null(strstr(json, "\"compute_dtype\": \"f32\""));
+}
+
+static void test_bench_json(void **state) {
+    (void)state;
+    /* 3 steps of batch 8 from a split of 32: the data starts a new pass */
+    int rc = vithost("bench tiny.yaml --json --steps 3 --warmup 2");
+    char *out = tmp_text("out"), *err = tmp_text("err");
+    if (rc != 0) fail_msg("exit %d: %s%s", rc, out, err);
+    assert_int_equal(count(out, "\n"), 1); /* one object, nothing else on stdout */
+    check_bench_object(out, 0.5);
+    assert_non_null(strstr(out, "\"peak_source\": \"run.peak_tflops\""));
+    free(out);
+    free(err);
+}
+
+/* Without run.peak_tflops the CPU's peak is a GEMM probe in the policy's
+ * compute dtype. */
+static void test_bench_probe_and_text(void **state) {
+    (void)state;
+    int rc = vithost("bench tiny.yaml --json --steps 3 --warmup 1 --set run.peak_tflops=0");
+    char *out = tmp_text("out");
+    if (rc != 0) fail_msg("exit %d: %s", rc, out);
+    check_bench_object(out, 0);
+    assert_non_null(strstr(out, "\"peak_source\": \"f32 GEMM probe\""));
+    free(out);
+    rc = vithost("bench tiny.yaml --steps 3 --warmup 0");
+    out = tmp_text("out");
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "img/s (the job)"));
+    assert_non_null(strstr(out, "phases      data"));
+    assert_non_null(strstr(out, "MFU"));
+    free(out);
+}
+
+static void test_bench_errors(void **state) {
+    (void)state;
+    assert_int_equal(vithost("bench tiny.yaml --steps 0"), 2);
+    char *err = tmp_text("err");
+    assert_non_null(strstr(err, "--steps needs a whole number >= 1, not '0'"));
+    free(err);
+    assert_int_equal(vithost("bench tiny.yaml --set model.dimm=3"), 3);
+    err = tmp_text("err");
+    assert_non_null(strstr(err, "dimm"));
+    free(err);
+    assert_int_equal(vithost("bench"), 2);
+}
+
+/* ---- sweep ----------------------------------------------------------------- */
+
+static void test_sweep_grid(void **state) {
+    (void)state;
+    int rc = vithost("sweep tiny.yaml --vary model.classifier=token,pooled "
+                     "--vary model.layout=batch_first,batch_second --steps 2 --warmup 1 "
+                     "--out grid --title 'a <2x2> sweep'");
+    char *out = tmp_text("out"), *err = tmp_text("err");
+    if (rc != 0) fail_msg("exit %d: %s%s", rc, out, err);
+    char *md = tmp_text("grid/sweep.md"), *svg = tmp_text("grid/sweep.svg");
+    char *json = tmp_text("grid/sweep.json");
+    /* 4 rows, the first --vary slowest */
+    assert_non_null(strstr(md, "| 0 | token, batch_first |"));
+    assert_non_null(strstr(md, "| 1 | token, batch_second |"));
+    assert_non_null(strstr(md, "| 2 | pooled, batch_first |"));
+    assert_non_null(strstr(md, "| 3 | pooled, batch_second |"));
+    assert_null(strstr(md, "| 4 |"));
+    assert_null(strstr(md, "failed"));
+    assert_non_null(strstr(md, "| 1.00x |")); /* row 0 against itself */
+    assert_int_equal(count(json, "\"label\": "), 4);
+    assert_int_equal(count(json, "\"img_per_s\": "), 4);
+    assert_non_null(strstr(json, "\"sets\": [\"model.classifier=pooled\", "
+                                 "\"model.layout=batch_second\"]"));
+    assert_well_formed(svg);
+    assert_int_equal(count(svg, "<rect class=\"bar\""), 4);
+    assert_non_null(strstr(svg, "a &lt;2x2&gt; sweep")); /* the title, escaped */
+    free(out);
+    free(err);
+    free(md);
+    free(svg);
+    free(json);
+}
+
+/* Each row keeps the changes above it; a later step overrides a key. */
+static void test_sweep_sequence(void **state) {
+    (void)state;
+    int rc = vithost("sweep tiny.yaml --sequence --base baseline "
+                     "--step pooled:model.classifier=pooled "
+                     "--step model.layout=batch_second,optim.lr=0.002 --step "
+                     "'token again:model.classifier=token' --steps 2 --warmup 0 --out seq");
+    char *out = tmp_text("out"), *err = tmp_text("err");
+    if (rc != 0) fail_msg("exit %d: %s%s", rc, out, err);
+    char *md = tmp_text("seq/sweep.md"), *svg = tmp_text("seq/sweep.svg");
+    char *json = tmp_text("seq/sweep.json");
+    assert_non_null(strstr(md, "| 0 | baseline | (the recipe) |"));
+    assert_non_null(strstr(md, "| 1 | pooled | `model.classifier=pooled` |"));
+    assert_non_null(strstr(md, "| 2 | model.layout=batch_second, optim.lr=0.002 |"));
+    assert_non_null(strstr(md, "| 3 | token again | `model.classifier=token` |"));
+    assert_non_null(strstr(md, "vs previous"));
+    assert_non_null(strstr(json, "\"mode\": \"sequence\""));
+    assert_non_null(strstr(json, "[\"model.classifier=pooled\", \"model.layout=batch_second\", "
+                                 "\"optim.lr=0.002\", \"model.classifier=token\"]"));
+    assert_well_formed(svg);
+    assert_int_equal(count(svg, "<rect class=\"bar\""), 4);
+    free(out);
+    free(err);
+    free(md);
+    free(svg);
+    free(json);
+}
+
+static void test_sweep_errors(void **state) {
+    (void)state;
+    assert_int_equal(vithost("sweep tiny.yaml"), 2);
+    char *err = tmp_text("err");
+    assert_non_null(strstr(err, "needs at least one --vary"));
+    free(err);
+    assert_int_equal(vithost("sweep tiny.yaml --vary depth=1,2"), 2);
+    err = tmp_text("err");
+    assert_non_null(strstr(err, "--vary needs SECTION.KEY=V1,V2,..., not 'depth=1,2'"));
+    free(err);
+    assert_int_equal(vithost("sweep tiny.yaml --step model.depth=2"), 2);
+    err = tmp_text("err");
+    assert_non_null(strstr(err, "--step belongs to --sequence"));
+    free(err);
+    /* a row that fails is a row of the table, and the sweep says so */
+    assert_int_equal(vithost("sweep tiny.yaml --vary model.depth=1,0 --steps 1 --warmup 0 "
+                             "--out bad"),
+                     1);
+    char *md = tmp_text("bad/sweep.md");
+    assert_non_null(strstr(md, "failed (exit 3)"));
+    free(md);
+}
+
+/* ---- plot ------------------------------------------------------------------ */
+
+static void test_plot_two_runs(void **state) {
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/run-a", tmp_dir);
+    mkdir(path, 0777);
+    snprintf(path, sizeof path, "%s/run-b", tmp_dir);
+    mkdir(path, 0777);
+    write_file("run-a/metrics.jsonl",
+               "{\"step\":10,\"epoch\":0,\"loss\":2.1,\"img_per_s\":900}\n"
+               "{\"step\":20,\"epoch\":0,\"loss\":1.5,\"img_per_s\":950}\n"
+               "{\"step\":20,\"epoch\":0,\"eval_top1\":0.61,\"eval_loss\":1.2}\n"
+               "{\"step\":30,\"epoch\":1,\"loss\":null,\"img_per_s\":940,\"skipped\":true}\n"
+               "{\"step\":40,\"epoch\":1,\"eval_top1\":0.72,\"eval_loss\":0.9}\n");
+    write_file("run-b/metrics.jsonl",
+               "{\"step\":10,\"epoch\":0,\"loss\":2.3,\"img_per_s\":500}\n"
+               "{\"step\":20,\"epoch\":0,\"loss\":1.9,\"img_per_s\":520}\n"
+               "{\"step\":20,\"epoch\":0,\"eval_top1\":0.40,\"eval_loss\":1.6}\n");
+    int rc = vithost("plot run-a run-b/ -o curves.svg");
+    char *err = tmp_text("err");
+    if (rc != 0) fail_msg("exit %d: %s", rc, err);
+    char *svg = tmp_text("curves.svg");
+    assert_well_formed(svg);
+    /* three panels, a line per run in each */
+    assert_int_equal(count(svg, "<polyline"), 6);
+    assert_int_equal(count(svg, "stroke=\"#1f77b4\" stroke-width=\"1.6\""), 3);
+    assert_non_null(strstr(svg, ">training loss<"));
+    assert_non_null(strstr(svg, ">eval top-1 (%)<"));
+    assert_non_null(strstr(svg, ">throughput (img/s)<"));
+    assert_non_null(strstr(svg, ">run-a<"));
+    assert_non_null(strstr(svg, ">run-b<")); /* the trailing slash is not the name */
+    free(svg);
+    free(err);
+    assert_int_equal(vithost("plot run-a nowhere -o x.svg"), 1);
+    err = tmp_text("err");
+    assert_non_null(strstr(err, "nowhere/metrics.jsonl"));
+    free(err);
+    assert_int_equal(vithost("plot run-a"), 2);
+}
+
+/* ---- pieces ------------------------------------------------------------------ */
+
+static void test_json_number(void **state) {
+    (void)state;
+    double v = 0;
+    const char *line = "{\"step\":3,\"eval_loss\":0.5,\"loss\": 1.25,\"mfu\":null}";
+    assert_int_equal(plot_json_number(line, "loss", &v), 1);
+    assert_true(v == 1.25); /* not eval_loss's */
+    assert_int_equal(plot_json_number(line, "mfu", &v), 0);
+    assert_int_equal(plot_json_number(line, "lr", &v), 0);
+    assert_int_equal(plot_json_number(line, "step", &v), 1);
+    assert_true(v == 3);
+}
+
+static void test_progress_bar(void **state) {
+    (void)state;
+    char bar[11];
+    progress_bar_text(bar, sizeof bar, 0.5);
+    assert_string_equal(bar, "#####.....");
+    progress_bar_text(bar, sizeof bar, 0.0);
+    assert_string_equal(bar, "..........");
+    progress_bar_text(bar, sizeof bar, 1.7);
+    assert_string_equal(bar, "##########");
+    progress_bar_text(bar, sizeof bar, NAN);
+    assert_string_equal(bar, "..........");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_number),
+        cmocka_unit_test(test_progress_bar),
+        cmocka_unit_test(test_bench_json),
+        cmocka_unit_test(test_bench_probe_and_text),
+        cmocka_unit_test(test_bench_errors),
+        cmocka_unit_test(test_sweep_grid),
+        cmocka_unit_test(test_sweep_sequence),
+        cmocka_unit_test(test_sweep_errors),
+        cmocka_unit_test(test_plot_two_runs),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1477,6 +1477,7 @@ static void test_older_setup_reads_defaults(void **state) {
 
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "--digest") == 0) return print_digest();
+    if (argc > 1) cmocka_set_test_filter(argv[1]); /* tools/tsan.sh: one group only */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_schema_documents_every_key),
         cmocka_unit_test(test_state_slots_per_algo),

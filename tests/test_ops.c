@@ -395,7 +395,7 @@ static void run_epilogue_case(int ta, int tb, int64_t batch, int gelu, int with_
                       .aux = with_aux ? aux : NULL,
                       .residual = with_res ? (res_is_c ? c : res) : NULL};
     assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
-    char what[96];
+    char what[192];
     snprintf(what, sizeof what,
              "gemm epilogue ta=%d tb=%d batch=%lld gelu=%d aux=%d res=%d%s alpha=%g", ta, tb,
              (long long)batch, gelu, with_aux, with_res, res_is_c ? " (aliases C)" : "",

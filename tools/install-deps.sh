@@ -11,6 +11,7 @@ packages=(
   zlib1g-dev libjpeg-dev libpng-dev  # data: gzipped IDX, JPEG and PNG image folders
   openmpi-bin libopenmpi-dev         # run.comm: mpi (libvh_comm_mpi) and the many-process tests
   dataset-fashion-mnist              # the main job's data
+  clang libclang-rt-dev libomp-dev valgrind  # tools/fuzz.sh (libFuzzer, clang OpenMP), tools/valgrind.sh
 )
 
 missing=()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds vithost twice, normally and with AddressSanitizer + UBSan, warnings as
 # errors, and runs every test in both builds. Build folders: build/, build-asan/.
+# Then a subset under ThreadSanitizer and valgrind, and the fuzz targets.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -13,3 +14,11 @@ cmake -S . -B build-asan -DVH_WERROR=ON -DVH_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debu
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+# ThreadSanitizer, valgrind memcheck and the fuzz targets (30 s each here;
+# FUZZ_SECONDS to change): build-tsan/, build/ again (valgrind needs no
+# build of its own), build-fuzz/. A part whose tool is missing prints SKIPPED.
+timed() { local start=$SECONDS; "$@"; echo "test.sh: $1 took $((SECONDS - start)) s"; }
+timed tools/tsan.sh
+VALGRIND_BUILD=build timed tools/valgrind.sh
+FUZZ_SECONDS=${FUZZ_SECONDS:-30} timed tools/fuzz.sh

@@ -209,7 +209,23 @@ static void test_check_misspelt_key(void **state) {
     result_free(&r);
 }
 
-/* Every recipe shipped in configs/ passes `vithost check` as it is. */
+/* Whether a failed check is this machine's lack (no GPU, a data set not
+ * downloaded), not the recipe's: such a recipe is checked again on the
+ * CPU; its data may still be missing, and then the message must say so. */
+static int environment_lacks(const char *recipe, const char *err) {
+    if (strstr(err, "run.device is cuda")) {
+        result r = run("check configs/%s --set run.device=cpu", recipe);
+        int lacks = r.code == 0 || environment_lacks(recipe, r.err);
+        if (r.code != 0 && !lacks) fail_msg("configs/%s on the cpu: %s", recipe, r.err);
+        result_free(&r);
+        return 1;
+    }
+    return strstr(err, "failed in data.create") &&
+           (strstr(err, "No such file or directory") || strstr(err, "cannot open"));
+}
+
+/* Every recipe shipped in configs/ passes `vithost check` as it is, where
+ * its device and data are there. */
 static void test_shipped_recipes_check(void **state) {
     (void)state;
     char dir_path[512];
@@ -222,8 +238,12 @@ static void test_shipped_recipes_check(void **state) {
         size_t n = strlen(e->d_name);
         if (n < 6 || strcmp(e->d_name + n - 5, ".yaml") != 0) continue;
         result r = run("check configs/%s", e->d_name);
-        if (r.code != 0) fail_msg("configs/%s: exit %d: %s", e->d_name, r.code, r.err);
-        assert_non_null(strstr(r.out, ": ok"));
+        if (r.code != 0 && environment_lacks(e->d_name, r.err)) {
+            printf("configs/%s: not all checked here: %s", e->d_name, r.err);
+        } else {
+            if (r.code != 0) fail_msg("configs/%s: exit %d: %s", e->d_name, r.code, r.err);
+            assert_non_null(strstr(r.out, ": ok"));
+        }
         result_free(&r);
         checked++;
     }
@@ -250,6 +270,45 @@ static void test_check_plugin_errors(void **state) {
     r = run("check /nonexistent/recipe.yaml");
     assert_int_equal(r.code, 3);
     assert_non_null(strstr(r.err, "/nonexistent/recipe.yaml"));
+    result_free(&r);
+}
+
+/* `check` creates the plugins against each other's info: what `run` would
+ * refuse before its first step, `check` refuses too, and its ok says what
+ * was validated. */
+static void test_check_creates_the_plugins(void **state) {
+    (void)state;
+    const char *path = write_recipe(
+        "vit.yaml",
+        "run: {epochs: 1, batch_size: 4}\n"
+        "model: {plugin: vit, dim: 48, depth: 1, heads: 3, patch_size: 4}\n"
+        "precision: {plugin: fp32}\n"
+        "sharding: {plugin: test_sharding}\n"
+        "optim: {plugin: test_optim}\n"
+        "data: {plugin: test_data, channels: 3, image_size: 16, train_size: 64}\n");
+    result r = run("check %s", path);
+    if (r.code != 0) fail_msg("%s", r.err);
+    assert_non_null(strstr(r.out, ": ok (recipe and schemas; plugins created against each "
+                                  "other on cpu: data 64 train / 64 eval images 3 x 16 x 16, "
+                                  "4 classes; model "));
+    assert_non_null(strstr(r.out, "no weights loaded, nothing trained)"));
+    result_free(&r);
+    r = run("check %s --set model.heads=5", path);
+    assert_int_equal(r.code, 3);
+    assert_non_null(strstr(r.err, "5 heads do not divide dim 48"));
+    result_free(&r);
+    r = run("check %s --set model.patch_size=5", path);
+    assert_int_equal(r.code, 3);
+    assert_non_null(strstr(r.err, "model.patch_size 5 does not divide the 16 x 16 images"));
+    result_free(&r);
+    r = run("check %s --set run.batch_size=100", path);
+    assert_int_equal(r.code, 3);
+    assert_non_null(strstr(r.err, "fewer than one batch"));
+    result_free(&r);
+    /* a plugin value that would leave the search path */
+    r = run("check %s --set model.plugin=../../x", path);
+    assert_int_not_equal(r.code, 0);
+    assert_non_null(strstr(r.err, "'../../x' is not a plugin name"));
     result_free(&r);
 }
 
@@ -412,6 +471,7 @@ int main(void) {
         cmocka_unit_test(test_check_misspelt_key),
         cmocka_unit_test(test_shipped_recipes_check),
         cmocka_unit_test(test_check_plugin_errors),
+        cmocka_unit_test(test_check_creates_the_plugins),
         cmocka_unit_test(test_run_follows_the_step_order),
         cmocka_unit_test(test_run_trains),
         cmocka_unit_test(test_run_out_dir),

@@ -69,7 +69,7 @@ static int replay_dir(const char *path, int *count) {
         n++;
     }
     closedir(dir);
-    qsort(names, n, sizeof *names, by_name);
+    if (n > 1) qsort(names, n, sizeof *names, by_name); /* (NULL when empty: UB for qsort) */
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
         struct stat sb;

@@ -3,7 +3,7 @@
 
 #include <stdint.h>
 
-vh_status sharding_check_policy(vh_host *host, const vh_device_ops *dev, const char *plugin,
+static vh_status check_policy(vh_host *host, const vh_device_ops *dev, const char *plugin,
                                 const vh_precision_policy *pol) {
     if (pol->master_weights && pol->master_dtype != VH_DTYPE_F32)
         return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
@@ -37,7 +37,7 @@ vh_status sharding_check_policy(vh_host *host, const vh_device_ops *dev, const c
     return VH_STATUS_OK;
 }
 
-vh_status sharding_check_table(vh_host *host, const vh_param_table *t) {
+static vh_status check_table(vh_host *host, const vh_param_table *t) {
     if (!t || t->num_units < 1 || !t->units)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "empty parameter table");
     int64_t total = 0;
@@ -80,5 +80,30 @@ vh_status sharding_check_table(vh_host *host, const vh_param_table *t) {
         return host->api->fail(host, VH_STATUS_ERR_NOMEM,
                                "%lld parameters do not fit this machine's address space",
                                (long long)total);
+    return VH_STATUS_OK;
+}
+
+vh_status sharding_read_setup(vh_host *host, const vh_device_ops *dev, const vh_comm *comm,
+                              const char *plugin, const vh_sharding_setup *setup,
+                              vh_sharding_setup *out, vh_precision_policy *policy) {
+    /* Older (smaller) setups and policies read with their missing members
+     * zero, the defaults. */
+    if (!vh_struct_upgrade(out, sizeof *out, setup))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "sharding setup missing");
+    if (out->state_slots < 0 || out->state_slots > VH_OPTIM_MAX_STATE_SLOTS)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                               "%d optimizer state slots, 0 to %d allowed",
+                               (int)out->state_slots, VH_OPTIM_MAX_STATE_SLOTS);
+    vh_status st = check_table(host, out->table);
+    if (st != VH_STATUS_OK) return st;
+    if (!vh_struct_upgrade(policy, sizeof *policy, out->policy))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                               "sharding setup without a precision policy");
+    st = check_policy(host, dev, plugin, policy);
+    if (st != VH_STATUS_OK) return st;
+    if (comm->world_size < 1 || comm->rank < 0 || comm->rank >= comm->world_size)
+        return host->api->fail(host, VH_STATUS_ERR_INTERNAL,
+                               "communicator of rank %d in a world of %d", (int)comm->rank,
+                               (int)comm->world_size);
     return VH_STATUS_OK;
 }

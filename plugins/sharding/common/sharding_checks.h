@@ -4,22 +4,25 @@
 #ifndef VITHOST_PLUGINS_SHARDING_CHECKS_H
 #define VITHOST_PLUGINS_SHARDING_CHECKS_H
 
+#include "vithost/vh_comm.h"
 #include "vithost/vh_device.h"
 #include "vithost/vh_host.h"
 #include "vithost/vh_params.h"
 #include "vithost/vh_precision.h"
+#include "vithost/vh_sharding.h"
 
-/* The policies a plugin holding f32 masters and f32 optimizer state can
- * serve: f32/f16/bf16 parameters and gradients, 16-bit gradients on the wire
- * in their own dtype or in f32, and the device's convert op when anything
- * is 16-bit. `plugin` names the plugin in the messages. */
-vh_status sharding_check_policy(vh_host *host, const vh_device_ops *dev, const char *plugin,
-                                const vh_precision_policy *pol);
-
-/* The table is consistent: every parameter's numel follows its shape, the
- * parameters of a unit lie end to end in declaration order, the sums match,
- * and the sizes (with 64-byte padding per parameter) fit the address space. */
-vh_status sharding_check_table(vh_host *host, const vh_param_table *t);
+/* What every sharding plugin's setup starts with: reads `setup` and its
+ * policy at any (older, smaller) size into *out and *policy, and checks
+ * them: the state slots, the table (every parameter's numel follows its
+ * shape, parameters end to end in declaration order, sums that match, sizes
+ * that fit the address space), the policy (f32 masters and optimizer state;
+ * f32/f16/bf16 parameters and gradients; 16-bit gradients on the wire in
+ * their own dtype or in f32; the device's convert op when anything is
+ * 16-bit) and the communicator's rank. `plugin` names the plugin in the
+ * messages. */
+vh_status sharding_read_setup(vh_host *host, const vh_device_ops *dev, const vh_comm *comm,
+                              const char *plugin, const vh_sharding_setup *setup,
+                              vh_sharding_setup *out, vh_precision_policy *policy);
 
 static inline int sharding_is_half(vh_dtype t) { return t == VH_DTYPE_F16 || t == VH_DTYPE_BF16; }
 

@@ -600,24 +600,9 @@ static vh_status fsdp_setup(void *self, const vh_sharding_setup *setup) {
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                "setup called twice; fsdp allocates its buffers once");
     vh_sharding_setup s;
-    if (!vh_struct_upgrade(&s, sizeof s, setup))
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "sharding setup missing");
-    if (s.state_slots < 0 || s.state_slots > VH_OPTIM_MAX_STATE_SLOTS)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "%d optimizer state slots, 0 to %d allowed", (int)s.state_slots,
-                               VH_OPTIM_MAX_STATE_SLOTS);
-    vh_status st = sharding_check_table(d->host, s.table);
-    if (st != VH_STATUS_OK) return st;
     vh_precision_policy pol;
-    if (!vh_struct_upgrade(&pol, sizeof pol, s.policy))
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "sharding setup without a precision policy");
-    st = sharding_check_policy(d->host, d->dev, "fsdp", &pol);
+    vh_status st = sharding_read_setup(host, d->dev, d->comm, "fsdp", setup, &s, &pol);
     if (st != VH_STATUS_OK) return st;
-    if (d->comm->world_size < 1 || d->comm->rank < 0 || d->comm->rank >= d->comm->world_size)
-        return host->api->fail(host, VH_STATUS_ERR_INTERNAL,
-                               "communicator of rank %d in a world of %d",
-                               (int)d->comm->rank, (int)d->comm->world_size);
 
     /* Nothing here communicates: every rank computes every rank's pieces. */
     const vh_param_table *t = s.table;

@@ -77,6 +77,8 @@
 #include "vithost/vh_config.h"
 #include "vithost/vh_host.h"
 #include "vithost/vh_loss_scaler.h"
+
+#include "../common/scaled_grads.h"
 #include "vithost/vh_params.h"
 #include "vithost/vh_plugin.h"
 #include "vithost/vh_precision.h"
@@ -86,10 +88,7 @@ typedef struct amp {
     vh_dtype dtype;       /* bf16 or f16 */
     vh_dtype reduce;      /* the wire */
     int layernorm_fp32;
-    vh_loss_scaler scaler;
-    vh_grad_check *check;
-    double sum_sq;        /* of the last check */
-    int has_sum_sq;
+    scaled_grads sg;  /* the scaler, the overflow check, the last sum of squares */
 } amp;
 
 static const vh_config_key schema[] = {
@@ -129,18 +128,6 @@ static vh_status get_string(vh_host *host, const char *key, const char **out) {
     vh_status st = host->api->config_string(host, key, out);
     return st == VH_STATUS_OK ? st : host->api->fail(host, st, "cannot read the key '%s'", key);
 }
-static vh_status get_float(vh_host *host, const char *key, double *out) {
-    vh_status st = host->api->config_float(host, key, out);
-    return st == VH_STATUS_OK ? st
-                              : host->api->fail(host, st, "cannot read the float key '%s'", key);
-}
-
-static int set_in_recipe(vh_host *host, const char *key) {
-    vh_config_origin o;
-    return host->api->config_origin(host, key, &o) == VH_STATUS_OK &&
-           o.source != VH_CONFIG_SOURCE_DEFAULT;
-}
-
 /* "fp32" / "bf16" / "fp16" as the schema spells them. */
 static vh_dtype dtype_of(const char *name) {
     if (strcmp(name, "bf16") == 0) return VH_DTYPE_BF16;
@@ -149,37 +136,6 @@ static vh_dtype dtype_of(const char *name) {
 }
 static const char *key_name(vh_dtype t) {
     return t == VH_DTYPE_BF16 ? "bf16" : t == VH_DTYPE_F16 ? "fp16" : "fp32";
-}
-
-/* The scaler's keys; mode "none" is a fixed scale of 1. Keys the mode does
- * not read are allowed (switching one line must not break a recipe) but
- * said. */
-static vh_status read_scaler(vh_host *host, const char *mode, vh_loss_scaler *out) {
-    vh_loss_scaler_config c;
-    memset(&c, 0, sizeof c);
-    c.struct_size = sizeof c;
-    vh_status st;
-    if ((st = get_float(host, "init_scale", &c.init_scale)) != VH_STATUS_OK ||
-        (st = get_float(host, "growth_factor", &c.growth_factor)) != VH_STATUS_OK ||
-        (st = get_float(host, "backoff_factor", &c.backoff_factor)) != VH_STATUS_OK ||
-        (st = get_float(host, "min_scale", &c.min_scale)) != VH_STATUS_OK ||
-        (st = get_float(host, "max_scale", &c.max_scale)) != VH_STATUS_OK)
-        return st;
-    st = host->api->config_int(host, "growth_interval", &c.growth_interval);
-    if (st != VH_STATUS_OK)
-        return host->api->fail(host, st, "cannot read the int key 'growth_interval'");
-    int dynamic = strcmp(mode, "dynamic") == 0, none = strcmp(mode, "none") == 0;
-    static const char *const dynamic_keys[] = {"growth_factor", "backoff_factor",
-                                               "growth_interval", "min_scale", "max_scale"};
-    for (size_t i = 0; !dynamic && i < sizeof dynamic_keys / sizeof dynamic_keys[0]; i++)
-        if (set_in_recipe(host, dynamic_keys[i]))
-            host->api->log(host, VH_LOG_LEVEL_WARN, "%s is read by loss_scaling dynamic only",
-                           dynamic_keys[i]);
-    if (none && set_in_recipe(host, "init_scale"))
-        host->api->log(host, VH_LOG_LEVEL_WARN, "init_scale is ignored with loss_scaling none");
-    if (!dynamic) c.fixed = 1;
-    if (none) c.init_scale = 1.0;
-    return vh_loss_scaler_init(out, &c, host);
 }
 
 static vh_status amp_create(vh_host *host, void **self) {
@@ -217,8 +173,7 @@ static vh_status amp_create(vh_host *host, void **self) {
     p->dtype = dtype;
     p->reduce = reduce;
     p->layernorm_fp32 = layernorm_fp32 != 0;
-    st = read_scaler(host, mode, &p->scaler);
-    if (st == VH_STATUS_OK) st = vh_grad_check_create(host, &p->check);
+    st = scaled_grads_init(&p->sg, host, mode);
     if (st != VH_STATUS_OK) {
         amp_destroy(p);
         return st;
@@ -231,7 +186,7 @@ static vh_status amp_create(vh_host *host, void **self) {
                    "amp %s: f32 masters and optimizer state, %s on the wire, layer norms in %s, "
                    "loss scaling %s (scale %g)",
                    dtype_name, key_name(reduce), p->layernorm_fp32 ? "fp32" : dtype_name, mode,
-                   (double)p->scaler.scale);
+                   (double)p->sg.scaler.scale);
     *self = p;
     return VH_STATUS_OK;
 }
@@ -239,7 +194,7 @@ static vh_status amp_create(vh_host *host, void **self) {
 static void amp_destroy(void *self) {
     amp *p = self;
     if (!p) return;
-    vh_grad_check_free(p->check);
+    scaled_grads_free(&p->sg);
     p->host->api->free(p->host, p);
 }
 
@@ -270,48 +225,27 @@ static vh_status amp_policy(void *self, vh_precision_policy *out) {
 
 static float amp_loss_scale(void *self) {
     const amp *p = self;
-    return p ? vh_loss_scaler_scale(&p->scaler) : 1.0f;
+    return p ? vh_loss_scaler_scale(&p->sg.scaler) : 1.0f;
 }
 
 static vh_status amp_unscale_and_check(void *self, const vh_param_slices *grads,
                                        int *found_inf) {
     amp *p = self;
     if (!p) return VH_STATUS_ERR_INVALID_ARG;
-    p->has_sum_sq = 0;
-    vh_status st = vh_grad_check_run(p->check, grads, vh_loss_scaler_unscale_factor(&p->scaler),
-                                     found_inf, &p->sum_sq);
-    if (st == VH_STATUS_OK) p->has_sum_sq = 1;
-    return st;
+    return scaled_grads_unscale_and_check(&p->sg, grads, found_inf);
 }
 
 static vh_status amp_grad_sum_sq(void *self, double *out, int *has) {
     amp *p = self;
     if (!p || !out || !has) return VH_STATUS_ERR_INVALID_ARG;
-    *has = p->has_sum_sq;
-    *out = p->has_sum_sq ? p->sum_sq : 0.0;
+    scaled_grads_sum_sq(&p->sg, out, has);
     return VH_STATUS_OK;
 }
 
 static vh_status amp_update(void *self, int found_inf) {
     amp *p = self;
     if (!p) return VH_STATUS_ERR_INVALID_ARG;
-    vh_loss_scaler *ls = &p->scaler;
-    const float before = ls->scale;
-    vh_loss_scaler_update(ls, found_inf);
-    if (!found_inf) return VH_STATUS_OK;
-    /* Early skips are normal while a dynamic scale calibrates; at the floor
-     * (or with a fixed scale) a smaller scale cannot help. */
-    int stuck = ls->fixed || (double)before <= ls->min_scale;
-    p->host->api->log(p->host, stuck ? VH_LOG_LEVEL_WARN : VH_LOG_LEVEL_INFO,
-                      "step %lld skipped: gradients overflowed at loss scale %g; scale now %g "
-                      "(%lld skipped so far)%s",
-                      (long long)ls->steps, (double)before, (double)ls->scale,
-                      (long long)ls->skipped,
-                      stuck ? ls->fixed ? "; the scale is fixed: if this repeats, lower the "
-                                          "learning rate or use loss_scaling: dynamic"
-                                        : "; the scale is at min_scale, so the gradients hold a "
-                                          "real Inf/NaN (a diverging loss or a bad sample)"
-                            : "");
+    scaled_grads_update(&p->sg, found_inf);
     return VH_STATUS_OK;
 }
 
@@ -347,7 +281,7 @@ static vh_status amp_state_save(void *self, void *buf, size_t bytes) {
     h.version = STATE_VERSION;
     h.dtype = (uint32_t)p->dtype;
     memcpy(buf, &h, sizeof h);
-    return vh_loss_scaler_state_save(&p->scaler, (char *)buf + sizeof h,
+    return vh_loss_scaler_state_save(&p->sg.scaler, (char *)buf + sizeof h,
                                      bytes - sizeof h, p->host);
 }
 
@@ -376,7 +310,7 @@ static vh_status amp_state_load(void *self, const void *buf, size_t bytes) {
                                (unsigned)h.version, (unsigned)STATE_VERSION,
                                h.version > STATE_VERSION ? " (written by a newer amp)" : "");
     vh_status st =
-        vh_loss_scaler_state_load(&p->scaler, (const char *)buf + sizeof h, bytes - sizeof h, host);
+        vh_loss_scaler_state_load(&p->sg.scaler, (const char *)buf + sizeof h, bytes - sizeof h, host);
     if (st != VH_STATUS_OK) return st;
     /* The masters are f32 either way: another dtype resumes, said once. */
     if (h.dtype != (uint32_t)p->dtype)

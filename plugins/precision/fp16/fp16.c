@@ -44,6 +44,8 @@
 #include "vithost/vh_config.h"
 #include "vithost/vh_host.h"
 #include "vithost/vh_loss_scaler.h"
+
+#include "../common/scaled_grads.h"
 #include "vithost/vh_params.h"
 #include "vithost/vh_plugin.h"
 #include "vithost/vh_precision.h"
@@ -52,10 +54,7 @@ typedef struct fp16 {
     vh_host *host;
     vh_dtype reduce;    /* the wire: f16 or f32 */
     int master_weights;
-    vh_loss_scaler scaler;
-    vh_grad_check *check;
-    double sum_sq;      /* of the last check */
-    int has_sum_sq;
+    scaled_grads sg;  /* the scaler, the overflow check, the last sum of squares */
 } fp16;
 
 static const vh_config_key schema[] = {
@@ -92,48 +91,8 @@ static vh_status get_string(vh_host *host, const char *key, const char **out) {
     vh_status st = host->api->config_string(host, key, out);
     return st == VH_STATUS_OK ? st : host->api->fail(host, st, "cannot read the key '%s'", key);
 }
-static vh_status get_float(vh_host *host, const char *key, double *out) {
-    vh_status st = host->api->config_float(host, key, out);
-    return st == VH_STATUS_OK ? st
-                              : host->api->fail(host, st, "cannot read the float key '%s'", key);
-}
-
-static int set_in_recipe(vh_host *host, const char *key) {
-    vh_config_origin o;
-    return host->api->config_origin(host, key, &o) == VH_STATUS_OK &&
-           o.source != VH_CONFIG_SOURCE_DEFAULT;
-}
-
 /* The scaler's keys; mode "none" is a fixed scale of 1. Keys the mode does
  * not read are allowed but said. */
-static vh_status read_scaler(vh_host *host, const char *mode, vh_loss_scaler *out) {
-    vh_loss_scaler_config c;
-    memset(&c, 0, sizeof c);
-    c.struct_size = sizeof c;
-    vh_status st;
-    if ((st = get_float(host, "init_scale", &c.init_scale)) != VH_STATUS_OK ||
-        (st = get_float(host, "growth_factor", &c.growth_factor)) != VH_STATUS_OK ||
-        (st = get_float(host, "backoff_factor", &c.backoff_factor)) != VH_STATUS_OK ||
-        (st = get_float(host, "min_scale", &c.min_scale)) != VH_STATUS_OK ||
-        (st = get_float(host, "max_scale", &c.max_scale)) != VH_STATUS_OK)
-        return st;
-    st = host->api->config_int(host, "growth_interval", &c.growth_interval);
-    if (st != VH_STATUS_OK)
-        return host->api->fail(host, st, "cannot read the int key 'growth_interval'");
-    int dynamic = strcmp(mode, "dynamic") == 0, none = strcmp(mode, "none") == 0;
-    static const char *const dynamic_keys[] = {"growth_factor", "backoff_factor",
-                                               "growth_interval", "min_scale", "max_scale"};
-    for (size_t i = 0; !dynamic && i < sizeof dynamic_keys / sizeof dynamic_keys[0]; i++)
-        if (set_in_recipe(host, dynamic_keys[i]))
-            host->api->log(host, VH_LOG_LEVEL_WARN, "%s is read by loss_scaling dynamic only",
-                           dynamic_keys[i]);
-    if (none && set_in_recipe(host, "init_scale"))
-        host->api->log(host, VH_LOG_LEVEL_WARN, "init_scale is ignored with loss_scaling none");
-    if (!dynamic) c.fixed = 1;
-    if (none) c.init_scale = 1.0;
-    return vh_loss_scaler_init(out, &c, host);
-}
-
 static vh_status fp16_create(vh_host *host, void **self) {
     if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
     *self = NULL;
@@ -153,8 +112,7 @@ static vh_status fp16_create(vh_host *host, void **self) {
     p->host = host;
     p->reduce = strcmp(reduce_name, "fp32") == 0 ? VH_DTYPE_F32 : VH_DTYPE_F16;
     p->master_weights = master_weights != 0;
-    st = read_scaler(host, mode, &p->scaler);
-    if (st == VH_STATUS_OK) st = vh_grad_check_create(host, &p->check);
+    st = scaled_grads_init(&p->sg, host, mode);
     if (st != VH_STATUS_OK) {
         fp16_destroy(p);
         return st;
@@ -167,7 +125,7 @@ static vh_status fp16_create(vh_host *host, void **self) {
                    "full fp16: %s, f32 optimizer state, %s on the wire, loss scaling %s "
                    "(scale %g)",
                    p->master_weights ? "f32 masters" : "f16 weights updated in place",
-                   p->reduce == VH_DTYPE_F32 ? "fp32" : "fp16", mode, (double)p->scaler.scale);
+                   p->reduce == VH_DTYPE_F32 ? "fp32" : "fp16", mode, (double)p->sg.scaler.scale);
     *self = p;
     return VH_STATUS_OK;
 }
@@ -175,7 +133,7 @@ static vh_status fp16_create(vh_host *host, void **self) {
 static void fp16_destroy(void *self) {
     fp16 *p = self;
     if (!p) return;
-    vh_grad_check_free(p->check);
+    scaled_grads_free(&p->sg);
     p->host->api->free(p->host, p);
 }
 
@@ -206,48 +164,27 @@ static vh_status fp16_policy(void *self, vh_precision_policy *out) {
 
 static float fp16_loss_scale(void *self) {
     const fp16 *p = self;
-    return p ? vh_loss_scaler_scale(&p->scaler) : 1.0f;
+    return p ? vh_loss_scaler_scale(&p->sg.scaler) : 1.0f;
 }
 
 static vh_status fp16_unscale_and_check(void *self, const vh_param_slices *grads,
                                         int *found_inf) {
     fp16 *p = self;
     if (!p) return VH_STATUS_ERR_INVALID_ARG;
-    p->has_sum_sq = 0;
-    vh_status st = vh_grad_check_run(p->check, grads, vh_loss_scaler_unscale_factor(&p->scaler),
-                                     found_inf, &p->sum_sq);
-    if (st == VH_STATUS_OK) p->has_sum_sq = 1;
-    return st;
+    return scaled_grads_unscale_and_check(&p->sg, grads, found_inf);
 }
 
 static vh_status fp16_grad_sum_sq(void *self, double *out, int *has) {
     fp16 *p = self;
     if (!p || !out || !has) return VH_STATUS_ERR_INVALID_ARG;
-    *has = p->has_sum_sq;
-    *out = p->has_sum_sq ? p->sum_sq : 0.0;
+    scaled_grads_sum_sq(&p->sg, out, has);
     return VH_STATUS_OK;
 }
 
 static vh_status fp16_update(void *self, int found_inf) {
     fp16 *p = self;
     if (!p) return VH_STATUS_ERR_INVALID_ARG;
-    vh_loss_scaler *ls = &p->scaler;
-    const float before = ls->scale;
-    vh_loss_scaler_update(ls, found_inf);
-    if (!found_inf) return VH_STATUS_OK;
-    /* Early skips are normal while a dynamic scale calibrates; at the floor
-     * (or with a fixed scale) a smaller scale cannot help. */
-    int stuck = ls->fixed || (double)before <= ls->min_scale;
-    p->host->api->log(p->host, stuck ? VH_LOG_LEVEL_WARN : VH_LOG_LEVEL_INFO,
-                      "step %lld skipped: gradients overflowed at loss scale %g; scale now %g "
-                      "(%lld skipped so far)%s",
-                      (long long)ls->steps, (double)before, (double)ls->scale,
-                      (long long)ls->skipped,
-                      stuck ? ls->fixed ? "; the scale is fixed: if this repeats, lower the "
-                                          "learning rate or use loss_scaling: dynamic"
-                                        : "; the scale is at min_scale, so the gradients hold a "
-                                          "real Inf/NaN (a diverging loss or a bad sample)"
-                            : "");
+    scaled_grads_update(&p->sg, found_inf);
     return VH_STATUS_OK;
 }
 
@@ -283,7 +220,7 @@ static vh_status fp16_state_save(void *self, void *buf, size_t bytes) {
     h.version = STATE_VERSION;
     h.master_weights = (uint32_t)p->master_weights;
     memcpy(buf, &h, sizeof h);
-    return vh_loss_scaler_state_save(&p->scaler, (char *)buf + sizeof h, bytes - sizeof h,
+    return vh_loss_scaler_state_save(&p->sg.scaler, (char *)buf + sizeof h, bytes - sizeof h,
                                      p->host);
 }
 
@@ -312,7 +249,7 @@ static vh_status fp16_state_load(void *self, const void *buf, size_t bytes) {
                                (unsigned)h.version, (unsigned)STATE_VERSION,
                                h.version > STATE_VERSION ? " (written by a newer fp16)" : "");
     vh_status st =
-        vh_loss_scaler_state_load(&p->scaler, (const char *)buf + sizeof h, bytes - sizeof h, host);
+        vh_loss_scaler_state_load(&p->sg.scaler, (const char *)buf + sizeof h, bytes - sizeof h, host);
     if (st != VH_STATUS_OK) return st;
     /* The checkpoint holds f32 values either way (store_unit). */
     if ((h.master_weights != 0) != (p->master_weights != 0))

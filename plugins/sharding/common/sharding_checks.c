@@ -107,3 +107,58 @@ vh_status sharding_read_setup(vh_host *host, const vh_device_ops *dev, const vh_
                                (int)comm->world_size);
     return VH_STATUS_OK;
 }
+
+vh_status sharding_state_io(vh_host *host, const vh_device_ops *dev, const vh_param_table *table,
+                            const vh_param_slice *slices, int32_t count, int32_t state_slots,
+                            const vh_state_io *io, int save) {
+    const char *call = save ? "state_save" : "state_load";
+    vh_state_io v;
+    if (!vh_struct_upgrade(&v, sizeof v, io) || (save ? !v.write : !v.read))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s: no state io or no %s", call,
+                               save ? "write" : "read");
+    int64_t largest = 0;
+    for (int32_t n = 0; n < count; n++)
+        if (slices[n].count > largest) largest = slices[n].count;
+    if (state_slots == 0 || largest == 0) return VH_STATUS_OK;
+    float *buf = host->api->alloc(host, (size_t)largest * sizeof(float));
+    if (!buf)
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "%s: out of memory for %lld values",
+                               call, (long long)largest);
+    vh_status st = VH_STATUS_OK;
+    for (int32_t n = 0; n < count && st == VH_STATUS_OK; n++) {
+        const vh_param_slice *sl = &slices[n];
+        size_t bytes = (size_t)sl->count * sizeof(float);
+        for (int32_t k = 0; k < state_slots && st == VH_STATUS_OK; k++) {
+            const char *what = "copying";
+            if (save) {
+                st = dev->copy(dev->device, buf, sl->state[k], bytes,
+                               VH_COPY_KIND_DEVICE_TO_HOST, NULL);
+                if (st == VH_STATUS_OK) {
+                    what = "writing";
+                    st = v.write(v.ctx, sl->unit, sl->param, k, sl->offset, sl->count,
+                                 VH_DTYPE_F32, buf);
+                }
+            } else {
+                what = "reading";
+                st = v.read(v.ctx, sl->unit, sl->param, k, sl->offset, sl->count, VH_DTYPE_F32,
+                            buf);
+                if (st == VH_STATUS_OK) {
+                    what = "copying";
+                    st = dev->copy(dev->device, sl->state[k], buf, bytes,
+                                   VH_COPY_KIND_HOST_TO_DEVICE, NULL);
+                }
+            }
+            if (st != VH_STATUS_OK) {
+                const char *unit = table->units[sl->unit].name;
+                st = host->api->fail(host, st,
+                                     "%s: %s state slot %d of unit %d (%s) param %d elements "
+                                     "%lld..%lld failed",
+                                     call, what, (int)k, (int)sl->unit, unit ? unit : "?",
+                                     (int)sl->param, (long long)sl->offset,
+                                     (long long)(sl->offset + sl->count));
+            }
+        }
+    }
+    host->api->free(host, buf);
+    return st;
+}

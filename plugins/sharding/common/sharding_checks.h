@@ -24,6 +24,17 @@ vh_status sharding_read_setup(vh_host *host, const vh_device_ops *dev, const vh_
                               const char *plugin, const vh_sharding_setup *setup,
                               vh_sharding_setup *out, vh_precision_policy *policy);
 
+/* Moves the optimizer state of `count` slices through io: state_save
+ * copies each slice's state slots device -> host and writes them (f32, at
+ * the slice's offset within its parameter), state_load reads and copies
+ * them back, through one host buffer of the largest slice. io is read at
+ * any (older) size and must have the call needed; a failure names the
+ * call, the slot and the parameter (from `table`). `call` is "state_save"
+ * or "state_load". count 0 only checks io. */
+vh_status sharding_state_io(vh_host *host, const vh_device_ops *dev, const vh_param_table *table,
+                            const vh_param_slice *slices, int32_t count, int32_t state_slots,
+                            const vh_state_io *io, int save);
+
 static inline int sharding_is_half(vh_dtype t) { return t == VH_DTYPE_F16 || t == VH_DTYPE_BF16; }
 
 #endif

@@ -143,6 +143,7 @@ typedef struct ddp {
     vh_comm *comm;
     int32_t world;       /* comm->world_size, read at setup */
     int ready;           /* setup succeeded */
+    const vh_param_table *table; /* the setup's; lives as long as the model */
     vh_precision_policy policy; /* the setup's, read into this SDK's struct */
     int32_t state_slots;
     ddp_unit *units;     /* host memory */
@@ -158,7 +159,6 @@ typedef struct ddp {
     int32_t num_started;
     int32_t first_open;  /* started[< first_open] are known to have finished */
     int64_t numel;       /* sum over units */
-    int64_t max_numel;   /* of one parameter */
     /* device memory from here on */
     void *params;
     size_t params_bytes;
@@ -292,7 +292,7 @@ static void release_buffers(ddp *d) {
     d->slices = NULL;
     d->num_units = d->num_params = d->num_runs = d->num_buckets = 0;
     d->num_started = d->first_open = 0;
-    d->numel = d->max_numel = d->masters_numel = d->grad32_numel = 0;
+    d->numel = d->masters_numel = d->grad32_numel = 0;
     d->params_bytes = d->grads_bytes = 0;
     d->pending = 0;
     d->ready = 0;
@@ -445,7 +445,6 @@ static vh_status plan(ddp *d, const vh_param_table *t) {
                 p->grad32_at = d->grad32_numel;
                 d->grad32_numel += p->numel;
             }
-            if (p->numel > d->max_numel) d->max_numel = p->numel;
             /* The wire: see "Wire dtype" above. */
             p->in_grad32 = p->grad_dtype != VH_DTYPE_F32 && pol->comm_dtype == VH_DTYPE_F32;
             p->wire = p->in_grad32 ? VH_DTYPE_F32 : p->grad_dtype;
@@ -562,6 +561,7 @@ static vh_status ddp_setup(void *self, const vh_sharding_setup *setup) {
     if (st != VH_STATUS_OK) return st;
 
     const vh_param_table *t = s.table;
+    d->table = t;
     d->world = d->comm->world_size;
     d->policy = pol;
     d->state_slots = s.state_slots;
@@ -951,54 +951,16 @@ static vh_status ddp_refresh(void *self) {
 
 /* ---- optimizer state and memory ------------------------------------------ */
 
-/* Every slice's state slots through io, whole (offset 0, count numel), f32,
- * through a host buffer (the state is device memory). Every rank holds the
- * same state, so on save rank 0 alone writes; on load every rank reads. */
+/* Every slice's state slots through io (sharding_state_io), each slice a
+ * whole parameter. Every rank holds the same state, so on save rank 0 alone
+ * writes; on load every rank reads. */
 static vh_status state_io(ddp *d, const vh_state_io *io, int save) {
-    vh_host *host = d->host;
-    const char *call = save ? "state_save" : "state_load";
-    if (!d->ready) return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s before setup", call);
-    vh_state_io v;
-    if (!vh_struct_upgrade(&v, sizeof v, io) || (save ? !v.write : !v.read))
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s: no state io or no %s", call,
-                               save ? "write" : "read");
-    if (d->state_slots == 0 || (save && d->comm->rank != 0)) return VH_STATUS_OK;
-    const vh_device_ops *dev = d->dev;
-    float *buf = host->api->alloc(host, (size_t)d->max_numel * sizeof(float));
-    if (!buf)
-        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "%s: out of memory for %lld values",
-                               call, (long long)d->max_numel);
-    vh_status st = VH_STATUS_OK;
-    for (int32_t n = 0; n < d->num_params && st == VH_STATUS_OK; n++) {
-        const vh_param_slice *sl = &d->slices[n];
-        size_t bytes = (size_t)sl->count * sizeof(float);
-        for (int32_t k = 0; k < d->state_slots && st == VH_STATUS_OK; k++) {
-            const char *what = "copying";
-            if (save) {
-                st = dev->copy(dev->device, buf, sl->state[k], bytes,
-                               VH_COPY_KIND_DEVICE_TO_HOST, NULL);
-                if (st == VH_STATUS_OK) {
-                    what = "writing";
-                    st = v.write(v.ctx, sl->unit, sl->param, k, 0, sl->count, VH_DTYPE_F32, buf);
-                }
-            } else {
-                what = "reading";
-                st = v.read(v.ctx, sl->unit, sl->param, k, 0, sl->count, VH_DTYPE_F32, buf);
-                if (st == VH_STATUS_OK) {
-                    what = "copying";
-                    st = dev->copy(dev->device, sl->state[k], buf, bytes,
-                                   VH_COPY_KIND_HOST_TO_DEVICE, NULL);
-                }
-            }
-            if (st != VH_STATUS_OK)
-                st = host->api->fail(host, st, "%s: %s state slot %d of unit %d (%s) param %d "
-                                               "failed",
-                                     call, what, (int)k, (int)sl->unit,
-                                     unit_name(&d->units[sl->unit]), (int)sl->param);
-        }
-    }
-    host->api->free(host, buf);
-    return st;
+    if (!d->ready)
+        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG, "%s before setup",
+                                  save ? "state_save" : "state_load");
+    int32_t count = save && d->comm->rank != 0 ? 0 : d->num_params;
+    return sharding_state_io(d->host, d->dev, d->table, d->slices, count, d->state_slots, io,
+                             save);
 }
 
 static vh_status ddp_state_save(void *self, const vh_state_io *io) {

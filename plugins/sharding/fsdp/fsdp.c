@@ -147,6 +147,7 @@ typedef struct fsdp {
     int32_t world, rank;   /* read at setup */
     int ready;
     int reshard_after_forward, prefetch;
+    const vh_param_table *table; /* the setup's; lives as long as the model */
     vh_precision_policy policy;
     int32_t state_slots;
     fsdp_unit *units;      /* host memory */
@@ -156,7 +157,6 @@ typedef struct fsdp {
     fsdp_piece *pieces;    /* host memory, every rank's pieces of every unit */
     int32_t num_pieces;
     int32_t num_own;       /* this rank's pieces: the slices */
-    int64_t max_count;     /* of one own piece */
     /* device memory from here on */
     void *packed;
     size_t packed_bytes;
@@ -480,7 +480,6 @@ static vh_status plan(fsdp *d, const vh_param_table *t) {
                 d->masters_numel += (pc->count + FSDP_SHARD_ALIGN - 1) / FSDP_SHARD_ALIGN *
                                     FSDP_SHARD_ALIGN;
             }
-            if (pc->count > d->max_count) d->max_count = pc->count;
         }
         d->num_own += un->own_count;
         size_t red = (size_t)un->shard * (size_t)d->world * csize +
@@ -606,6 +605,7 @@ static vh_status fsdp_setup(void *self, const vh_sharding_setup *setup) {
 
     /* Nothing here communicates: every rank computes every rank's pieces. */
     const vh_param_table *t = s.table;
+    d->table = t;
     d->world = d->comm->world_size;
     d->rank = d->comm->rank;
     d->policy = pol;
@@ -1176,53 +1176,11 @@ static vh_status fsdp_refresh(void *self) {
  * buffer. Every rank writes (and reads) its own pieces: the host sums the
  * pieces over ranks, so the file does not depend on the world size. */
 static vh_status state_io(fsdp *d, const vh_state_io *io, int save) {
-    vh_host *host = d->host;
-    const char *call = save ? "state_save" : "state_load";
-    if (!d->ready) return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s before setup", call);
-    vh_state_io v;
-    if (!vh_struct_upgrade(&v, sizeof v, io) || (save ? !v.write : !v.read))
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s: no state io or no %s", call,
-                               save ? "write" : "read");
-    if (d->state_slots == 0 || d->num_own == 0) return VH_STATUS_OK;
-    const vh_device_ops *dev = d->dev;
-    float *buf = host->api->alloc(host, (size_t)d->max_count * sizeof(float));
-    if (!buf)
-        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "%s: out of memory for %lld values",
-                               call, (long long)d->max_count);
-    vh_status st = VH_STATUS_OK;
-    for (int32_t n = 0; n < d->num_own && st == VH_STATUS_OK; n++) {
-        const vh_param_slice *sl = &d->slices[n];
-        size_t bytes = (size_t)sl->count * sizeof(float);
-        for (int32_t k = 0; k < d->state_slots && st == VH_STATUS_OK; k++) {
-            const char *what = "copying";
-            if (save) {
-                st = dev->copy(dev->device, buf, sl->state[k], bytes,
-                               VH_COPY_KIND_DEVICE_TO_HOST, NULL);
-                if (st == VH_STATUS_OK) {
-                    what = "writing";
-                    st = v.write(v.ctx, sl->unit, sl->param, k, sl->offset, sl->count,
-                                 VH_DTYPE_F32, buf);
-                }
-            } else {
-                what = "reading";
-                st = v.read(v.ctx, sl->unit, sl->param, k, sl->offset, sl->count, VH_DTYPE_F32,
-                            buf);
-                if (st == VH_STATUS_OK) {
-                    what = "copying";
-                    st = dev->copy(dev->device, sl->state[k], buf, bytes,
-                                   VH_COPY_KIND_HOST_TO_DEVICE, NULL);
-                }
-            }
-            if (st != VH_STATUS_OK)
-                st = host->api->fail(host, st, "%s: %s state slot %d of unit %d (%s) param %d "
-                                               "elements %lld..%lld failed",
-                                     call, what, (int)k, (int)sl->unit,
-                                     unit_name(&d->units[sl->unit]), (int)sl->param,
-                                     (long long)sl->offset, (long long)(sl->offset + sl->count));
-        }
-    }
-    host->api->free(host, buf);
-    return st;
+    if (!d->ready)
+        return d->host->api->fail(d->host, VH_STATUS_ERR_INVALID_ARG, "%s before setup",
+                                  save ? "state_save" : "state_load");
+    return sharding_state_io(d->host, d->dev, d->table, d->slices, d->num_own,
+                             d->state_slots, io, save);
 }
 
 static vh_status fsdp_state_save(void *self, const vh_state_io *io) {

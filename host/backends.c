@@ -182,6 +182,17 @@ vh_status run_open_backends(vh_run *run, vh_diag *d) {
     return VH_STATUS_OK;
 }
 
+void run_fail_all_ranks(vh_run *run, vh_status st, const char *text) {
+    if (st == VH_STATUS_OK || st == VH_STATUS_ERR_INTERRUPTED || !run->backends_open ||
+        run->comm.world_size <= 1)
+        return;
+    fprintf(stderr, "vithost: rank %d of %d: %s\n", (int)run->comm.rank,
+            (int)run->comm.world_size, text);
+    fflush(stderr);
+    fflush(stdout);
+    run->comm.ops->abort(&run->comm, st == VH_STATUS_ERR_CONFIG ? 2 : 1);
+}
+
 void run_close_backends(vh_run *run) {
     if (run->comm_opened && run->comm_close) run->comm_close(run->comm_opened);
     run->backends_open = 0;

@@ -428,15 +428,8 @@ int bench_main(int argc, char **argv, FILE *out, FILE *err) {
         else bench_print(&run, &r, out);
     }
     if (st != VH_STATUS_OK) {
-        if (run.comm.world_size > 1)
-            fprintf(err, "vithost: rank %d of %d: %s\n", (int)run.comm.rank,
-                    (int)run.comm.world_size, d.text);
-        else
-            fprintf(err, "vithost: %s\n", d.text);
-        fflush(err);
-        /* no rank may wait forever in a collective the failed one skips */
-        if (run.comm.world_size > 1 && run.backends_open)
-            run.comm.ops->abort(&run.comm, st == VH_STATUS_ERR_CONFIG ? 2 : 1);
+        run_fail_all_ranks(&run, st, d.text); /* of many ranks: does not return */
+        fprintf(err, "vithost: %s\n", d.text);
     }
     run.opts.out = stdout;
     if (quiet) fclose(quiet);

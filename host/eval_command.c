@@ -35,6 +35,7 @@ vh_status eval_command(vh_run *run, const char *weights, FILE *out, vh_diag *d) 
         fprintf(out, "{\"eval_top1\": %.6f, \"eval_top5\": %.6f, \"eval_loss\": %.6f, "
                      "\"samples\": %lld, \"weights\": \"%s\"}\n",
                 r.top1, r.top5, r.loss, (long long)r.samples, path);
+    run_fail_all_ranks(run, st, d->text);
     session_close(&s);
     return st;
 }

@@ -89,6 +89,13 @@ int32_t run_launcher_local_rank(void);
 /* The device, then the communicator, then the counting layer over it, once
  * per run; what `run` and `eval` call before they open a session. */
 vh_status run_open_backends(vh_run *run, vh_diag *d);
+/* A failure on one rank of many (st not OK and not INTERRUPTED, with the
+ * communicator open): prints "vithost: rank R of N: <text>" and ends every
+ * rank through the communicator's abort, so no rank waits forever in a
+ * collective the failed one will never start; the launcher then ends every
+ * process with a non-zero status. Does not return then; otherwise does
+ * nothing (one process says its error as usual). */
+void run_fail_all_ranks(vh_run *run, vh_status st, const char *text);
 /* Closes what the two opened (run_close calls it). */
 void run_close_backends(vh_run *run);
 

@@ -436,17 +436,6 @@ static vh_status print_banner(const loop_state *ls, const vh_train_options *o, c
     return VH_STATUS_OK;
 }
 
-/* A failure on one rank of many: say which rank and end them all, so no
- * rank waits forever in a collective the failed one will never start. The
- * launcher (mpirun, srun) then ends every process with a non-zero status. */
-static void abort_all_ranks(vh_run *run, vh_status st, const vh_diag *d) {
-    fprintf(stderr, "vithost: rank %d of %d: %s\n", (int)run->comm.rank,
-            (int)run->comm.world_size, d->text);
-    fflush(stderr);
-    fflush(stdout);
-    run->comm.ops->abort(&run->comm, st == VH_STATUS_ERR_CONFIG ? 2 : 1);
-}
-
 /* Appends word to buf, in single quotes when a shell would change it. */
 static void append_quoted(char *buf, size_t len, const char *word) {
     size_t used = strlen(buf);
@@ -491,7 +480,7 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
      * and only it prints; the others train quietly and speak on failure. */
     vh_status st = run_open_backends(run, d);
     if (st != VH_STATUS_OK) return st;
-    int many = run->comm.world_size > 1, rank0 = run->comm.rank == 0;
+    int rank0 = run->comm.rank == 0;
     FILE *quiet = NULL;
     if (!rank0) {
         quiet = fopen("/dev/null", "w");
@@ -531,7 +520,7 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
                      again);
         }
     }
-    if (many && st != VH_STATUS_OK && st != VH_STATUS_ERR_INTERRUPTED) abort_all_ranks(run, st, d);
+    run_fail_all_ranks(run, st, d->text);
     session_close(&s);
     if (quiet) {
         run->opts.out = stdout;

@@ -11,7 +11,17 @@
 #include "safetensors.h"
 #include "vithost/vh_runtime.h"
 
-/* Every (parameter, slot) of the table as one whole f32 tensor. */
+/* save: one piece this rank wrote, an f32 copy. */
+typedef struct piece {
+    struct piece *next;
+    int64_t offset, count;
+    float values[];
+} piece;
+
+/* Every (parameter, slot) of the table as one f32 tensor of the file. No
+ * rank holds the whole state at once: a save keeps this rank's pieces and
+ * assembles one tensor at a time, a load reads each piece from its range of
+ * the (mapped) file. */
 typedef struct state_tensors {
     vh_session *s;
     const char *path;     /* the file, for messages */
@@ -19,7 +29,7 @@ typedef struct state_tensors {
     int32_t *first_param; /* per unit: flat index of its first parameter */
     int count;            /* parameters x slots */
     int64_t *numel;       /* per tensor */
-    float **values;       /* per tensor: numel values (on load: made when first read) */
+    piece **pieces;       /* save: per tensor, this rank's pieces */
     double *written;      /* save: values written per tensor (double: summed over ranks) */
     vh_st_file file;      /* load */
     const vh_st_tensor **in_file; /* load: per tensor */
@@ -38,8 +48,7 @@ static void state_name(char *buf, size_t len, const char *param, int32_t slot) {
     snprintf(buf, len, "%s.optim_state.%d", param, (int)slot);
 }
 
-static vh_status tensors_init(state_tensors *t, vh_session *s, const char *path, int allocate,
-                              vh_diag *d) {
+static vh_status tensors_init(state_tensors *t, vh_session *s, const char *path, vh_diag *d) {
     memset(t, 0, sizeof *t);
     t->s = s;
     t->path = path;
@@ -52,31 +61,27 @@ static vh_status tensors_init(state_tensors *t, vh_session *s, const char *path,
         params += table->units[u].num_params;
     }
     t->count = params * t->slots;
-    t->values = calloc((size_t)t->count + 1, sizeof *t->values);
+    t->pieces = calloc((size_t)t->count + 1, sizeof *t->pieces);
     t->written = calloc((size_t)t->count + 1, sizeof *t->written);
     t->in_file = calloc((size_t)t->count + 1, sizeof *t->in_file);
     t->numel = calloc((size_t)t->count + 1, sizeof *t->numel);
-    if (!t->first_param || !t->values || !t->written || !t->in_file || !t->numel)
+    if (!t->first_param || !t->pieces || !t->written || !t->in_file || !t->numel)
         return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for the optimizer state");
-    for (int32_t u = 0; u < table->num_units; u++) {
-        for (int32_t p = 0; p < table->units[u].num_params; p++) {
-            int64_t n = table->units[u].params[p].numel;
-            for (int32_t k = 0; k < t->slots; k++) {
-                int i = tensor_index(t, u, p, k);
-                t->numel[i] = n;
-                if (!allocate) continue;
-                t->values[i] = calloc(n ? (size_t)n : 1, sizeof **t->values);
-                if (!t->values[i])
-                    return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for the optimizer state");
-            }
-        }
-    }
+    for (int32_t u = 0; u < table->num_units; u++)
+        for (int32_t p = 0; p < table->units[u].num_params; p++)
+            for (int32_t k = 0; k < t->slots; k++)
+                t->numel[tensor_index(t, u, p, k)] = table->units[u].params[p].numel;
     return VH_STATUS_OK;
 }
 
 static void tensors_free(state_tensors *t) {
-    for (int i = 0; t->values && i < t->count; i++) free(t->values[i]);
-    free(t->values);
+    for (int i = 0; t->pieces && i < t->count; i++)
+        while (t->pieces[i]) {
+            piece *next = t->pieces[i]->next;
+            free(t->pieces[i]);
+            t->pieces[i] = next;
+        }
+    free(t->pieces);
     free(t->written);
     free(t->in_file);
     free(t->numel);
@@ -141,7 +146,13 @@ static vh_status io_write(void *ctx, int32_t unit, int32_t param, int32_t slot, 
     vh_status st = check_piece(t, unit, param, slot, offset, count, dtype, values);
     if (st != VH_STATUS_OK) return st;
     int i = tensor_index(t, unit, param, slot);
-    to_f32(t->values[i] + offset, values, count, dtype);
+    piece *pc = malloc(sizeof *pc + (size_t)count * sizeof(float));
+    if (!pc) return VH_STATUS_ERR_NOMEM;
+    pc->offset = offset;
+    pc->count = count;
+    to_f32(pc->values, values, count, dtype);
+    pc->next = t->pieces[i];
+    t->pieces[i] = pc;
     t->written[i] += (double)count;
     return VH_STATUS_OK;
 }
@@ -153,47 +164,80 @@ static vh_status io_failed(state_tensors *t, vh_status st, const char *call, vh_
     return session_plugin_error(t->s, VH_ROLE_SHARDING, st, call, d);
 }
 
+/* Every rank wrote its pieces; each element must have come exactly once
+ * over all ranks (the counts, summed, say so). */
+static vh_status check_counts(state_tensors *t, vh_diag *d) {
+    vh_session *s = t->s;
+    for (int32_t u = 0; u < s->table->num_units; u++)
+        for (int32_t p = 0; p < s->table->units[u].num_params; p++)
+            for (int32_t k = 0; k < t->slots; k++) {
+                const vh_param_desc *pd = param_of(t, u, p);
+                int i = tensor_index(t, u, p, k);
+                if (t->written[i] == (double)pd->numel) continue;
+                char name[512];
+                state_name(name, sizeof name, pd->name, k);
+                return diag_set(d, VH_STATUS_ERR_INTERNAL,
+                                "sharding plugin '%s' saved %.0f values of optimizer state "
+                                "'%s', which has %lld (every element once, over all ranks)",
+                                s->run->plugins[VH_ROLE_SHARDING].desc->name, t->written[i], name,
+                                (long long)pd->numel);
+            }
+    return VH_STATUS_OK;
+}
+
 vh_status optim_state_save(vh_session *s, const char *path, vh_diag *d) {
     state_tensors t;
-    vh_status st = tensors_init(&t, s, path, 1, d);
+    vh_status st = tensors_init(&t, s, path, d);
     if (st == VH_STATUS_OK) {
         vh_state_io io = {.struct_size = sizeof io, .ctx = &t, .write = io_write};
         session_trace(s, "sharding.state_save");
         st = s->sharding->state_save(s->self[VH_ROLE_SHARDING], &io);
         if (st != VH_STATUS_OK) st = io_failed(&t, st, "sharding.state_save", d);
     }
-    /* Each rank wrote its own pieces into zeros: the sum over ranks is the
-     * whole state, and the counts say whether every element came once. */
     vh_comm *c = &s->run->comm;
-    if (st == VH_STATUS_OK && c->world_size > 1) {
-        for (int i = 0; st == VH_STATUS_OK && i < t.count; i++)
-            st = vh_comm_all_reduce(c, t.values[i], (size_t)t.numel[i], VH_DTYPE_F32,
-                                    VH_REDUCE_OP_SUM);
-        if (st == VH_STATUS_OK)
-            st = vh_comm_all_reduce(c, t.written, (size_t)t.count, VH_DTYPE_F64, VH_REDUCE_OP_SUM);
-        if (st != VH_STATUS_OK) st = diag_set(d, st, "gathering the optimizer state over ranks failed");
-    }
+    const int many = c->world_size > 1;
+    if (st == VH_STATUS_OK && many &&
+        (st = vh_comm_all_reduce(c, t.written, (size_t)t.count, VH_DTYPE_F64,
+                                 VH_REDUCE_OP_SUM)) != VH_STATUS_OK)
+        st = diag_set(d, st, "counting the optimizer state over ranks failed");
+    if (st == VH_STATUS_OK) st = check_counts(&t, d);
+    /* One tensor at a time: this rank's pieces into zeros, summed over the
+     * ranks (each element is nonzero on one rank only, so the sum is exact),
+     * and rank 0 appends it to the file. */
     vh_st_writer w;
     st_writer_init(&w);
+    vh_st_stream out = {.fd = -1};
+    int64_t largest = 0;
     if (st == VH_STATUS_OK) st = st_writer_meta(&w, "format", "vithost-optim", d);
-    for (int32_t u = 0; st == VH_STATUS_OK && u < s->table->num_units; u++) {
-        for (int32_t p = 0; st == VH_STATUS_OK && p < s->table->units[u].num_params; p++) {
-            const vh_param_desc *pd = param_of(&t, u, p);
+    for (int32_t u = 0; st == VH_STATUS_OK && u < s->table->num_units; u++)
+        for (int32_t p = 0; st == VH_STATUS_OK && p < s->table->units[u].num_params; p++)
             for (int32_t k = 0; st == VH_STATUS_OK && k < t.slots; k++) {
-                int i = tensor_index(&t, u, p, k);
+                const vh_param_desc *pd = param_of(&t, u, p);
                 char name[512];
                 state_name(name, sizeof name, pd->name, k);
-                if (t.written[i] != (double)pd->numel)
-                    st = diag_set(d, VH_STATUS_ERR_INTERNAL,
-                                  "sharding plugin '%s' saved %.0f values of optimizer state "
-                                  "'%s', which has %lld (every element once, over all ranks)",
-                                  s->run->plugins[VH_ROLE_SHARDING].desc->name, t.written[i],
-                                  name, (long long)pd->numel);
-                else st = st_writer_add(&w, name, pd->ndim, pd->shape, t.values[i], d);
+                st = st_writer_add(&w, name, pd->ndim, pd->shape, NULL, d);
+                if (pd->numel > largest) largest = pd->numel;
             }
-        }
-    }
-    if (st == VH_STATUS_OK && c->rank == 0) st = st_writer_save(&w, path, d);
+    float *buf = NULL;
+    if (st == VH_STATUS_OK && !(buf = malloc((size_t)(largest ? largest : 1) * sizeof *buf)))
+        st = diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for optimizer state of %lld values",
+                      (long long)largest);
+    if (st == VH_STATUS_OK && c->rank == 0) st = st_stream_open(&out, &w, path, d);
+    for (int32_t u = 0; st == VH_STATUS_OK && u < s->table->num_units; u++)
+        for (int32_t p = 0; st == VH_STATUS_OK && p < s->table->units[u].num_params; p++)
+            for (int32_t k = 0; st == VH_STATUS_OK && k < t.slots; k++) {
+                const int i = tensor_index(&t, u, p, k);
+                if (many) memset(buf, 0, (size_t)t.numel[i] * sizeof *buf);
+                for (const piece *pc = t.pieces[i]; pc; pc = pc->next)
+                    memcpy(buf + pc->offset, pc->values, (size_t)pc->count * sizeof *buf);
+                if (many && (st = vh_comm_all_reduce(c, buf, (size_t)t.numel[i], VH_DTYPE_F32,
+                                                     VH_REDUCE_OP_SUM)) != VH_STATUS_OK)
+                    st = diag_set(d, st, "gathering the optimizer state over ranks failed");
+                if (st == VH_STATUS_OK && c->rank == 0) st = st_stream_put(&out, buf, d);
+            }
+    if (st == VH_STATUS_OK && c->rank == 0) st = st_stream_close(&out, d);
+    else st_stream_abort(&out);
+    free(buf);
     st_writer_free(&w);
     tensors_free(&t);
     return st;
@@ -206,20 +250,14 @@ static vh_status io_read(void *ctx, int32_t unit, int32_t param, int32_t slot, i
     state_tensors *t = ctx;
     vh_status st = check_piece(t, unit, param, slot, offset, count, dtype, values);
     if (st != VH_STATUS_OK) return st;
-    int i = tensor_index(t, unit, param, slot);
-    if (!t->values[i]) {
-        const vh_st_tensor *ft = t->in_file[i];
-        float *v = malloc((size_t)(ft->numel ? ft->numel : 1) * sizeof *v);
-        if (!v) return VH_STATUS_ERR_NOMEM;
-        st = st_read_f32(&t->file, ft, v, ft->numel, &t->problem);
-        if (st != VH_STATUS_OK) {
-            free(v);
-            return st;
-        }
-        t->values[i] = v;
-    }
-    from_f32(values, t->values[i] + offset, count, dtype);
-    return VH_STATUS_OK;
+    const vh_st_tensor *ft = t->in_file[tensor_index(t, unit, param, slot)];
+    if (dtype == VH_DTYPE_F32) return st_read_f32_range(&t->file, ft, offset, count, values, &t->problem);
+    float *v = malloc((size_t)(count ? count : 1) * sizeof *v);
+    if (!v) return VH_STATUS_ERR_NOMEM;
+    st = st_read_f32_range(&t->file, ft, offset, count, v, &t->problem);
+    if (st == VH_STATUS_OK) from_f32(values, v, count, dtype);
+    free(v);
+    return st;
 }
 
 static void shape_text(char *buf, size_t len, int32_t ndim, const int64_t *shape) {
@@ -270,7 +308,7 @@ static vh_status match_file(state_tensors *t, const char *path, vh_diag *d) {
 
 vh_status optim_state_load(vh_session *s, const char *path, vh_diag *d) {
     state_tensors t;
-    vh_status st = tensors_init(&t, s, path, 0, d);
+    vh_status st = tensors_init(&t, s, path, d);
     if (st == VH_STATUS_OK) st = st_read(&t.file, path, d);
     if (st == VH_STATUS_OK) st = match_file(&t, path, d);
     if (st == VH_STATUS_OK) {

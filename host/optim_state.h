@@ -6,7 +6,10 @@
  * (state_save / state_load, collective), in whatever pieces it holds; the
  * host behind the vh_state_io it is given assembles the pieces into whole
  * tensors and serves pieces back from them, so the file does not depend on
- * how the state was sharded when it was written.
+ * how the state was sharded when it was written. Neither way holds the whole
+ * state on a rank: a save assembles one tensor at a time (the pieces summed
+ * over ranks, rank 0 appending it to the file), a load reads each piece from
+ * its range of the mapped file.
  */
 #ifndef VITHOST_HOST_OPTIM_STATE_H
 #define VITHOST_HOST_OPTIM_STATE_H

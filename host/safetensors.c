@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -339,22 +340,16 @@ vh_status st_read(vh_st_file *out, const char *path, vh_diag *d) {
         return diag_set(d, VH_STATUS_ERR_FORMAT, "%s: not a safetensors file (%zu bytes)", path,
                         out->size);
     }
-    out->bytes = malloc(out->size);
-    if (!out->bytes) {
-        close(fd);
-        return diag_set(d, VH_STATUS_ERR_NOMEM, "%s: out of memory (%zu bytes)", path, out->size);
-    }
-    size_t got = 0;
-    while (got < out->size) {
-        ssize_t n = read(fd, out->bytes + got, out->size - got);
-        if (n <= 0) {
-            close(fd);
-            return diag_set(d, VH_STATUS_ERR_IO, "%s: read failed: %s", path,
-                            n < 0 ? strerror(errno) : "file shrank");
-        }
-        got += (size_t)n;
-    }
+    /* Mapped, not read: a rank that loads its piece of a sharded tensor
+     * touches those pages only, and ranks on one machine share the page
+     * cache. Checkpoints are replaced by rename, never rewritten in place,
+     * so the mapped file does not change under the reader. */
+    void *map = mmap(NULL, out->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
     close(fd);
+    if (map == MAP_FAILED)
+        return diag_set(d, VH_STATUS_ERR_IO, "%s: cannot map: %s", path, strerror(err));
+    out->bytes = map;
     uint64_t header = 0;
     for (int i = 7; i >= 0; i--) header = header << 8 | out->bytes[i];
     if (header > ST_MAX_HEADER || header > out->size - 8)
@@ -377,7 +372,7 @@ void st_free(vh_st_file *f) {
     free(f->meta_keys);
     free(f->meta_values);
     free(f->tensors);
-    free(f->bytes);
+    if (f->bytes) munmap((void *)f->bytes, f->size);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -394,16 +389,19 @@ const char *st_meta(const vh_st_file *f, const char *key) {
     return NULL;
 }
 
-vh_status st_read_f32(const vh_st_file *f, const vh_st_tensor *t, float *out, int64_t count,
-                      vh_diag *d) {
-    if (t->numel != count)
-        return diag_set(d, VH_STATUS_ERR_FORMAT, "%s: tensor '%s' has %lld values, expected %lld",
-                        f->path, t->name, (long long)t->numel, (long long)count);
-    const unsigned char *src = f->bytes + f->data_start + t->begin;
+vh_status st_read_f32_range(const vh_st_file *f, const vh_st_tensor *t, int64_t offset,
+                           int64_t count, float *out, vh_diag *d) {
+    if (offset < 0 || count < 0 || offset > t->numel - count)
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s: tensor '%s' has %lld values, not elements %lld..%lld", f->path,
+                        t->name, (long long)t->numel, (long long)offset,
+                        (long long)(offset + count));
+    const unsigned char *base = f->bytes + f->data_start + t->begin;
     if (!strcmp(t->dtype, "F32")) {
-        memcpy(out, src, (size_t)count * sizeof(float));
+        memcpy(out, base + 4 * offset, (size_t)count * sizeof(float));
     } else if (!strcmp(t->dtype, "F16") || !strcmp(t->dtype, "BF16")) {
         int bf = !strcmp(t->dtype, "BF16");
+        const unsigned char *src = base + 2 * offset;
         for (int64_t i = 0; i < count; i++) {
             uint16_t h = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
             out[i] = bf ? vh_bf16_to_f32(h) : vh_f16_to_f32(h);
@@ -414,6 +412,14 @@ vh_status st_read_f32(const vh_st_file *f, const vh_st_tensor *t, float *out, in
                         t->name, t->dtype);
     }
     return VH_STATUS_OK;
+}
+
+vh_status st_read_f32(const vh_st_file *f, const vh_st_tensor *t, float *out, int64_t count,
+                      vh_diag *d) {
+    if (t->numel != count)
+        return diag_set(d, VH_STATUS_ERR_FORMAT, "%s: tensor '%s' has %lld values, expected %lld",
+                        f->path, t->name, (long long)t->numel, (long long)count);
+    return st_read_f32_range(f, t, 0, count, out, d);
 }
 
 /* ---- writer -------------------------------------------------------------- */
@@ -497,7 +503,10 @@ static int write_all(int fd, const void *buf, size_t n) {
     return 1;
 }
 
-vh_status st_writer_save(const vh_st_writer *w, const char *path, vh_diag *d) {
+vh_status st_stream_open(vh_st_stream *s, const vh_st_writer *w, const char *path,
+                         vh_diag *d) {
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
     size_t cap = 4096, len = 0;
     char *h = malloc(cap);
     if (!h) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
@@ -520,32 +529,96 @@ vh_status st_writer_save(const vh_st_writer *w, const char *path, vh_diag *d) {
     ok = ok && append(&h, &len, &cap, "}");
     /* The library pads the header with spaces to a multiple of 8. */
     while (ok && len % 8) ok = append(&h, &len, &cap, " ");
+    if (ok) {
+        s->path = strdup(path);
+        s->tmp = malloc(strlen(path) + 5);
+        ok = s->path && s->tmp;
+    }
     if (!ok) {
         free(h);
+        free(s->tmp), s->tmp = NULL; /* no file made yet: nothing to unlink */
+        st_stream_abort(s);
         return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory writing %s", path);
     }
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
+    sprintf(s->tmp, "%s.tmp", path);
+    s->fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (s->fd < 0) {
+        int err = errno;
         free(h);
-        return diag_set(d, VH_STATUS_ERR_IO, "%s: %s", tmp, strerror(errno));
+        diag_set(d, VH_STATUS_ERR_IO, "%s: %s", s->tmp, strerror(err));
+        free(s->tmp), s->tmp = NULL; /* nothing to unlink */
+        st_stream_abort(s);
+        return VH_STATUS_ERR_IO;
     }
+    s->w = w;
     unsigned char lenbuf[8];
     for (int i = 0; i < 8; i++) lenbuf[i] = (unsigned char)((uint64_t)len >> (8 * i));
-    ok = write_all(fd, lenbuf, 8) && write_all(fd, h, len);
+    ok = write_all(s->fd, lenbuf, 8) && write_all(s->fd, h, len);
     free(h);
-    for (int i = 0; i < w->count && ok; i++)
-        ok = write_all(fd, w->entries[i].data, (size_t)entry_numel(&w->entries[i]) * 4u);
-    ok = ok && fsync(fd) == 0;
-    int err = errno;
-    if (close(fd) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        if (ok) err = errno;
-        unlink(tmp);
-        return diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(err));
+    if (!ok) {
+        int err = errno;
+        diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(err));
+        st_stream_abort(s);
+        return VH_STATUS_ERR_IO;
     }
     return VH_STATUS_OK;
+}
+
+vh_status st_stream_put(vh_st_stream *s, const float *data, vh_diag *d) {
+    if (!s->w || s->next >= s->w->count)
+        return diag_set(d, VH_STATUS_ERR_INTERNAL, "%s: more tensors written than declared",
+                        s->path ? s->path : "safetensors stream");
+    const vh_st_entry *e = &s->w->entries[s->next];
+    if (!write_all(s->fd, data, (size_t)entry_numel(e) * 4u)) {
+        int err = errno;
+        diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", s->path, strerror(err));
+        st_stream_abort(s);
+        return VH_STATUS_ERR_IO;
+    }
+    s->next++;
+    return VH_STATUS_OK;
+}
+
+vh_status st_stream_close(vh_st_stream *s, vh_diag *d) {
+    if (!s->w) return diag_set(d, VH_STATUS_ERR_INTERNAL, "safetensors stream not open");
+    if (s->next != s->w->count) {
+        diag_set(d, VH_STATUS_ERR_INTERNAL, "%s: %d of %d tensors written", s->path, s->next,
+                 s->w->count);
+        st_stream_abort(s);
+        return VH_STATUS_ERR_INTERNAL;
+    }
+    int ok = fsync(s->fd) == 0;
+    int err = errno;
+    if (close(s->fd) != 0 && ok) ok = 0, err = errno;
+    s->fd = -1;
+    if (ok && rename(s->tmp, s->path) != 0) ok = 0, err = errno;
+    if (!ok) {
+        diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", s->path, strerror(err));
+        st_stream_abort(s);
+        return VH_STATUS_ERR_IO;
+    }
+    free(s->tmp);
+    free(s->path);
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+    return VH_STATUS_OK;
+}
+
+void st_stream_abort(vh_st_stream *s) {
+    if (s->fd >= 0) close(s->fd);
+    if (s->tmp) unlink(s->tmp);
+    free(s->tmp);
+    free(s->path);
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+}
+
+vh_status st_writer_save(const vh_st_writer *w, const char *path, vh_diag *d) {
+    vh_st_stream s;
+    vh_status st = st_stream_open(&s, w, path, d);
+    for (int i = 0; st == VH_STATUS_OK && i < w->count; i++) st = st_stream_put(&s, w->entries[i].data, d);
+    if (st == VH_STATUS_OK) st = st_stream_close(&s, d);
+    return st;
 }
 
 void st_writer_free(vh_st_writer *w) {

@@ -32,7 +32,7 @@ typedef struct vh_st_tensor {
 
 typedef struct vh_st_file {
     char *path;
-    unsigned char *bytes; /* the whole file */
+    const unsigned char *bytes; /* the whole file, mapped read-only */
     size_t size;
     size_t data_start;    /* 8 + header length */
     vh_st_tensor *tensors;
@@ -49,9 +49,14 @@ const char *st_meta(const vh_st_file *f, const char *key);
  * the tensor's numel differs from count or its dtype is not a float. */
 vh_status st_read_f32(const vh_st_file *f, const vh_st_tensor *t, float *out, int64_t count,
                       vh_diag *d);
+/* Elements [offset, offset + count) of a tensor as f32 (a rank's piece of a
+ * sharded tensor, read without the rest). */
+vh_status st_read_f32_range(const vh_st_file *f, const vh_st_tensor *t, int64_t offset,
+                           int64_t count, float *out, vh_diag *d);
 
 /* A writer: add tensors (f32 data pointers stay owned by the caller until
- * st_writer_save), then save to path atomically (path.tmp, fsync, rename). */
+ * st_writer_save), then save to path atomically (path.tmp, fsync, rename);
+ * or add names and shapes only and stream the values (below). */
 typedef struct vh_st_entry {
     char *name;
     int32_t ndim;
@@ -66,11 +71,28 @@ typedef struct vh_st_writer {
     int meta_count;
 } vh_st_writer;
 
+/* Streaming, for files bigger than what a rank should hold at once: open
+ * writes the header from the writer's names and shapes (data may be NULL),
+ * put writes the next tensor's values in the writer's order, close checks
+ * that every tensor came, fsyncs and renames path.tmp to path. A failure
+ * (and abort) removes path.tmp; path is never left half written. */
+typedef struct vh_st_stream {
+    const vh_st_writer *w;
+    int fd;
+    int next;          /* the entry put writes next */
+    char *path, *tmp;
+} vh_st_stream;
+
 void st_writer_init(vh_st_writer *w);
 vh_status st_writer_add(vh_st_writer *w, const char *name, int32_t ndim, const int64_t *shape,
                         const float *data, vh_diag *d);
 vh_status st_writer_meta(vh_st_writer *w, const char *key, const char *value, vh_diag *d);
 vh_status st_writer_save(const vh_st_writer *w, const char *path, vh_diag *d);
 void st_writer_free(vh_st_writer *w);
+
+vh_status st_stream_open(vh_st_stream *s, const vh_st_writer *w, const char *path, vh_diag *d);
+vh_status st_stream_put(vh_st_stream *s, const float *data, vh_diag *d);
+vh_status st_stream_close(vh_st_stream *s, vh_diag *d);
+void st_stream_abort(vh_st_stream *s);
 
 #endif

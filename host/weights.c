@@ -306,27 +306,36 @@ static vh_status fetch_unit(vh_session *s, int32_t u, float **out, vh_diag *d) {
     return VH_STATUS_OK;
 }
 
+/* One unit at a time (store_unit is collective): no rank holds more than
+ * one unit's full values, and rank 0 appends them to the file. */
 vh_status weights_save_model(vh_session *s, const char *path, vh_diag *d) {
     vh_st_writer w;
     st_writer_init(&w);
-    float **units = calloc((size_t)s->table->num_units, sizeof *units);
-    vh_status st = units ? VH_STATUS_OK : diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
     const vh_plugin_descriptor *model = s->run->plugins[VH_ROLE_MODEL].desc;
     char who[256];
     snprintf(who, sizeof who, "%s %s", model->name, model->version);
-    if (st == VH_STATUS_OK) st = st_writer_meta(&w, "format", "pt", d);
+    vh_status st = st_writer_meta(&w, "format", "pt", d);
     if (st == VH_STATUS_OK) st = st_writer_meta(&w, "vithost_model", who, d);
     for (int32_t u = 0; st == VH_STATUS_OK && u < s->table->num_units; u++) {
-        st = fetch_unit(s, u, &units[u], d);
         const vh_unit_desc *unit = &s->table->units[u];
         for (int32_t p = 0; st == VH_STATUS_OK && p < unit->num_params; p++) {
             const vh_param_desc *pd = &unit->params[p];
-            st = st_writer_add(&w, pd->name, pd->ndim, pd->shape, units[u] + pd->offset, d);
+            st = st_writer_add(&w, pd->name, pd->ndim, pd->shape, NULL, d);
         }
     }
-    if (st == VH_STATUS_OK && s->run->comm.rank == 0) st = st_writer_save(&w, path, d);
-    for (int32_t u = 0; units && u < s->table->num_units; u++) free(units[u]);
-    free(units);
+    vh_st_stream out = {.fd = -1};
+    const int writer = s->run->comm.rank == 0;
+    if (st == VH_STATUS_OK && writer) st = st_stream_open(&out, &w, path, d);
+    for (int32_t u = 0; st == VH_STATUS_OK && u < s->table->num_units; u++) {
+        float *values = NULL;
+        st = fetch_unit(s, u, &values, d);
+        const vh_unit_desc *unit = &s->table->units[u];
+        for (int32_t p = 0; st == VH_STATUS_OK && writer && p < unit->num_params; p++)
+            st = st_stream_put(&out, values + unit->params[p].offset, d);
+        free(values);
+    }
+    if (st == VH_STATUS_OK && writer) st = st_stream_close(&out, d);
+    else st_stream_abort(&out);
     st_writer_free(&w);
     return st;
 }

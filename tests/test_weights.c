@@ -302,6 +302,72 @@ static void test_half_precision_read(void **state) {
     assert_int_equal(st_read_f32(&f, st_find(&f, "b"), v, 2, &d), VH_STATUS_OK);
     assert_true(v[0] == 1.0f && v[1] == 0.5f);
     assert_int_equal(st_read_f32(&f, st_find(&f, "b"), v, 3, &d), VH_STATUS_ERR_FORMAT);
+    /* a piece of a tensor: the second bf16 value alone */
+    v[0] = 0.0f;
+    assert_int_equal(st_read_f32_range(&f, st_find(&f, "b"), 1, 1, v, &d), VH_STATUS_OK);
+    assert_true(v[0] == 0.5f);
+    st_free(&f);
+}
+
+static int file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* The streaming writer: tensors in declared order, the file appears only
+ * when every tensor came (a short or aborted stream leaves the previous file
+ * and no .tmp); a range of a tensor reads back alone, and a range outside it
+ * is refused naming the tensor. */
+static void test_stream_writer(void **state) {
+    (void)state;
+    char path[600], tmp[700];
+    snprintf(path, sizeof path, "%s/stream.safetensors", tmp_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    const float a[6] = {1, 2, 3, 4, 5, 6}, b[3] = {-1, -2, -3}, old[3] = {9, 9, 9};
+    const int64_t sa[2] = {2, 3}, sb[1] = {3};
+    vh_diag d = {{0}};
+    vh_st_writer w;
+
+    st_writer_init(&w); /* a previous file at path */
+    assert_int_equal(st_writer_add(&w, "old", 1, sb, old, &d), VH_STATUS_OK);
+    if (st_writer_save(&w, path, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    st_writer_free(&w);
+
+    st_writer_init(&w);
+    assert_int_equal(st_writer_add(&w, "a", 2, sa, NULL, &d), VH_STATUS_OK);
+    assert_int_equal(st_writer_add(&w, "b", 1, sb, NULL, &d), VH_STATUS_OK);
+    vh_st_stream s;
+    /* short: one of two tensors */
+    if (st_stream_open(&s, &w, path, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    assert_int_equal(st_stream_put(&s, a, &d), VH_STATUS_OK);
+    assert_int_equal(st_stream_close(&s, &d), VH_STATUS_ERR_INTERNAL);
+    assert_non_null(strstr(d.text, "1 of 2 tensors written"));
+    assert_false(file_exists(tmp));
+    /* aborted */
+    if (st_stream_open(&s, &w, path, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    assert_true(file_exists(tmp));
+    st_stream_abort(&s);
+    assert_false(file_exists(tmp));
+    vh_st_file f;
+    assert_int_equal(st_read(&f, path, &d), VH_STATUS_OK);
+    assert_non_null(st_find(&f, "old")); /* untouched */
+    st_free(&f);
+    /* whole: both, then a third is refused */
+    if (st_stream_open(&s, &w, path, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    assert_int_equal(st_stream_put(&s, a, &d), VH_STATUS_OK);
+    assert_int_equal(st_stream_put(&s, b, &d), VH_STATUS_OK);
+    if (st_stream_close(&s, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
+    st_writer_free(&w);
+    assert_false(file_exists(tmp));
+
+    assert_int_equal(st_read(&f, path, &d), VH_STATUS_OK);
+    assert_int_equal(f.count, 2);
+    assert_null(st_find(&f, "old"));
+    float v[6];
+    assert_int_equal(st_read_f32(&f, st_find(&f, "a"), v, 6, &d), VH_STATUS_OK);
+    assert_memory_equal(v, a, sizeof a);
+    assert_int_equal(st_read_f32_range(&f, st_find(&f, "b"), 1, 2, v, &d), VH_STATUS_OK);
+    assert_true(v[0] == -2.0f && v[1] == -3.0f);
+    assert_int_equal(st_read_f32_range(&f, st_find(&f, "b"), 2, 2, v, &d), VH_STATUS_ERR_FORMAT);
+    if (!strstr(d.text, "tensor 'b' has 3 values, not elements 2..4"))
+        fail_msg("'%s'", d.text);
     st_free(&f);
 }
 
@@ -528,6 +594,7 @@ int main(void) {
         cmocka_unit_test(test_pretrained_new_head),
         cmocka_unit_test(test_damaged_files),
         cmocka_unit_test(test_half_precision_read),
+        cmocka_unit_test(test_stream_writer),
         cmocka_unit_test(test_host_loader_and_report),
         cmocka_unit_test(test_optim_state_file),
         cmocka_unit_test(test_non_finite_weights),

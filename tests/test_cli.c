@@ -15,25 +15,14 @@
 
 #include <cmocka.h>
 
+#include "harness.h"
+
 #include "vithost/vh_plugin.h"
 
 typedef struct result {
     int code;
     char *out, *err;
 } result;
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    buf[got] = '\0';
-    fclose(f);
-    return buf;
-}
 
 static char tmp_dir[256];
 
@@ -49,7 +38,8 @@ static result run(const char *fmt, ...) {
     snprintf(cmd, sizeof cmd, "cd %s && %s %s >%s 2>%s </dev/null", VH_TEST_SOURCE_DIR,
              VH_TEST_VITHOST, args, out_path, err_path);
     int status = system(cmd);
-    result r = {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out_path), slurp(err_path)};
+    result r = {WIFEXITED(status) ? WEXITSTATUS(status) : -1, harness_slurp(out_path),
+                harness_slurp(err_path)};
     return r;
 }
 
@@ -398,7 +388,7 @@ static void test_run_out_dir(void **state) {
     result r = run("run %s --out %s", path, out_dir);
     assert_int_equal(r.code, 0);
     result_free(&r);
-    char *text = slurp(resolved);
+    char *text = harness_slurp(resolved);
     assert_non_null(strstr(text, "plugin: test_optim"));
     assert_non_null(strstr(text, "lr: 0.1"));
     free(text);

@@ -17,39 +17,16 @@
 
 #include <cmocka.h>
 
+#include "harness.h"
+
 static char tmp_dir[256];
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    buf[got] = '\0';
-    fclose(f);
-    return buf;
-}
+static char *tmp_text(const char *name) { return harness_read(tmp_dir, name); }
 
-/* Runs vithost with ARGS; returns its exit code, output in tmp/out, tmp/err. */
-static int vithost(const char *fmt, ...) {
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd %s && %s %s >%s/out 2>%s/err </dev/null", tmp_dir,
-             VH_TEST_VITHOST, args, tmp_dir, tmp_dir);
-    int status = system(cmd);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+static double field(const char *line, const char *key) { return harness_json_number(line, key); }
 
-static char *tmp_text(const char *name) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    return slurp(path);
-}
+/* Runs vithost with ARGS (a format) in tmp_dir; its exit code, output in out and err. */
+#define vithost(...) harness_sh(tmp_dir, VH_TEST_VITHOST " " __VA_ARGS__)
 
 static void write_recipe(const char *name, const char *text) {
     char path[512];
@@ -83,14 +60,6 @@ static int teardown(void **state) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
     return system(cmd) == 0 ? 0 : -1;
-}
-
-/* The value of "key" in a JSON line, NAN when absent. */
-static double field(const char *line, const char *key) {
-    char pattern[64];
-    snprintf(pattern, sizeof pattern, "\"%s\":", key);
-    const char *p = strstr(line, pattern);
-    return p ? strtod(p + strlen(pattern), NULL) : NAN;
 }
 
 /* The lines of a file (modified in place). */

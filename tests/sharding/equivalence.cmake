@@ -3,7 +3,7 @@
 # a failing and a killed rank. Runs mpirun itself (one ctest process), so it
 # is added with add_test, not vh_add_mpi_test; without mpirun it exits 77.
 add_executable(test_sharding_mpi ${CMAKE_CURRENT_SOURCE_DIR}/test_sharding_mpi.c)
-target_link_libraries(test_sharding_mpi PRIVATE vhhost PkgConfig::CMOCKA m)
+target_link_libraries(test_sharding_mpi PRIVATE vhhost vhtestharness PkgConfig::CMOCKA m)
 target_include_directories(test_sharding_mpi PRIVATE ${CMAKE_SOURCE_DIR}/host)
 if(MPIEXEC_EXECUTABLE)
   set(vh_mpirun_path "${MPIEXEC_EXECUTABLE}")

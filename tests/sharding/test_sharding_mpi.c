@@ -30,6 +30,8 @@
 
 #include <cmocka.h>
 
+#include "harness.h"
+
 #include "safetensors.h"
 
 static char tmp_dir[256];
@@ -37,37 +39,12 @@ static char tmp_dir[256];
 /* mpirun as CI runs it: more ranks than cores, as root, one thread each. */
 #define MPIRUN VH_TEST_MPIRUN " --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1"
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    buf[got] = '\0';
-    fclose(f);
-    return buf;
-}
+static char *tmp_text(const char *name) { return harness_read(tmp_dir, name); }
 
-static char *tmp_text(const char *name) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    return slurp(path);
-}
+/* Runs a shell command (a format) in tmp_dir; output in tmp_dir/out and tmp_dir/err. */
+#define sh(...) harness_sh(tmp_dir, __VA_ARGS__)
 
-/* Runs a shell command in tmp_dir; output in tmp_dir/out and tmp_dir/err. */
-static int sh(const char *fmt, ...) {
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd %s && %s >%s/out 2>%s/err </dev/null", tmp_dir, args,
-             tmp_dir, tmp_dir);
-    int status = system(cmd);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+static double field(const char *line, const char *key) { return harness_json_number(line, key); }
 
 /* `vithost run eq.yaml` on np processes (0: without mpirun) into dir. */
 static int run_np(int np, const char *dir, const char *extra) {
@@ -111,14 +88,6 @@ static int teardown(void **state) {
 }
 
 /* ---- reading a run folder ------------------------------------------------- */
-
-/* A number field of a JSON line; NAN when absent. */
-static double field(const char *line, const char *key) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(line, pat);
-    return p ? strtod(p + strlen(pat), NULL) : NAN;
-}
 
 typedef struct run_result {
     double loss[32];   /* by step, 1-based */

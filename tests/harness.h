@@ -1,0 +1,17 @@
+/* harness.h - what the tests that run the vithost executable share: a shell
+ * command run in a folder with its output captured, a file read whole, a
+ * number field of a JSON line. */
+#ifndef VITHOST_TESTS_HARNESS_H
+#define VITHOST_TESTS_HARNESS_H
+
+/* The whole file, NUL-terminated (free it); "" when it cannot be opened. */
+char *harness_slurp(const char *path);
+/* harness_slurp of dir/name. */
+char *harness_read(const char *dir, const char *name);
+/* Runs the shell command in dir, stdin from /dev/null, stdout into dir/out
+ * and stderr into dir/err; its exit code, -1 when it did not exit. */
+int harness_sh(const char *dir, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The number after "key": in a JSON line; NAN when absent. */
+double harness_json_number(const char *line, const char *key);
+
+#endif

@@ -28,7 +28,7 @@ typedef struct state_tensors {
     int32_t slots;
     int32_t *first_param; /* per unit: flat index of its first parameter */
     int count;            /* parameters x slots */
-    int64_t *numel;       /* per tensor */
+    const vh_param_desc **param; /* per tensor: its parameter (tensor i is slot i % slots) */
     piece **pieces;       /* save: per tensor, this rank's pieces */
     double *written;      /* save: values written per tensor (double: summed over ranks) */
     vh_st_file file;      /* load */
@@ -64,13 +64,13 @@ static vh_status tensors_init(state_tensors *t, vh_session *s, const char *path,
     t->pieces = calloc((size_t)t->count + 1, sizeof *t->pieces);
     t->written = calloc((size_t)t->count + 1, sizeof *t->written);
     t->in_file = calloc((size_t)t->count + 1, sizeof *t->in_file);
-    t->numel = calloc((size_t)t->count + 1, sizeof *t->numel);
-    if (!t->first_param || !t->pieces || !t->written || !t->in_file || !t->numel)
+    t->param = calloc((size_t)t->count + 1, sizeof *t->param);
+    if (!t->first_param || !t->pieces || !t->written || !t->in_file || !t->param)
         return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for the optimizer state");
     for (int32_t u = 0; u < table->num_units; u++)
         for (int32_t p = 0; p < table->units[u].num_params; p++)
             for (int32_t k = 0; k < t->slots; k++)
-                t->numel[tensor_index(t, u, p, k)] = table->units[u].params[p].numel;
+                t->param[tensor_index(t, u, p, k)] = &table->units[u].params[p];
     return VH_STATUS_OK;
 }
 
@@ -84,7 +84,7 @@ static void tensors_free(state_tensors *t) {
     free(t->pieces);
     free(t->written);
     free(t->in_file);
-    free(t->numel);
+    free(t->param);
     free(t->first_param);
     st_free(&t->file);
 }
@@ -167,21 +167,17 @@ static vh_status io_failed(state_tensors *t, vh_status st, const char *call, vh_
 /* Every rank wrote its pieces; each element must have come exactly once
  * over all ranks (the counts, summed, say so). */
 static vh_status check_counts(state_tensors *t, vh_diag *d) {
-    vh_session *s = t->s;
-    for (int32_t u = 0; u < s->table->num_units; u++)
-        for (int32_t p = 0; p < s->table->units[u].num_params; p++)
-            for (int32_t k = 0; k < t->slots; k++) {
-                const vh_param_desc *pd = param_of(t, u, p);
-                int i = tensor_index(t, u, p, k);
-                if (t->written[i] == (double)pd->numel) continue;
-                char name[512];
-                state_name(name, sizeof name, pd->name, k);
-                return diag_set(d, VH_STATUS_ERR_INTERNAL,
-                                "sharding plugin '%s' saved %.0f values of optimizer state "
-                                "'%s', which has %lld (every element once, over all ranks)",
-                                s->run->plugins[VH_ROLE_SHARDING].desc->name, t->written[i], name,
-                                (long long)pd->numel);
-            }
+    for (int i = 0; i < t->count; i++) {
+        const vh_param_desc *pd = t->param[i];
+        if (t->written[i] == (double)pd->numel) continue;
+        char name[512];
+        state_name(name, sizeof name, pd->name, i % t->slots);
+        return diag_set(d, VH_STATUS_ERR_INTERNAL,
+                        "sharding plugin '%s' saved %.0f values of optimizer state '%s', which "
+                        "has %lld (every element once, over all ranks)",
+                        t->s->run->plugins[VH_ROLE_SHARDING].desc->name, t->written[i], name,
+                        (long long)pd->numel);
+    }
     return VH_STATUS_OK;
 }
 
@@ -209,32 +205,28 @@ vh_status optim_state_save(vh_session *s, const char *path, vh_diag *d) {
     vh_st_stream out = {.fd = -1};
     int64_t largest = 0;
     if (st == VH_STATUS_OK) st = st_writer_meta(&w, "format", "vithost-optim", d);
-    for (int32_t u = 0; st == VH_STATUS_OK && u < s->table->num_units; u++)
-        for (int32_t p = 0; st == VH_STATUS_OK && p < s->table->units[u].num_params; p++)
-            for (int32_t k = 0; st == VH_STATUS_OK && k < t.slots; k++) {
-                const vh_param_desc *pd = param_of(&t, u, p);
-                char name[512];
-                state_name(name, sizeof name, pd->name, k);
-                st = st_writer_add(&w, name, pd->ndim, pd->shape, NULL, d);
-                if (pd->numel > largest) largest = pd->numel;
-            }
+    for (int i = 0; st == VH_STATUS_OK && i < t.count; i++) {
+        const vh_param_desc *pd = t.param[i];
+        char name[512];
+        state_name(name, sizeof name, pd->name, i % t.slots);
+        st = st_writer_add(&w, name, pd->ndim, pd->shape, NULL, d);
+        if (pd->numel > largest) largest = pd->numel;
+    }
     float *buf = NULL;
     if (st == VH_STATUS_OK && !(buf = malloc((size_t)(largest ? largest : 1) * sizeof *buf)))
         st = diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for optimizer state of %lld values",
                       (long long)largest);
     if (st == VH_STATUS_OK && c->rank == 0) st = st_stream_open(&out, &w, path, d);
-    for (int32_t u = 0; st == VH_STATUS_OK && u < s->table->num_units; u++)
-        for (int32_t p = 0; st == VH_STATUS_OK && p < s->table->units[u].num_params; p++)
-            for (int32_t k = 0; st == VH_STATUS_OK && k < t.slots; k++) {
-                const int i = tensor_index(&t, u, p, k);
-                if (many) memset(buf, 0, (size_t)t.numel[i] * sizeof *buf);
-                for (const piece *pc = t.pieces[i]; pc; pc = pc->next)
-                    memcpy(buf + pc->offset, pc->values, (size_t)pc->count * sizeof *buf);
-                if (many && (st = vh_comm_all_reduce(c, buf, (size_t)t.numel[i], VH_DTYPE_F32,
-                                                     VH_REDUCE_OP_SUM)) != VH_STATUS_OK)
-                    st = diag_set(d, st, "gathering the optimizer state over ranks failed");
-                if (st == VH_STATUS_OK && c->rank == 0) st = st_stream_put(&out, buf, d);
-            }
+    for (int i = 0; st == VH_STATUS_OK && i < t.count; i++) {
+        const size_t n = (size_t)t.param[i]->numel;
+        if (many) memset(buf, 0, n * sizeof *buf);
+        for (const piece *pc = t.pieces[i]; pc; pc = pc->next)
+            memcpy(buf + pc->offset, pc->values, (size_t)pc->count * sizeof *buf);
+        if (many && (st = vh_comm_all_reduce(c, buf, n, VH_DTYPE_F32, VH_REDUCE_OP_SUM)) !=
+                        VH_STATUS_OK)
+            st = diag_set(d, st, "gathering the optimizer state over ranks failed");
+        if (st == VH_STATUS_OK && c->rank == 0) st = st_stream_put(&out, buf, d);
+    }
     if (st == VH_STATUS_OK && c->rank == 0) st = st_stream_close(&out, d);
     else st_stream_abort(&out);
     free(buf);

@@ -1,4 +1,4 @@
-/* fuzz_safetensors.c - the safetensors reader (host/safetensors.c).
+/* fuzz_safetensors.c - the safetensors reader (host/store/safetensors.c).
  *
  * Input: a whole .safetensors file. It is written to a scratch file and read
  * with st_read, as `vithost eval`, `model.pretrained` and --resume read

@@ -102,28 +102,28 @@ static int host_config_has(vh_host *host, const char *key) {
 }
 
 static vh_status host_config_int(vh_host *host, const char *key, int64_t *out) {
-    const vh_config_entry *e;
+    const vh_config_entry *e = NULL;
     vh_status s = typed_entry(impl_of(host), key, VH_CONFIG_TYPE_INT, &e);
     if (s == VH_STATUS_OK) *out = e->as.i;
     return s;
 }
 
 static vh_status host_config_float(vh_host *host, const char *key, double *out) {
-    const vh_config_entry *e;
+    const vh_config_entry *e = NULL;
     vh_status s = typed_entry(impl_of(host), key, VH_CONFIG_TYPE_FLOAT, &e);
     if (s == VH_STATUS_OK) *out = e->as.f;
     return s;
 }
 
 static vh_status host_config_bool(vh_host *host, const char *key, int *out) {
-    const vh_config_entry *e;
+    const vh_config_entry *e = NULL;
     vh_status s = typed_entry(impl_of(host), key, VH_CONFIG_TYPE_BOOL, &e);
     if (s == VH_STATUS_OK) *out = e->as.b;
     return s;
 }
 
 static vh_status host_config_string(vh_host *host, const char *key, const char **out) {
-    const vh_config_entry *e;
+    const vh_config_entry *e = NULL;
     vh_status s = typed_entry(impl_of(host), key, VH_CONFIG_TYPE_STRING, &e);
     if (s == VH_STATUS_OK) *out = e->text;
     return s;

@@ -1,0 +1,120 @@
+/* vh_comm.h - the communicator: one interface, several backends.
+ *
+ * Backends: self (one process, in the SDK runtime), mpi (CPU processes, its
+ * own shared object libvh_comm_mpi.so) and nccl (GPUs, libvh_comm_nccl.so).
+ * The recipe chooses one (`run.comm`), the host loads it, and sharding and
+ * precision plugins call it without knowing which is behind it.
+ *
+ * Every collective is started and later finished: *_start returns a request
+ * handle, `wait` finishes it (and frees the handle), `test` asks without
+ * blocking. The buffers belong to the collective until it is finished. Where
+ * the device has streams the collective is ordered on `stream` (NULL: the
+ * current stream) like a compute op. A backend whose collectives progress
+ * only inside MPI calls is driven by `test`: call it between compute ops to
+ * overlap communication with them.
+ *
+ * All collectives are collective: every rank starts them in the same order
+ * with the same counts, dtypes and ops (a mismatch hangs or fails).
+ */
+#ifndef VITHOST_VH_COMM_H
+#define VITHOST_VH_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vh_device.h"
+#include "vh_status.h"
+#include "vh_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum vh_reduce_op {
+    VH_REDUCE_OP_SUM = 0,
+    VH_REDUCE_OP_MAX = 1,
+    VH_REDUCE_OP_MIN = 2,
+    VH_REDUCE_OP_AVG = 3, /* sum / world_size, in the reduction's dtype */
+} vh_reduce_op;
+
+typedef struct vh_comm vh_comm;
+typedef struct vh_comm_request vh_comm_request; /* one collective in flight */
+
+typedef struct vh_comm_ops {
+    uint32_t struct_size;
+    /* In place: buf holds count elements on every rank. */
+    vh_status (*all_reduce_start)(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
+                                  vh_reduce_op op, vh_stream *stream, vh_comm_request **req);
+    /* send: world*count elements; recv: this rank's count elements. */
+    vh_status (*reduce_scatter_start)(vh_comm *c, const void *send, void *recv, size_t count,
+                                      vh_dtype dtype, vh_reduce_op op, vh_stream *stream,
+                                      vh_comm_request **req);
+    /* send: count elements; recv: world*count elements, rank-major. */
+    vh_status (*all_gather_start)(vh_comm *c, const void *send, void *recv, size_t count,
+                                  vh_dtype dtype, vh_stream *stream, vh_comm_request **req);
+    vh_status (*broadcast_start)(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
+                                 int32_t root, vh_stream *stream, vh_comm_request **req);
+    /* Finishes a request and frees it; NULL is a no-op. */
+    vh_status (*wait)(vh_comm *c, vh_comm_request *req);
+    /* *done = 1 when the request has finished (it must still be waited on). */
+    vh_status (*test)(vh_comm *c, vh_comm_request *req, int *done);
+    vh_status (*barrier)(vh_comm *c);
+    /* Ends every rank's run with an error after a local failure, so no rank
+     * waits forever on a collective this one will never start. */
+    void (*abort)(vh_comm *c, int code);
+} vh_comm_ops;
+
+struct vh_comm {
+    uint32_t struct_size;
+    const char *backend;   /* "self", "mpi", "nccl" */
+    int32_t rank, world_size;
+    int32_t local_rank, local_size; /* on this machine: picks the GPU */
+    const vh_comm_ops *ops;
+    void *impl;            /* backend state */
+};
+
+/* Blocking forms: start, then wait. */
+static inline vh_status vh_comm_all_reduce(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
+                                           vh_reduce_op op) {
+    vh_comm_request *r = NULL;
+    vh_status st = c->ops->all_reduce_start(c, buf, count, dtype, op, NULL, &r);
+    return st == VH_STATUS_OK ? c->ops->wait(c, r) : st;
+}
+static inline vh_status vh_comm_reduce_scatter(vh_comm *c, const void *send, void *recv,
+                                               size_t count, vh_dtype dtype, vh_reduce_op op) {
+    vh_comm_request *r = NULL;
+    vh_status st = c->ops->reduce_scatter_start(c, send, recv, count, dtype, op, NULL, &r);
+    return st == VH_STATUS_OK ? c->ops->wait(c, r) : st;
+}
+static inline vh_status vh_comm_all_gather(vh_comm *c, const void *send, void *recv,
+                                           size_t count, vh_dtype dtype) {
+    vh_comm_request *r = NULL;
+    vh_status st = c->ops->all_gather_start(c, send, recv, count, dtype, NULL, &r);
+    return st == VH_STATUS_OK ? c->ops->wait(c, r) : st;
+}
+static inline vh_status vh_comm_broadcast(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
+                                          int32_t root) {
+    vh_comm_request *r = NULL;
+    vh_status st = c->ops->broadcast_start(c, buf, count, dtype, root, NULL, &r);
+    return st == VH_STATUS_OK ? c->ops->wait(c, r) : st;
+}
+
+/* A communicator backend's shared object (libvh_comm_<name>.so) exports
+ * this function; the host calls it once per run, after the device is open
+ * (NCCL needs it). `device` may be NULL for backends that do not need it.
+ * On failure it writes a message into err. */
+#define VH_COMM_OPEN_SYMBOL "vh_comm_open"
+typedef struct vh_comm_open_args {
+    uint32_t struct_size;
+    uint16_t abi_major, abi_minor; /* of the host */
+    const struct vh_device_ops *device;
+} vh_comm_open_args;
+typedef vh_status (*vh_comm_open_fn)(const vh_comm_open_args *args, vh_comm **out,
+                                     char *err, size_t err_len);
+typedef void (*vh_comm_close_fn)(vh_comm *comm);
+#define VH_COMM_CLOSE_SYMBOL "vh_comm_close"
+
+#ifdef __cplusplus
+}
+#endif
+#endif

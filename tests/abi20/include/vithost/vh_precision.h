@@ -1,0 +1,78 @@
+/* vh_precision.h - the precision role: dtypes, loss scaling, overflow skip.
+ *
+ * The policy names the dtype of each kind of tensor; the sharding plugin
+ * allocates buffers accordingly and the model computes in compute_dtype.
+ * Loss scaling: the host multiplies the loss gradient by loss_scale(), then
+ * asks unscale_and_check to divide the reduced grads back and say whether
+ * any is Inf/NaN on any rank (the step is then skipped), then calls update.
+ */
+#ifndef VITHOST_VH_PRECISION_H
+#define VITHOST_VH_PRECISION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vh_export.h"
+#include "vh_host.h"
+#include "vh_params.h"
+#include "vh_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Out-struct: the caller zeroes it and sets struct_size; the policy fills
+ * what that size covers. Held by pointer everywhere (never embedded). */
+typedef struct vh_precision_policy {
+    uint32_t struct_size;
+    vh_dtype param_dtype;   /* compute copy of the parameters */
+    vh_dtype compute_dtype; /* activations */
+    vh_dtype grad_dtype;    /* parameter gradients as backward writes them */
+    vh_dtype comm_dtype;    /* gradients on the wire (the reduce dtype) */
+    vh_dtype master_dtype;  /* the copy the optimizer updates */
+    vh_dtype state_dtype;   /* optimizer state */
+    /* Parameters with any of these VH_PARAM_FLAG_* keep their compute copy
+     * and gradient in f32 (AMP: VH_PARAM_FLAG_NORM); 0 under fp32. */
+    uint32_t fp32_param_flags;
+    /* 1: the optimizer updates separate masters (master_dtype) and the
+     * compute copies are refreshed from them; 0: it updates the compute
+     * copy itself (full FP16 without master weights). */
+    int32_t master_weights;
+} vh_precision_policy;
+
+/* The dtype of a parameter's compute copy, and of its gradient, under a
+ * policy: f32 when the flags meet fp32_param_flags. The signature fits
+ * vh_unit_layout_init (ctx is the policy). */
+VH_SDK_API vh_dtype vh_policy_param_dtype(const void *policy, uint32_t param_flags);
+VH_SDK_API vh_dtype vh_policy_grad_dtype(const void *policy, uint32_t param_flags);
+
+typedef struct vh_precision_vtable {
+    uint32_t struct_size;
+    vh_status (*create)(vh_host *host, void **self);
+    void (*destroy)(void *self);
+    /* out->struct_size is set by the caller (see vh_precision_policy). */
+    vh_status (*policy)(void *self, vh_precision_policy *out);
+    /* Factor the loss gradient is multiplied by; 1 without loss scaling. */
+    float (*loss_scale)(void *self);
+    /* Divides the local grads (slice.grad, in slice.grad_dtype) by the loss
+     * scale in place and sets *found_inf when any rank saw Inf/NaN (agreed
+     * through the comm). One multi-tensor pass on the device
+     * (multi_tensor_scale_check); only the flag comes back to the host. */
+    vh_status (*unscale_and_check)(void *self, const vh_param_slices *grads,
+                                   int *found_inf);
+    /* After the step (or its skip): grow or back off the loss scale. */
+    vh_status (*update)(void *self, int found_inf);
+    vh_status (*state_size)(void *self, size_t *bytes);
+    vh_status (*state_save)(void *self, void *buf, size_t bytes);
+    vh_status (*state_load)(void *self, const void *buf, size_t bytes);
+    /* Optional: the sum of squares of the unscaled gradients over every
+     * rank, from the last unscale_and_check's pass (*has = 0 when that pass
+     * did not compute it). The host hands it to the optimizer in
+     * vh_param_slices.grad_sum_sq, so clipping needs no second pass. */
+    vh_status (*grad_sum_sq)(void *self, double *out, int *has);
+} vh_precision_vtable;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,117 @@
+/* vh_sharding.h - the sharding role: where params, grads and state live.
+ *
+ * The sharding plugin owns the flat buffers of the parameter table (compute
+ * params, grads, fp32 master params, optimizer state) and the collectives
+ * between them. The model reaches them only through vh_unit_hooks, which the
+ * host builds from this vtable, at unit boundaries:
+ *
+ *   forward, per unit:           gather -> compute -> release
+ *   backward, per unit reversed: gather -> grads -> compute -> reduce -> release
+ *
+ * DDP keeps full replicas and all-reduces a unit's grads in `reduce` (which may
+ * return before the collective is done; `wait` finishes them). FSDP keeps a
+ * shard, all-gathers in `gather`, frees in `release`, reduce-scatters in
+ * `reduce`.
+ */
+#ifndef VITHOST_VH_SHARDING_H
+#define VITHOST_VH_SHARDING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vh_host.h"
+#include "vh_params.h"
+#include "vh_precision.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What the model calls at unit boundaries; ctx is opaque to the model.
+ * Buffers are laid out by vh_unit_layout_init with the policy's dtypes
+ * (vh_policy_param_dtype for params, vh_policy_grad_dtype for grads). */
+typedef struct vh_unit_hooks {
+    uint32_t struct_size; /* set by the host */
+    void *ctx;
+    /* Full parameters of the unit (compute copies), on the device, valid
+     * until release. */
+    vh_status (*gather)(void *ctx, int32_t unit, const void **params);
+    vh_status (*release)(void *ctx, int32_t unit);
+    /* Full-size gradient buffer of the unit (zeroed at the start of the
+     * step); backward accumulates into it. */
+    vh_status (*grads)(void *ctx, int32_t unit, void **grads);
+    /* The unit's gradients are complete: start their reduction. */
+    vh_status (*reduce)(void *ctx, int32_t unit);
+} vh_unit_hooks;
+
+typedef struct vh_sharding_setup {
+    uint32_t struct_size;
+    const vh_param_table *table;
+    const vh_precision_policy *policy;
+    int32_t state_slots; /* from the optimizer */
+} vh_sharding_setup;
+
+/* How a sharding plugin writes and reads the optimizer state it owns, in
+ * whatever pieces it holds: elements [offset, offset + count) of slot
+ * `slot` of parameter `param` of `unit`, `count` values of `dtype` in host
+ * memory. The host behind it (checkpoint files) maps the pieces to tensors
+ * "<param name>.optim_state.<slot>" of the full parameter's shape, so a
+ * checkpoint does not depend on how the state was sharded when written. */
+typedef struct vh_state_io {
+    uint32_t struct_size;
+    void *ctx;
+    vh_status (*write)(void *ctx, int32_t unit, int32_t param, int32_t slot, int64_t offset,
+                       int64_t count, vh_dtype dtype, const void *values);
+    vh_status (*read)(void *ctx, int32_t unit, int32_t param, int32_t slot, int64_t offset,
+                      int64_t count, vh_dtype dtype, void *values);
+} vh_state_io;
+
+/* Out-struct: the caller zeroes it and sets struct_size. */
+typedef struct vh_sharding_memory {
+    uint32_t struct_size;
+    int64_t params, grads, masters, optim_state, comm_buffers; /* bytes on this rank */
+} vh_sharding_memory;
+
+typedef struct vh_sharding_vtable {
+    uint32_t struct_size;
+    vh_status (*create)(vh_host *host, void **self);
+    void (*destroy)(void *self);
+    /* Allocates the buffers for the table; called once, before anything else. */
+    vh_status (*setup)(void *self, const vh_sharding_setup *setup);
+    /* Sets a unit's values from full fp32 values (model init, checkpoint):
+     * every rank passes the same values and keeps what it owns. */
+    vh_status (*load_unit)(void *self, int32_t unit, const float *values);
+    /* Writes a unit's full fp32 master values into `values` on EVERY rank
+     * (for a checkpoint or an evaluation); collective. */
+    vh_status (*store_unit)(void *self, int32_t unit, float *values);
+    /* Start of a step: zero the grads. */
+    vh_status (*zero_grads)(void *self);
+    /* The unit hooks; ctx is this plugin's self. */
+    vh_status (*gather)(void *self, int32_t unit, const void **params);
+    vh_status (*release)(void *self, int32_t unit);
+    vh_status (*grads)(void *self, int32_t unit, void **grads);
+    vh_status (*reduce)(void *self, int32_t unit);
+    /* Waits for every reduction started by `reduce`. Afterwards the slices'
+     * gradients are the MEAN over ranks (the gradient of the global batch),
+     * still multiplied by the loss scale, in slice.grad_dtype. */
+    vh_status (*wait)(void *self);
+    /* The local part the optimizer updates: fp32 master, grads, state. The
+     * list stays valid until destroy. */
+    vh_status (*slices)(void *self, vh_param_slices *out);
+    /* After the optimizer: refresh compute copies from the masters (a
+     * conversion to each parameter's compute dtype; a no-op where the
+     * policy has no separate masters). */
+    vh_status (*refresh)(void *self);
+    /* Saves / loads the optimizer state this rank owns through `io`;
+     * collective (every rank calls it). Masters go through store_unit and
+     * load_unit. */
+    vh_status (*state_save)(void *self, const vh_state_io *io);
+    vh_status (*state_load)(void *self, const vh_state_io *io);
+    /* Bytes this rank holds, by kind, for the run's memory report. */
+    vh_status (*memory)(void *self, vh_sharding_memory *out);
+} vh_sharding_vtable;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

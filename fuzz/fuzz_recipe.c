@@ -20,6 +20,7 @@
 #include "config.h"
 #include "fuzz_util.h"
 #include "recipe.h"
+#include "vtables.h"
 
 static vh_run schemas_run; /* keeps the real plugins' schemas loaded */
 
@@ -78,7 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         st = config_resolve(&c, &r, "run", vh_run_schema, NULL, &d);
         require_message(st, &d, "config_resolve(run)");
         if (st == VH_STATUS_OK) config_free(&c);
-        for (int role = 0; role < VH_ROLE_COUNT; role++) {
+        for (int role = 0; role < VH_HOST_ROLE_COUNT; role++) {
             const char *name = recipe_role_section((vh_role)role);
             if (!recipe_find_section(&r, name)) continue;
             d.text[0] = '\0';

@@ -339,7 +339,7 @@ static void test_invalid_args(void **state) {
     assert_int_equal(o->reduce_scatter_start(comm, buf, buf, 1, VH_DTYPE_F32, (vh_reduce_op)-1,
                                              NULL, &r),
                      VH_STATUS_ERR_INVALID_ARG);
-    assert_int_equal(o->reduce_scatter_start(comm, buf, buf, 1, VH_DTYPE_COUNT, VH_REDUCE_OP_SUM,
+    assert_int_equal(o->reduce_scatter_start(comm, buf, buf, 1, (vh_dtype)99, VH_REDUCE_OP_SUM,
                                              NULL, &r),
                      VH_STATUS_ERR_INVALID_ARG);
     assert_int_equal(o->all_gather_start(comm, buf, buf, 1, (vh_dtype)-1, NULL, &r),

@@ -1300,7 +1300,7 @@ static void test_fp32_misuse(void **state) {
                  "NULL");
     sl.item_size = 8;
     expect_error(&f, R, f.pr->unscale_and_check(f.fp32, &sl, &found),
-                 VH_STATUS_ERR_INVALID_ARG, "slices of 8 bytes");
+                 VH_STATUS_ERR_INVALID_ARG, "item_size 8 is smaller");
     assert_int_equal(f.pr->unscale_and_check(NULL, &sl, &found), VH_STATUS_ERR_INVALID_ARG);
     assert_int_equal(f.pr->update(NULL, 0), VH_STATUS_ERR_INVALID_ARG);
     fx_close(&f);

@@ -1421,8 +1421,14 @@ static void test_bad_slices_and_steps(void **state) {
     assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
     assert_non_null(strstr(opt_error(&o), "state"));
     s->state[1] = t.s[1];
-    l.view.item_size = sizeof(vh_param_slice) - 8;
+    /* Growth rule: a producer built against ABI 2.0 (items of 2.0's size,
+     * smaller than this SDK's sizeof) is accepted; only a list smaller than
+     * 2.0's slice is refused. */
+    l.view.item_size = (uint32_t)VH_PARAM_SLICE_SIZE_2_0;
+    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_OK);
+    l.view.item_size = (uint32_t)VH_PARAM_SLICE_SIZE_2_0 - 4;
     assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
+    assert_non_null(strstr(opt_error(&o), "smaller than ABI 2.0"));
     l.view.item_size = sizeof(vh_param_slice);
     assert_int_equal(o.vt->step(o.self, NULL, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
     /* dtypes the kernels cannot update (f16/bf16 masters and gradients go

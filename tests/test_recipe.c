@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "recipe.h"
+#include "vtables.h"
 
 #ifndef VH_TEST_DATA_DIR
 #define VH_TEST_DATA_DIR "tests/data" /* when built by hand from the repo root */
@@ -761,13 +762,13 @@ static void test_diag_value(void **state) {
 static void test_section_names(void **state) {
     (void)state;
     assert_string_equal(vh_recipe_section_names[0], "run");
-    assert_null(vh_recipe_section_names[VH_ROLE_COUNT + 1]);
+    assert_null(vh_recipe_section_names[VH_HOST_ROLE_COUNT + 1]);
     assert_string_equal(recipe_role_section(VH_ROLE_MODEL), "model");
     assert_string_equal(recipe_role_section(VH_ROLE_PRECISION), "precision");
     assert_string_equal(recipe_role_section(VH_ROLE_SHARDING), "sharding");
     assert_string_equal(recipe_role_section(VH_ROLE_OPTIM), "optim");
     assert_string_equal(recipe_role_section(VH_ROLE_DATA), "data");
-    assert_null(recipe_role_section(VH_ROLE_COUNT));
+    assert_null(recipe_role_section(VH_HOST_ROLE_COUNT));
 }
 
 static void test_edit_distance(void **state) {

@@ -1,6 +1,7 @@
 /* cli.c - `vithost run | check | plugins`, --help, --version. */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
+#include "vtables.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -324,7 +325,7 @@ static int cmd_plugins(const cli_args *a, FILE *out, FILE *err) {
         fprintf(out, "search path:\n");
         for (int i = 0; i < path.count; i++) fprintf(out, "  %s\n", path.dirs[i]);
         fprintf(out, "\n%-10s %-16s %-8s %s\n", "ROLE", "NAME", "VERSION", "FILE");
-        for (int r = 0; r < VH_ROLE_COUNT; r++) {
+        for (int r = 0; r < VH_HOST_ROLE_COUNT; r++) {
             for (int i = 0; i < count; i++) {
                 if (infos[i].role != (vh_role)r) continue;
                 fprintf(out, "%-10s %-16s %-8s %s%s%s\n", vh_role_name(infos[i].role),

@@ -81,7 +81,7 @@ static vh_status typed_entry(vh_host_impl *h, const char *key, vh_config_type wa
         return host_fail(&h->pub, VH_STATUS_ERR_INTERNAL,
                          "plugin asked for config key '%s', which its schema does not declare",
                          key);
-    int ok = e->key->type == want ||
+    int ok = e->key->type == (int32_t)want ||
              (want == VH_CONFIG_TYPE_STRING && (e->key->type == VH_CONFIG_TYPE_ENUM ||
                                                 e->key->type == VH_CONFIG_TYPE_PATH));
     if (!ok)

@@ -290,12 +290,12 @@ static vh_status check_descriptor(const char *path, const void *sym, size_t sym_
     const vh_plugin_descriptor *desc = sym;
     int role;
     memcpy(&role, &desc->role, sizeof role);
-    if (role < 0 || role >= VH_ROLE_COUNT)
+    if (role < 0 || role >= VH_HOST_ROLE_COUNT)
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s declares an unknown role %d (this vithost knows roles 0 to %d: "
                         "model, precision, sharding, optim, data; rebuild the plugin "
                         "against this SDK)",
-                        path, role, VH_ROLE_COUNT - 1);
+                        path, role, VH_HOST_ROLE_COUNT - 1);
     const char *role_name = vh_role_name((vh_role)role);
 
     if (!desc->vtable)
@@ -360,6 +360,12 @@ static vh_status check_descriptor(const char *path, const void *sym, size_t sym_
 
     const vh_vtable_member *missing =
         vtable_missing_required((vh_role)role, desc->vtable, desc->vtable_size);
+    if (missing && missing->alternative)
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s: %s plugin '%s' has neither '%s' nor '%s' (the %s role needs one; "
+                        "set it in the plugin's %s)",
+                        path, role_name, desc->name, missing->name, missing->alternative,
+                        role_name, vt->type_name);
     if (missing)
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s: %s plugin '%s' has no '%s' (a required call of the %s role; "
@@ -384,7 +390,7 @@ static vh_status open_plugin(vh_plugin *out, const char *path, int expected_role
     memset(out, 0, sizeof *out);
     if (!path || !*path)
         return diag_set(d, VH_STATUS_ERR_INVALID_ARG, "loader_open: no plugin path given");
-    if (expected_role >= VH_ROLE_COUNT)
+    if (expected_role >= VH_HOST_ROLE_COUNT)
         return diag_set(d, VH_STATUS_ERR_INVALID_ARG,
                         "loader_open: expected role %d is not a role", expected_role);
 
@@ -903,7 +909,7 @@ vh_status loader_resolve(vh_plugin *out, const vh_plugin_path *path,
     if (out) memset(out, 0, sizeof *out);
     if (!out || !path || !name_or_path)
         return diag_set(d, VH_STATUS_ERR_INVALID_ARG, "loader_resolve: missing argument");
-    if (role < -1 || role >= VH_ROLE_COUNT)
+    if (role < -1 || role >= VH_HOST_ROLE_COUNT)
         return diag_set(d, VH_STATUS_ERR_INVALID_ARG, "loader_resolve: role %d is not a role",
                         role);
     if (!*name_or_path)

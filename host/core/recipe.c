@@ -9,6 +9,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "recipe.h"
+#include "vtables.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,11 +24,11 @@
 
 #include <yaml.h>
 
-const char *const vh_recipe_section_names[VH_ROLE_COUNT + 2] = {
+const char *const vh_recipe_section_names[VH_HOST_ROLE_COUNT + 2] = {
     "run", "model", "precision", "sharding", "optim", "data", NULL};
 
 const char *recipe_role_section(vh_role role) {
-    if ((int)role < 0 || role >= VH_ROLE_COUNT) return NULL;
+    if ((int)role < 0 || role >= VH_HOST_ROLE_COUNT) return NULL;
     return vh_recipe_section_names[1 + (int)role];
 }
 

@@ -18,6 +18,7 @@
 #include <stddef.h>
 
 #include "diag.h"
+#include "vtables.h"
 #include "vithost/vh_config.h"
 #include "vithost/vh_plugin.h"
 
@@ -46,7 +47,7 @@ typedef struct vh_recipe {
 } vh_recipe;
 
 /* Known section names: "run" and one per role, in role order, then NULL. */
-extern const char *const vh_recipe_section_names[VH_ROLE_COUNT + 2];
+extern const char *const vh_recipe_section_names[VH_HOST_ROLE_COUNT + 2];
 /* The section name of a role ("model" for VH_ROLE_MODEL). */
 const char *recipe_role_section(vh_role role); /* NULL when out of range */
 

@@ -2,6 +2,7 @@
  * run.json (see run_folder.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "run_folder.h"
+#include "vtables.h"
 
 #include <errno.h>
 #include <libgen.h>
@@ -212,7 +213,7 @@ vh_status run_folder_create(const vh_run *run, const char *dir, vh_diag *d) {
     if (!f) return diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
     fprintf(f, "{\"vithost\": \"%s\", \"abi\": \"%d.%d\", \"plugins\": {", VITHOST_VERSION,
             VH_ABI_MAJOR, VH_ABI_MINOR);
-    for (int r = 0; r < VH_ROLE_COUNT; r++) {
+    for (int r = 0; r < VH_HOST_ROLE_COUNT; r++) {
         const vh_plugin *p = &run->plugins[r];
         fprintf(f, "%s\"%s\": {\"name\": \"%s\", \"version\": \"%s\", \"file\": \"%s\"}",
                 r ? ", " : "", vh_role_name((vh_role)r), p->desc->name, p->desc->version,

@@ -2,6 +2,7 @@
  * resolved recipe. The device and the communicator: backends.c. */
 #define _POSIX_C_SOURCE 200809L
 #include "runtime.h"
+#include "vtables.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -113,7 +114,7 @@ static vh_status run_open_loaded(vh_run *run, const vh_run_options *opts, vh_dia
     if (st != VH_STATUS_OK) return st;
     st = plugin_path_init(&run->path, NULL, d);
     if (st != VH_STATUS_OK) return st;
-    for (int r = 0; r < VH_ROLE_COUNT; r++) {
+    for (int r = 0; r < VH_HOST_ROLE_COUNT; r++) {
         st = open_role(run, (vh_role)r, d);
         if (st != VH_STATUS_OK) return st;
     }
@@ -121,7 +122,7 @@ static vh_status run_open_loaded(vh_run *run, const vh_run_options *opts, vh_dia
 }
 
 void run_close(vh_run *run) {
-    for (int r = 0; r < VH_ROLE_COUNT; r++) {
+    for (int r = 0; r < VH_HOST_ROLE_COUNT; r++) {
         config_free(&run->configs[r]);
         loader_close(&run->plugins[r]);
     }
@@ -184,7 +185,7 @@ void run_print_resolved(const vh_run *run, FILE *out) {
     fprintf(out, "# resolved recipe of %s\n", run->recipe.file);
     fprintf(out, "run:\n");
     print_section(out, &run->run_config);
-    for (int r = 0; r < VH_ROLE_COUNT; r++) {
+    for (int r = 0; r < VH_HOST_ROLE_COUNT; r++) {
         const vh_plugin *p = &run->plugins[r];
         const char *section = recipe_role_section((vh_role)r);
         const vh_recipe_value *v =

@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "comm_stats.h"
+#include "vtables.h"
 #include "config.h"
 #include "diag.h"
 #include "loader.h"
@@ -44,9 +45,9 @@ struct vh_run {
     vh_recipe recipe;
     vh_section_config run_config; /* the host's own `run` section */
     vh_plugin_path path;
-    vh_plugin plugins[VH_ROLE_COUNT];
-    vh_section_config configs[VH_ROLE_COUNT];
-    vh_host_impl hosts[VH_ROLE_COUNT];
+    vh_plugin plugins[VH_HOST_ROLE_COUNT];
+    vh_section_config configs[VH_HOST_ROLE_COUNT];
+    vh_host_impl hosts[VH_HOST_ROLE_COUNT];
     const vh_device_ops *device;
     vh_device_ops cuda_ops;  /* filled when run.device is cuda */
     void *cuda_lib;          /* dlopen handle of libvh_cuda.so */

@@ -4,6 +4,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "session.h"
+#include "vtables.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -36,7 +37,11 @@ vh_status session_plugin_error(vh_session *s, vh_role role, vh_status st, const 
         if (st_ != VH_STATUS_OK) return session_plugin_error((s), (role), st_, (call), d); \
     } while (0)
 
-/* ---- the unit hooks the model calls: the sharding plugin's, traced -------- */
+/* ---- the unit hooks the model calls --------------------------------------
+ * Without --trace the model calls the sharding plugin's own functions with
+ * its instance as ctx: a unit hook costs one indirect call, no host round
+ * trip (the signatures are the same by design). With --trace each goes
+ * through one of these trampolines, which print the call first. */
 
 static vh_status hook_gather(void *ctx, int32_t unit, const void **params) {
     vh_session *s = ctx;
@@ -62,12 +67,25 @@ static vh_status hook_reduce(void *ctx, int32_t unit) {
     return s->sharding->reduce(s->self[VH_ROLE_SHARDING], unit);
 }
 
+static void set_hooks(vh_session *s) {
+    if (s->trace) {
+        s->hooks = (vh_unit_hooks){.struct_size = sizeof(vh_unit_hooks), .ctx = s,
+                                   .gather = hook_gather, .release = hook_release,
+                                   .grads = hook_grads, .reduce = hook_reduce};
+        return;
+    }
+    s->hooks = (vh_unit_hooks){.struct_size = sizeof(vh_unit_hooks),
+                               .ctx = s->self[VH_ROLE_SHARDING],
+                               .gather = s->sharding->gather, .release = s->sharding->release,
+                               .grads = s->sharding->grads, .reduce = s->sharding->reduce};
+}
+
 /* ---- creating the plugins -------------------------------------------------- */
 
 static vh_status create_plugins(vh_session *s, vh_diag *d) {
     vh_run *run = s->run;
-    vh_host *h[VH_ROLE_COUNT];
-    for (int r = 0; r < VH_ROLE_COUNT; r++) h[r] = &run->hosts[r].pub;
+    vh_host *h[VH_HOST_ROLE_COUNT];
+    for (int r = 0; r < VH_HOST_ROLE_COUNT; r++) h[r] = &run->hosts[r].pub;
 
     vh_data_setup ds = {.struct_size = sizeof ds,
                         .rank = run->comm.rank,
@@ -126,13 +144,11 @@ static vh_status create_plugins(vh_session *s, vh_diag *d) {
     s->slices.count = 0;
     CALL(s, VH_ROLE_SHARDING, "sharding.slices",
          s->sharding->slices(s->self[VH_ROLE_SHARDING], &s->slices));
-    if (s->slices.count < 0 || (s->slices.count > 0 && !s->slices.items) ||
-        (s->slices.count > 0 && s->slices.item_size < sizeof(vh_param_slice)))
+    char why[160];
+    if (vh_param_slices_check(&s->slices, why, sizeof why) != VH_STATUS_OK)
         return diag_set(d, VH_STATUS_ERR_INTERNAL,
-                        "sharding plugin '%s' returned a malformed slice list (count %d, "
-                        "item_size %u)",
-                        run->plugins[VH_ROLE_SHARDING].desc->name, (int)s->slices.count,
-                        (unsigned)s->slices.item_size);
+                        "sharding plugin '%s' returned a malformed slice list: %s",
+                        run->plugins[VH_ROLE_SHARDING].desc->name, why);
     return VH_STATUS_OK;
 }
 
@@ -165,14 +181,9 @@ vh_status session_open(vh_session *s, vh_run *run, vh_diag *d) {
     s->optim = run->plugins[VH_ROLE_OPTIM].desc->vtable;
     s->data = run->plugins[VH_ROLE_DATA].desc->vtable;
     s->batch_size = run_config_int(run, "batch_size");
-    s->hooks = (vh_unit_hooks){.struct_size = sizeof(vh_unit_hooks),
-                               .ctx = s,
-                               .gather = hook_gather,
-                               .release = hook_release,
-                               .grads = hook_grads,
-                               .reduce = hook_reduce};
     vh_status st = run_open_backends(run, d);
     if (st == VH_STATUS_OK) st = create_plugins(s, d);
+    if (st == VH_STATUS_OK) set_hooks(s);
     if (st == VH_STATUS_OK) st = allocate_buffers(s, d);
     return st;
 }
@@ -276,4 +287,10 @@ vh_status session_reduce_scalars(vh_session *s, double *values, int n, vh_reduce
         return diag_set(d, st, "a collective of the host over %d ranks (%s) failed",
                         (int)c->world_size, c->backend ? c->backend : "?");
     return VH_STATUS_OK;
+}
+
+void session_optim_args(const vh_session *s, vh_optim_step_args *args) {
+    /* Filled from the optim section's shared keys (the SDK's schedule). */
+    (void)s;
+    (void)args;
 }

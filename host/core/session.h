@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "diag.h"
+#include "vtables.h"
 #include "metrics.h"
 #include "runtime.h"
 
@@ -20,7 +21,7 @@ typedef struct vh_session {
     vh_run *run;
     FILE *out;
     int trace;
-    void *self[VH_ROLE_COUNT];
+    void *self[VH_HOST_ROLE_COUNT];
     /* The host's full-size copies (loader.h): optional calls a plugin lacks
      * are the host's defaults, except the ones documented in vtables.h. */
     const vh_model_vtable *model;
@@ -48,6 +49,10 @@ typedef struct vh_session {
 
 vh_status session_open(vh_session *s, vh_run *run, vh_diag *d);
 void session_close(vh_session *s);
+
+/* Fills the shared-key members of an optimizer's update args (lr from the
+ * SDK's schedule for args->step, weight_decay, clip_grad_norm). */
+void session_optim_args(const vh_session *s, vh_optim_step_args *args);
 
 /* A failed plugin call as one message naming role, plugin, call and the
  * plugin's own words. */

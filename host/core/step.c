@@ -109,19 +109,26 @@ vh_status session_step_timed(vh_session *s, const vh_batch *batch, int64_t step,
     CALL(s, VH_ROLE_PRECISION, "precision.unscale_and_check",
          s->precision->unscale_and_check(precision, &s->slices, &found_inf));
     *skipped = found_inf;
-    s->slices.has_grad_sum_sq = 0;
-    s->slices.grad_sum_sq = 0.0;
+    /* The sum of squares goes to the optimizer in its args (ABI 2.1), never
+     * into the sharding plugin's slice list (which has one writer). */
+    vh_optim_step_args args = {.struct_size = sizeof args, .slices = &s->slices, .step = step};
     if (!found_inf && s->precision->grad_sum_sq) {
         int has = 0;
         double sum_sq = 0.0;
         CALL(s, VH_ROLE_PRECISION, "precision.grad_sum_sq",
              s->precision->grad_sum_sq(precision, &sum_sq, &has));
-        s->slices.has_grad_sum_sq = has != 0;
-        s->slices.grad_sum_sq = has ? sum_sq : 0.0;
+        args.has_grad_sum_sq = has != 0;
+        args.grad_sum_sq = has ? sum_sq : 0.0;
     }
     if (!found_inf) {
-        CALL(s, VH_ROLE_OPTIM, "optim.step",
-             s->optim->step(s->self[VH_ROLE_OPTIM], &s->slices, step, lr));
+        if (s->optim->update) {
+            session_optim_args(s, &args);
+            CALL(s, VH_ROLE_OPTIM, "optim.update",
+                 s->optim->update(s->self[VH_ROLE_OPTIM], &args, lr));
+        } else {
+            CALL(s, VH_ROLE_OPTIM, "optim.step",
+                 s->optim->step(s->self[VH_ROLE_OPTIM], &s->slices, step, lr));
+        }
         CALL(s, VH_ROLE_SHARDING, "sharding.refresh", s->sharding->refresh(sharding));
     } else {
         session_trace(s, "optim.step skipped: gradients overflowed");

@@ -11,8 +11,10 @@
 #include "vithost/vh_precision.h"
 #include "vithost/vh_sharding.h"
 
-#define REQUIRED(type, member) {#member, offsetof(type, member), 1}
-#define OPTIONAL(type, member) {#member, offsetof(type, member), 0}
+#define REQUIRED(type, member) {#member, offsetof(type, member), 1, NULL, 0}
+#define OPTIONAL(type, member) {#member, offsetof(type, member), 0, NULL, 0}
+/* Optional, but one of the two must be there (the loader checks the pair). */
+#define ONE_OF(type, member, other) {#member, offsetof(type, member), 0, #other, offsetof(type, other)}
 
 static const vh_vtable_member model_members[] = {
     REQUIRED(vh_model_vtable, create),
@@ -66,10 +68,11 @@ static const vh_vtable_member optim_members[] = {
     REQUIRED(vh_optim_vtable, create),
     REQUIRED(vh_optim_vtable, destroy),
     REQUIRED(vh_optim_vtable, state_slots),
-    REQUIRED(vh_optim_vtable, step),
+    ONE_OF(vh_optim_vtable, step, update),
     OPTIONAL(vh_optim_vtable, state_size),
     OPTIONAL(vh_optim_vtable, state_save),
     OPTIONAL(vh_optim_vtable, state_load),
+    ONE_OF(vh_optim_vtable, update, step),
 };
 
 static const vh_vtable_member data_members[] = {
@@ -103,16 +106,16 @@ LISTS_EVERY_CALL(vh_data_vtable, data_members);
     {#type, sizeof(type), offsetof(type, last_required) + sizeof(void (*)(void)), members,  \
      COUNT(members)}
 
-static const vh_role_vtable roles[VH_ROLE_COUNT] = {
+static const vh_role_vtable roles[VH_HOST_ROLE_COUNT] = {
     [VH_ROLE_MODEL] = ROLE(vh_model_vtable, model_members, backward),
     [VH_ROLE_PRECISION] = ROLE(vh_precision_vtable, precision_members, update),
     [VH_ROLE_SHARDING] = ROLE(vh_sharding_vtable, sharding_members, state_load),
-    [VH_ROLE_OPTIM] = ROLE(vh_optim_vtable, optim_members, step),
+    [VH_ROLE_OPTIM] = ROLE(vh_optim_vtable, optim_members, state_slots),
     [VH_ROLE_DATA] = ROLE(vh_data_vtable, data_members, next),
 };
 
 const vh_role_vtable *vtable_info(vh_role role) {
-    return (int)role >= 0 && role < VH_ROLE_COUNT ? &roles[role] : NULL;
+    return (int)role >= 0 && role < VH_HOST_ROLE_COUNT ? &roles[role] : NULL;
 }
 
 /* A member read as a plain pointer: all members past struct_size are calls. */
@@ -127,9 +130,11 @@ const vh_vtable_member *vtable_missing_required(vh_role role, const void *plugin
     const vh_role_vtable *info = vtable_info(role);
     for (int i = 0; info && i < info->count; i++) {
         const vh_vtable_member *m = &info->members[i];
-        if (!m->required) continue;
-        if (m->offset + sizeof(void *) > plugin_size || !member_at(plugin_vtable, m->offset))
-            return m;
+        if (!m->required && !m->alternative) continue;
+        int has = m->offset + sizeof(void *) <= plugin_size && member_at(plugin_vtable, m->offset);
+        int has_other = m->alternative && m->alternative_offset + sizeof(void *) <= plugin_size &&
+                        member_at(plugin_vtable, m->alternative_offset);
+        if (!has && !has_other) return m;
     }
     return NULL;
 }
@@ -211,8 +216,7 @@ void *vtable_upgrade(vh_role role, const void *plugin_vtable, size_t plugin_size
         DEFAULT(v->state_load, no_state_load);
         break;
     }
-    case VH_ROLE_SHARDING:
-    case VH_ROLE_COUNT: break;
+    case VH_ROLE_SHARDING: break;
     }
     return copy;
 }

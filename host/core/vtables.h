@@ -16,10 +16,19 @@
 
 #include "vithost/vh_plugin.h"
 
+/* The roles this host knows, VH_ROLE_MODEL .. VH_ROLE_DATA. Private to the
+ * host: the ABI has no public count, which would move with every minor. */
+#define VH_HOST_ROLE_COUNT 5
+
 typedef struct vh_vtable_member {
     const char *name; /* "backward" */
     size_t offset;    /* within the role's vtable */
     int required;     /* 1: NULL or missing refuses the plugin */
+    /* For a call that may be replaced by a newer one (optim's step by
+     * update): the other's name and offset; the plugin is refused only when
+     * both are NULL or missing. NULL for the others. */
+    const char *alternative;
+    size_t alternative_offset;
 } vh_vtable_member;
 
 typedef struct vh_role_vtable {

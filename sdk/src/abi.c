@@ -1,5 +1,6 @@
 /* abi.c - the ABI's versioning helpers: reading a versioned struct of any
  * minor, and the byte layout of a unit whose parameters differ in dtype. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,4 +74,24 @@ void vh_unit_layout_free(vh_unit_layout *layout) {
     free(layout->offsets);
     free(layout->dtypes);
     memset(layout, 0, sizeof *layout);
+}
+
+vh_status vh_param_slices_check(const vh_param_slices *s, char *why, size_t why_len) {
+    const char *reason = NULL;
+    char buf[160];
+    if (!s)
+        reason = "the slice list is NULL";
+    else if (s->count < 0)
+        reason = "the slice list has a negative count";
+    else if (s->count > 0 && !s->items)
+        reason = "the slice list has items == NULL";
+    else if (s->count > 0 && s->item_size < VH_PARAM_SLICE_SIZE_2_0) {
+        snprintf(buf, sizeof buf,
+                 "the slice list's item_size %u is smaller than ABI 2.0's vh_param_slice (%zu bytes)",
+                 (unsigned)s->item_size, (size_t)VH_PARAM_SLICE_SIZE_2_0);
+        reason = buf;
+    }
+    if (!reason) return VH_STATUS_OK;
+    if (why && why_len) snprintf(why, why_len, "%s", reason);
+    return VH_STATUS_ERR_INVALID_ARG;
 }

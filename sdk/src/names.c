@@ -23,13 +23,18 @@ const char *vh_status_str(vh_status status) {
 }
 
 const char *vh_role_name(vh_role role) {
-    static const char *const names[VH_ROLE_COUNT] = {"model", "precision", "sharding",
-                                                     "optim", "data"};
-    return (role >= 0 && role < VH_ROLE_COUNT) ? names[role] : "?";
+    switch ((int)role) { /* int: a descriptor may hold a role this SDK does not know */
+    case VH_ROLE_MODEL: return "model";
+    case VH_ROLE_PRECISION: return "precision";
+    case VH_ROLE_SHARDING: return "sharding";
+    case VH_ROLE_OPTIM: return "optim";
+    case VH_ROLE_DATA: return "data";
+    }
+    return "?";
 }
 
 size_t vh_dtype_size(vh_dtype dtype) {
-    switch (dtype) {
+    switch ((int)dtype) { /* int: a caller may pass a value no enum member has */
     case VH_DTYPE_F32: return 4;
     case VH_DTYPE_F16: return 2;
     case VH_DTYPE_BF16: return 2;
@@ -37,13 +42,12 @@ size_t vh_dtype_size(vh_dtype dtype) {
     case VH_DTYPE_I64: return 8;
     case VH_DTYPE_U8: return 1;
     case VH_DTYPE_F64: return 8;
-    case VH_DTYPE_COUNT: break;
     }
     return 0;
 }
 
 const char *vh_dtype_name(vh_dtype dtype) {
-    switch (dtype) {
+    switch ((int)dtype) {
     case VH_DTYPE_F32: return "f32";
     case VH_DTYPE_F16: return "f16";
     case VH_DTYPE_BF16: return "bf16";
@@ -51,7 +55,6 @@ const char *vh_dtype_name(vh_dtype dtype) {
     case VH_DTYPE_I64: return "i64";
     case VH_DTYPE_U8: return "u8";
     case VH_DTYPE_F64: return "f64";
-    case VH_DTYPE_COUNT: break;
     }
     return "?";
 }

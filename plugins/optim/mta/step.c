@@ -122,12 +122,9 @@ static vh_status check_dtypes(mta *o, int32_t s, const vh_param_slice *sl) {
 static vh_status check_slices(mta *o, const vh_param_slices *slices, int *any_half) {
     vh_host *host = o->host;
     *any_half = 0;
-    if (!slices || slices->count < 0 || (slices->count > 0 && !slices->items))
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "step: malformed slice list");
-    if (slices->count > 0 && slices->item_size < sizeof(vh_param_slice))
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "step: slice items of %u bytes, at least %zu expected",
-                               (unsigned)slices->item_size, sizeof(vh_param_slice));
+    char why[160];
+    if (vh_param_slices_check(slices, why, sizeof why) != VH_STATUS_OK)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "step: %s", why);
     for (int32_t s = 0; s < slices->count; s++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, s);
         if (sl->unit < 0 || sl->param < 0 || sl->offset < 0 || sl->count < 0)

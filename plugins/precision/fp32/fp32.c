@@ -117,13 +117,10 @@ static vh_status fp32_unscale_and_check(void *self, const vh_param_slices *grads
     fp32 *p = self;
     if (!p) return VH_STATUS_ERR_INVALID_ARG;
     vh_host *host = p->host;
-    if (!grads || !found_inf || grads->count < 0 || (grads->count > 0 && !grads->items))
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "unscale_and_check: NULL argument or malformed slice list");
-    if (grads->count > 0 && grads->item_size < sizeof(vh_param_slice))
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "unscale_and_check: slices of %u bytes, at least %zu expected",
-                               (unsigned)grads->item_size, sizeof(vh_param_slice));
+    char why[160];
+    if (!found_inf || vh_param_slices_check(grads, why, sizeof why) != VH_STATUS_OK)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "unscale_and_check: %s",
+                               found_inf ? why : "found_inf is NULL");
     *found_inf = 0;
     p->has_sum_sq = 0;
     /* The scale is 1: nothing to divide. Without the check no rank calls the

@@ -37,7 +37,7 @@ enum {
 
 typedef struct vh_config_key {
     const char *key;           /* lower_snake_case; NULL ends the schema */
-    vh_config_type type;
+    int32_t type; /* vh_config_type */
     const char *default_value; /* as YAML text; NULL: required unless OPTIONAL */
     const char *doc;           /* one line for `vithost plugins --describe` */
     const char *choices;       /* VH_CONFIG_TYPE_ENUM: "token|pooled"; else NULL */
@@ -53,7 +53,7 @@ typedef enum vh_config_source {
 
 /* Where a resolved value came from; file is NULL unless source is RECIPE. */
 typedef struct vh_config_origin {
-    vh_config_source source;
+    int32_t source; /* vh_config_source */
     const char *file;
     int32_t line, column; /* 1-based; 0 when not from a file */
 } vh_config_origin;

@@ -70,7 +70,7 @@ typedef struct vh_data_pass vh_data_pass; /* opaque */
 
 /* One batch for the fill callback to write. */
 typedef struct vh_data_pass_batch {
-    vh_split split;            /* the pass's split */
+    int32_t split;             /* vh_split: the pass's split */
     const vh_sampler *sampler; /* the split's, started: for vh_sampler_sample_key */
     int64_t index;             /* the batch's number in the pass */
     const int64_t *samples;    /* the sample indices of the batch, `count` of them */

@@ -81,10 +81,10 @@ typedef struct vh_gemm_args {
     int64_t ldc, stride_c;
     int64_t batch;            /* 0 or 1: one GEMM */
     const void *bias;         /* n values added to every row, or NULL */
-    vh_dtype ab_dtype;        /* dtype of a and b */
-    vh_dtype c_dtype;         /* dtype of c (and of aux and residual) */
-    vh_dtype bias_dtype;
-    vh_epilogue epilogue;
+    int32_t ab_dtype;         /* vh_dtype: dtype of a and b */
+    int32_t c_dtype;          /* vh_dtype: dtype of c (and of aux and residual) */
+    int32_t bias_dtype; /* vh_dtype */
+    int32_t epilogue; /* vh_epilogue */
     void *aux;                /* VH_EPILOGUE_GELU: the pre-activation, or NULL */
     const void *residual;     /* added after the epilogue, or NULL */
     vh_stream *stream;        /* NULL: the thread's current stream */
@@ -100,7 +100,7 @@ typedef struct vh_layernorm_args {
     uint32_t struct_size;
     int64_t rows, dim;
     float eps;
-    vh_dtype dtype, param_dtype, grad_dtype;
+    int32_t dtype, param_dtype, grad_dtype; /* vh_dtype */
     const void *x;
     const void *weight, *bias;
     float *mean, *rstd;
@@ -128,7 +128,7 @@ typedef struct vh_layernorm_args {
 typedef struct vh_eltwise_args {
     uint32_t struct_size;
     int64_t n;
-    vh_dtype dtype;
+    int32_t dtype; /* vh_dtype */
     const void *x, *a, *b, *dout;
     void *out, *dx, *mask;
     float p;                  /* dropout probability */
@@ -146,7 +146,7 @@ typedef struct vh_eltwise_args {
 typedef struct vh_rows_args {
     uint32_t struct_size;
     int64_t rows, cols;
-    vh_dtype dtype, out_dtype;
+    int32_t dtype, out_dtype; /* vh_dtype */
     const void *x, *dout;
     void *out;
     vh_stream *stream;
@@ -175,7 +175,7 @@ typedef struct vh_attention_args {
     void *probs;
     const void *dout;         /* backward reads */
     void *dqkv;               /* backward accumulates (+=) */
-    vh_dtype dtype, probs_dtype;
+    int32_t dtype, probs_dtype; /* vh_dtype */
     vh_stream *stream;
 } vh_attention_args;
 
@@ -189,7 +189,7 @@ typedef struct vh_xent_args {
     uint32_t struct_size;
     int64_t batch, classes;
     float smoothing, dloss_scale;
-    vh_dtype dtype;
+    int32_t dtype; /* vh_dtype */
     const void *logits;
     const int32_t *labels;
     float *loss;
@@ -217,7 +217,7 @@ typedef struct vh_tokens_args {
     uint32_t struct_size;
     int64_t batch, tokens, dim;
     int64_t batch_stride, token_stride;
-    vh_dtype dtype, param_dtype, grad_dtype, image_dtype;
+    int32_t dtype, param_dtype, grad_dtype, image_dtype; /* vh_dtype */
     /* pooling */
     int64_t first, count;
     const void *x, *dout;
@@ -255,7 +255,7 @@ typedef struct vh_multi_tensor_args {
 
 typedef struct vh_device_ops {
     uint32_t struct_size;  /* sizeof(vh_device_ops) of the provider */
-    vh_device_kind kind;
+    int32_t kind; /* vh_device_kind */
     const char *name;      /* "cpu", "cuda:0" */
     vh_device *device;     /* first argument of every op below */
 

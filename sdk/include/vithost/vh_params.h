@@ -53,7 +53,7 @@ typedef struct vh_param_desc {
     int32_t ndim;
     int64_t shape[VH_TENSOR_MAX_DIMS];
     uint32_t flags;   /* VH_PARAM_FLAG_* */
-    vh_init_kind init;
+    int32_t init; /* vh_init_kind */
     float init_std;   /* TRUNC_NORMAL and NORMAL */
     int64_t offset;   /* first element within the unit's flat buffer */
     int64_t numel;
@@ -91,12 +91,25 @@ typedef struct vh_param_slice {
     void *master;        /* the values the optimizer updates */
     void *grad;          /* the gradient, reduced and unscaled */
     void *state[VH_OPTIM_MAX_STATE_SLOTS]; /* optimizer state, count each */
-    vh_dtype master_dtype, grad_dtype, state_dtype;
+    int32_t master_dtype, grad_dtype, state_dtype; /* vh_dtype */
 } vh_param_slice;
 
-/* items is an array of item_size-byte entries (item_size >= the
- * vh_param_slice of ABI 2.0), so later minors can add members to a slice:
- * index it with vh_param_slices_at. */
+/* The size of a vh_param_slice as ABI 2.0 shipped it: the least item_size
+ * any 2.x reader accepts. An offsetof expression, never a sizeof, so it stays
+ * put when a later minor appends members. A reader that uses a member added
+ * after 2.0 first checks that item_size covers it. */
+#define VH_PARAM_SLICE_SIZE_2_0 \
+    (offsetof(vh_param_slice, state_dtype) + sizeof(((vh_param_slice *)0)->state_dtype))
+
+/* The optimizer's list, filled by the sharding plugin's `slices` call into
+ * the host's memory. FROZEN for every ABI 2.x: it has no struct_size and
+ * never grows; its items grow instead (item_size). One writer: the sharding
+ * plugin; the host and the optimizer only read it.
+ *
+ * items is an array of item_size-byte entries (item_size >= the
+ * VH_PARAM_SLICE_SIZE_2_0 of ABI 2.0, so later minors can add members to a
+ * slice): index it with vh_param_slices_at, and check a list you did not
+ * fill with vh_param_slices_check. */
 typedef struct vh_param_slices {
     vh_param_slice *items;
     int32_t count;
@@ -106,13 +119,20 @@ typedef struct vh_param_slices {
      * is summed over ranks too; 1: every rank holds the same full list
      * (replicas), so such sums are local. Set by the sharding plugin. */
     int32_t replicated;
-    /* Set by the host for each step: the sum of squares of all unscaled
-     * gradients over every rank, when the precision plugin computed it in
-     * its overflow pass (has_grad_sum_sq = 1); an optimizer that clips by
-     * the global norm may use it instead of a pass of its own. */
+    /* ABI 2.0 only. A 2.0 host wrote the step's gradient sum of squares
+     * here; a 2.1 host never writes this struct, sharding plugins set both
+     * to 0, and the sum reaches the optimizer in vh_optim_step_args. Kept
+     * so the layout stays 2.0's. */
     int32_t has_grad_sum_sq;
     double grad_sum_sq;
 } vh_param_slices;
+
+/* VH_STATUS_OK when `s` is a list a 2.x reader may index: count >= 0, items
+ * non-NULL when count > 0, and item_size >= VH_PARAM_SLICE_SIZE_2_0 (a
+ * larger item, from a newer producer, is accepted: the reader sees its own
+ * members only). Otherwise VH_STATUS_ERR_INVALID_ARG with the reason in `why`
+ * (which may be NULL). */
+VH_SDK_API vh_status vh_param_slices_check(const vh_param_slices *s, char *why, size_t why_len);
 
 static inline vh_param_slice *vh_param_slices_at(const vh_param_slices *s, int32_t i) {
     return (vh_param_slice *)((char *)s->items + (size_t)i * s->item_size);

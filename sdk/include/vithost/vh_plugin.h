@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define VH_ABI_MAJOR 2
-#define VH_ABI_MINOR 0
+#define VH_ABI_MINOR 1
 
 #define VH_PLUGIN_MAGIC 0x47505856u /* "VXPG" little-endian: a vithost plugin */
 #define VH_PLUGIN_SYMBOL "vh_plugin"
@@ -53,7 +53,8 @@ typedef enum vh_role {
     VH_ROLE_SHARDING = 2,  /* vh_sharding_vtable */
     VH_ROLE_OPTIM = 3,     /* vh_optim_vtable */
     VH_ROLE_DATA = 4,      /* vh_data_vtable */
-    VH_ROLE_COUNT
+    /* No public count: a host knows the roles of its own minor (and refuses
+     * a descriptor whose role it does not know). */
 } vh_role;
 
 typedef struct vh_plugin_descriptor {
@@ -62,7 +63,7 @@ typedef struct vh_plugin_descriptor {
     uint16_t abi_major, abi_minor; /* the SDK the plugin was built against */
     uint32_t struct_size;          /* sizeof(vh_plugin_descriptor) of that SDK */
     /* ABI 1.0 */
-    vh_role role;
+    int32_t role; /* vh_role */
     const char *name;        /* unique on the search path: [a-z0-9_-]+ */
     const char *version;     /* the plugin's own version, "1.2.0" */
     const char *description; /* one line */

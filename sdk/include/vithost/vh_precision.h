@@ -25,12 +25,12 @@ extern "C" {
  * what that size covers. Held by pointer everywhere (never embedded). */
 typedef struct vh_precision_policy {
     uint32_t struct_size;
-    vh_dtype param_dtype;   /* compute copy of the parameters */
-    vh_dtype compute_dtype; /* activations */
-    vh_dtype grad_dtype;    /* parameter gradients as backward writes them */
-    vh_dtype comm_dtype;    /* gradients on the wire (the reduce dtype) */
-    vh_dtype master_dtype;  /* the copy the optimizer updates */
-    vh_dtype state_dtype;   /* optimizer state */
+    int32_t param_dtype;    /* vh_dtype: compute copy of the parameters */
+    int32_t compute_dtype;  /* vh_dtype: activations */
+    int32_t grad_dtype;     /* vh_dtype: parameter gradients as backward writes them */
+    int32_t comm_dtype;     /* vh_dtype: gradients on the wire (the reduce dtype) */
+    int32_t master_dtype;   /* vh_dtype: the copy the optimizer updates */
+    int32_t state_dtype;    /* vh_dtype: optimizer state */
     /* Parameters with any of these VH_PARAM_FLAG_* keep their compute copy
      * and gradient in f32 (AMP: VH_PARAM_FLAG_NORM); 0 under fp32. */
     uint32_t fp32_param_flags;

@@ -64,7 +64,7 @@ typedef struct vh_sampler_setup {
     int64_t size;             /* samples in the split, all ranks together; >= 1 */
     int32_t rank, world_size; /* 0 <= rank < world_size */
     int64_t batch_size;       /* per rank; >= 1 */
-    vh_split split;           /* TRAIN: shuffled, full batches; EVAL: in order */
+    int32_t split;            /* vh_split: TRAIN: shuffled, full batches; EVAL: in order */
     uint64_t seed;            /* keys the training shuffles (with the epoch) */
 } vh_sampler_setup;
 

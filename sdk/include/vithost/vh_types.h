@@ -33,7 +33,8 @@ typedef enum vh_dtype {
     VH_DTYPE_I64 = 4,
     VH_DTYPE_U8 = 5,
     VH_DTYPE_F64 = 6,  /* for host-side sums (metrics) */
-    VH_DTYPE_COUNT
+    /* No count here: a count would move with every minor that adds a dtype.
+     * Readers meet unknown values (vh_dtype_size() == 0) and refuse them. */
 } vh_dtype;
 
 /* Bytes per element; 0 for an unknown dtype. */
@@ -48,13 +49,17 @@ typedef enum vh_device_kind {
 
 #define VH_TENSOR_MAX_DIMS 6
 
-/* A plain value, embedded by value in vh_batch and vh_model_output, and so
+/* Enums in ABI structs. A C enum's size is the compiler's choice, so every
+ * struct member that holds an enum value is an int32_t (its comment names the
+ * enum); enums appear by name only in function parameters and locals.
+ *
+ * A plain value, embedded by value in vh_batch and vh_model_output, and so
  * FROZEN for every ABI 2.x (as DLPack's DLTensor): it has no struct_size and
  * never grows. A richer view would be a new type with its own name. */
 typedef struct vh_tensor {
     void *data;
-    vh_dtype dtype;
-    vh_device_kind device;
+    int32_t dtype; /* vh_dtype */
+    int32_t device; /* vh_device_kind */
     int32_t ndim;
     int64_t shape[VH_TENSOR_MAX_DIMS]; /* contiguous, row-major */
 } vh_tensor;

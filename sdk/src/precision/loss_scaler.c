@@ -341,13 +341,10 @@ vh_status vh_grad_check_run(vh_grad_check *c, const vh_param_slices *grads, floa
                             int *found_inf, double *sum_sq) {
     if (!c) return VH_STATUS_ERR_INVALID_ARG;
     vh_host *host = c->host;
-    if (!grads || !found_inf || grads->count < 0 || (grads->count > 0 && !grads->items))
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "unscale_and_check: NULL argument or malformed slice list");
-    if (grads->count > 0 && grads->item_size < sizeof(vh_param_slice))
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "unscale_and_check: slices of %u bytes, at least %zu expected",
-                               (unsigned)grads->item_size, sizeof(vh_param_slice));
+    char why[160];
+    if (!found_inf || vh_param_slices_check(grads, why, sizeof why) != VH_STATUS_OK)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "unscale_and_check: %s",
+                               found_inf ? why : "found_inf is NULL");
     if (!(isfinite(scale) && scale > 0.0f))
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                "unscale_and_check: unscale factor %g", (double)scale);

@@ -316,7 +316,7 @@ static vh_status amp_state_load(void *self, const void *buf, size_t bytes) {
     if (h.dtype != (uint32_t)p->dtype)
         host->api->log(host, VH_LOG_LEVEL_WARN,
                        "the checkpoint was trained with amp %s; this run continues in %s",
-                       h.dtype < VH_DTYPE_COUNT ? key_name((vh_dtype)h.dtype) : "?",
+                       vh_dtype_size((vh_dtype)h.dtype) ? key_name((vh_dtype)h.dtype) : "?",
                        key_name(p->dtype));
     return VH_STATUS_OK;
 }

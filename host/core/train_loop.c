@@ -221,12 +221,17 @@ static vh_status diverged(const loop_state *ls, float loss, vh_diag *d) {
                                        : "no checkpoint was written before it");
 }
 
-/* Trains one epoch's pass (or the rest of it, after a resume). The loss is
- * read back every step: the loop synchronizes the device after each step
- * anyway, so the 4-byte copy adds no wait (on the CPU it is a load), and a
- * NaN stops the run at the step it appeared, before a checkpoint saves it.
- * Only log steps average it over the ranks (a collective); a rank whose own
- * loss is not finite fails, and train_run ends every rank. */
+/* Trains one epoch's pass (or the rest of it, after a resume). The step
+ * runs without a host round trip: the loss stays on the device and the
+ * device is synchronised only on steps that need a number — log lines,
+ * progress draws, skipped steps (the precision plugin's overflow check has
+ * already read its flag back, so a non-finite loss, which makes non-finite
+ * gradients, shows there at once), evaluations and checkpoints. Only log
+ * steps average the loss over the ranks (a collective); a rank whose own
+ * loss is not finite fails, and train_run ends every rank. With many ranks
+ * the stop flag (a signal on one rank) is agreed on log steps only, so a
+ * step pays no collective but its gradients'; --stop-after counts the same
+ * on every rank and needs no agreement. */
 static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d) {
     vh_session *s = ls->s;
     if (!s->epoch_in_progress) {
@@ -246,7 +251,6 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
         vh_comm_stats *cs = &s->run->comm_stats;
         comm_stats_reset(cs);
         st = session_step(s, &batch, s->step, &dev_loss, lr, &skipped, d);
-        if (st == VH_STATUS_OK) st = s->run->device->synchronize(s->run->device->device);
         if (st != VH_STATUS_OK) return st;
         s->step++;
         ls->steps_this_run++;
@@ -261,9 +265,15 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
         /* Every skipped step gets a metrics line (the precision plugin has
          * said it on the log), so the file counts every skip up to any
          * checkpoint and a resumed run continues the count. */
-        st = session_read_loss(s, dev_loss, loss, d);
-        if (st != VH_STATUS_OK) return st;
-        if (!isfinite(*loss) && !skipped) return diverged(ls, *loss, d);
+        int evals = ls->eval_every_steps > 0 && s->step % ls->eval_every_steps == 0;
+        int saves = ls->checkpoint_every > 0 && s->step % ls->checkpoint_every == 0;
+        int stop_after = ls->stop_after > 0 && ls->steps_this_run >= ls->stop_after;
+        if (log || draw || skipped || evals || saves || stop_after) {
+            st = s->run->device->synchronize(s->run->device->device);
+            if (st == VH_STATUS_OK) st = session_read_loss(s, dev_loss, loss, d);
+            if (st != VH_STATUS_OK) return st;
+            if (!isfinite(*loss) && !skipped) return diverged(ls, *loss, d);
+        }
         if (log || draw || skipped) {
             /* A logged loss is the global batch's: the mean of the ranks'
              * (equal batches). Log steps are the same on every rank; the
@@ -282,16 +292,15 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
             if (skipped) metrics_line(ls, *loss, *lr, skipped);
             if (draw) progress_draw(&ls->prog, s->step, ls->total, *loss, &ls->scale);
         }
-        if (ls->eval_every_steps > 0 && s->step % ls->eval_every_steps == 0) {
+        if (evals) {
             st = run_eval(ls, 1, d);
             if (st != VH_STATUS_OK) return st;
         }
-        int stop = signals_stop_requested() ||
-                   (ls->stop_after > 0 && ls->steps_this_run >= ls->stop_after);
-        if (ls->world > 1) {
+        int stop = stop_after || (ls->world == 1 && signals_stop_requested());
+        if (ls->world > 1 && log) {
             /* A signal may reach one rank only: every rank stops at the same
-             * step, or the others would wait for it in a collective. */
-            double any = stop;
+             * (log) step, or the others would wait for it in a collective. */
+            double any = stop || signals_stop_requested();
             st = session_reduce_scalars(s, &any, 1, VH_REDUCE_OP_MAX, d);
             if (st != VH_STATUS_OK) return st;
             stop = any != 0.0;

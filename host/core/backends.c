@@ -168,7 +168,11 @@ vh_status run_open_comm(vh_run *run, vh_diag *d) {
     if (!run->comm_opened || !run->comm_opened->ops)
         return diag_set(d, VH_STATUS_ERR_COMM, "%s opened no communicator: rebuild vithost",
                         file);
-    run->comm = *run->comm_opened;
+    /* Never a copy by value: a backend of an older minor has a smaller
+     * vh_comm and vh_comm_ops, read up to their struct_size. */
+    st = comm_upgrade(&run->comm, &run->comm_stats.inner_ops, run->comm_opened, why,
+                      sizeof why);
+    if (st != VH_STATUS_OK) return diag_set(d, st, "run.comm is %s: %s: rebuild it", name, why);
     return VH_STATUS_OK;
 }
 

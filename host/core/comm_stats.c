@@ -3,6 +3,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include "comm_stats.h"
 
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 static double now_seconds(void) {
@@ -99,15 +102,63 @@ static const vh_comm_ops stats_ops = {
     .abort = stats_abort,
 };
 
+#define COMM_REQUIRED(member) {#member, offsetof(vh_comm_ops, member), 1}
+#define COMM_OPTIONAL(member) {#member, offsetof(vh_comm_ops, member), 0}
+const comm_op_mark comm_op_marks[] = {
+    COMM_REQUIRED(all_reduce_start), COMM_REQUIRED(reduce_scatter_start),
+    COMM_REQUIRED(all_gather_start), COMM_OPTIONAL(broadcast_start),
+    COMM_REQUIRED(wait),             COMM_OPTIONAL(test),
+    COMM_REQUIRED(barrier),          COMM_REQUIRED(abort),
+};
+const int comm_op_mark_count = (int)(sizeof comm_op_marks / sizeof comm_op_marks[0]);
+_Static_assert(sizeof comm_op_marks / sizeof comm_op_marks[0] ==
+                   (sizeof(vh_comm_ops) - sizeof(void *)) / sizeof(void *),
+               "a call was added to vh_comm_ops: mark it in comm_op_marks");
+
+static void *op_at(const vh_comm_ops *ops, size_t offset) {
+    void *p;
+    memcpy(&p, (const char *)ops + offset, sizeof p);
+    return p;
+}
+
+vh_status comm_upgrade(vh_comm *dst, vh_comm_ops *ops, const vh_comm *src, char *why,
+                       size_t why_len) {
+    if (!vh_struct_upgrade(dst, sizeof *dst, src) ||
+        dst->struct_size < offsetof(vh_comm, impl) + sizeof(void *) || !dst->ops) {
+        snprintf(why, why_len, "the backend's vh_comm is malformed (struct_size %u)",
+                 src ? (unsigned)src->struct_size : 0u);
+        return VH_STATUS_ERR_COMM;
+    }
+    if (!vh_struct_upgrade(ops, sizeof *ops, dst->ops)) {
+        snprintf(why, why_len, "the backend's vh_comm_ops is malformed");
+        return VH_STATUS_ERR_COMM;
+    }
+    dst->ops = ops;
+    for (int i = 0; i < comm_op_mark_count; i++) {
+        if (!comm_op_marks[i].required || op_at(ops, comm_op_marks[i].offset)) continue;
+        snprintf(why, why_len, "the backend has no %s (a required call of vh_comm_ops)",
+                 comm_op_marks[i].name);
+        return VH_STATUS_ERR_COMM;
+    }
+    return VH_STATUS_OK;
+}
+
 void comm_stats_install(vh_comm *comm, vh_comm_stats *stats) {
     if (comm_stats_installed(comm)) return;
     stats->inner = *comm;
     comm_stats_reset(stats);
-    comm->ops = &stats_ops;
+    /* An optional call the backend lacks stays NULL, so a plugin that checks
+     * for it (ddp: broadcast_start) sees the truth. */
+    stats->ops = stats_ops;
+    if (!comm->ops->broadcast_start) stats->ops.broadcast_start = NULL;
+    if (!comm->ops->test) stats->ops.test = NULL;
+    comm->ops = &stats->ops;
     comm->impl = stats;
 }
 
-int comm_stats_installed(const vh_comm *comm) { return comm->ops == &stats_ops; }
+int comm_stats_installed(const vh_comm *comm) {
+    return comm->ops && comm->ops->all_reduce_start == stats_all_reduce;
+}
 
 void comm_stats_reset(vh_comm_stats *stats) {
     stats->bytes = 0.0;

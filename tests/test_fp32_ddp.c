@@ -131,7 +131,7 @@ typedef struct fake_request {
 
 static struct {
     float peer_grad, peer_flag;
-    int avgs, maxes, waits;
+    int avgs, flags, waits; /* flags: SUMs of the overflow flag */
     int in_flight;
     size_t last_count;
     vh_dtype last_dtype;
@@ -143,7 +143,7 @@ static vh_status fake_all_reduce(vh_comm *c, void *buf, size_t count, vh_dtype d
     (void)c, (void)stream;
     if (dtype != VH_DTYPE_F32 && dtype != VH_DTYPE_BF16) return VH_STATUS_ERR_UNSUPPORTED;
     if (op == VH_REDUCE_OP_AVG) fake.avgs++;
-    else if (op == VH_REDUCE_OP_MAX && dtype == VH_DTYPE_F32) fake.maxes++;
+    else if (op == VH_REDUCE_OP_SUM && dtype == VH_DTYPE_F32) fake.flags++;
     else return VH_STATUS_ERR_UNSUPPORTED;
     fake.last_count = count;
     fake.last_dtype = dtype;
@@ -165,7 +165,7 @@ static vh_status fake_wait(vh_comm *c, vh_comm_request *req) {
     for (size_t i = 0; i < r->count; i++) {
         float x = r->dtype == VH_DTYPE_F32 ? ((float *)r->buf)[i]
                                            : vh_bf16_to_f32(((uint16_t *)r->buf)[i]);
-        x = r->op == VH_REDUCE_OP_AVG ? (x + fake.peer_grad) / 2.0f : fmaxf(x, fake.peer_flag);
+        x = r->op == VH_REDUCE_OP_AVG ? (x + fake.peer_grad) / 2.0f : x + fake.peer_flag;
         if (r->dtype == VH_DTYPE_F32) ((float *)r->buf)[i] = x;
         else ((uint16_t *)r->buf)[i] = vh_f32_to_bf16(x);
     }
@@ -1246,7 +1246,8 @@ static void test_fp32_found_inf_other_device(void **state) {
     fx_close(&f);
 }
 
-/* Another rank's overflow skips this rank's step too: one MAX all-reduce. */
+/* Another rank's overflow skips this rank's step too: one SUM all-reduce
+ * of the flag (replicas: the sum of squares does not travel). */
 static void test_fp32_found_inf_agreed(void **state) {
     (void)state;
     fx f;
@@ -1254,15 +1255,15 @@ static void test_fp32_found_inf_agreed(void **state) {
     assert_int_equal(fx_setup_policy(&f, 0, f32_policy()), VH_STATUS_OK);
     fake.peer_flag = 0.0f;
     assert_int_equal(found_inf_with(&f, -1, 0, 0.0f), 0);
-    assert_int_equal(fake.maxes, 1);
+    assert_int_equal(fake.flags, 1);
     assert_int_equal(fake.last_count, 1);
     assert_int_equal(fake.in_flight, 0); /* waited for before the flag is read */
     fake.peer_flag = 1.0f;
     assert_int_equal(found_inf_with(&f, -1, 0, 0.0f), 1);
-    assert_int_equal(fake.maxes, 2);
+    assert_int_equal(fake.flags, 2);
     fake.peer_flag = 0.0f;
     assert_int_equal(found_inf_with(&f, 0, 3, INFINITY), 1);
-    assert_int_equal(fake.maxes, 3);
+    assert_int_equal(fake.flags, 3);
     fx_close(&f);
 }
 
@@ -1274,7 +1275,7 @@ static void test_fp32_check_finite_off(void **state) {
     assert_int_equal(fx_setup_policy(&f, 0, f32_policy()), VH_STATUS_OK);
     fake.peer_flag = 1.0f;
     assert_int_equal(found_inf_with(&f, 1, 2, NAN), 0);
-    assert_int_equal(fake.maxes, 0);
+    assert_int_equal(fake.flags, 0);
     double sum_sq = -1.0;
     int has = -1;
     assert_int_equal(f.pr->grad_sum_sq(f.fp32, &sum_sq, &has), VH_STATUS_OK);

@@ -325,7 +325,7 @@ static void fx_policy(fx *f) {
  * collective has finished when it starts. */
 static struct {
     float peer_flag;
-    int avgs, maxes, sums;
+    int avgs, sums;
 } fake;
 
 static vh_status fake_all_reduce(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
@@ -338,12 +338,12 @@ static vh_status fake_all_reduce(vh_comm *c, void *buf, size_t count, vh_dtype d
     }
     if (dtype != VH_DTYPE_F32) return VH_STATUS_ERR_UNSUPPORTED;
     float *x = buf;
-    if (op == VH_REDUCE_OP_MAX) {
-        fake.maxes++;
-        for (size_t i = 0; i < count; i++) x[i] = fmaxf(x[i], fake.peer_flag);
-    } else if (op == VH_REDUCE_OP_SUM) {
+    if (op == VH_REDUCE_OP_SUM) {
+        /* [flag] (replicas) or [flag, sum of squares] (shards): the peer
+         * adds its flag and, for shards, the same sum of squares again */
         fake.sums++;
-        for (size_t i = 0; i < count; i++) x[i] *= 2.0f;
+        x[0] += fake.peer_flag;
+        for (size_t i = 1; i < count; i++) x[i] *= 2.0f;
     } else {
         return VH_STATUS_ERR_UNSUPPORTED;
     }
@@ -685,9 +685,9 @@ static void test_fp16_inf_skips_the_step(void **state) {
     check_skip("{plugin: fp16, master_weights: true, reduce_dtype: fp32}");
 }
 
-/* Another rank's overflow skips this rank's step too (one MAX all-reduce
- * of the flag per check), and the sum of squares of sharded slices is
- * summed over ranks (replicas' is not). */
+/* Another rank's overflow skips this rank's step too (one SUM all-reduce
+ * per check: the flag, and for sharded slices their sum of squares with it;
+ * replicas' sum of squares does not travel). */
 static void test_found_inf_agreed_across_ranks(void **state) {
     (void)state;
     fx f;
@@ -695,8 +695,7 @@ static void test_found_inf_agreed_across_ranks(void **state) {
     fx_open(&f, "{plugin: amp, dtype: fp16}", NULL);
     fx_world = 1;
     assert_int_equal(fx_step(&f, -1, 0), 0);
-    assert_int_equal(fake.maxes, 1);
-    assert_int_equal(fake.sums, 0); /* ddp's slices are replicas */
+    assert_int_equal(fake.sums, 1); /* one collective: the flag (ddp's slices are replicas) */
     assert_true(fake.avgs > 0);
     snapshot before, after;
     take(&f, &before);
@@ -705,7 +704,7 @@ static void test_found_inf_agreed_across_ranks(void **state) {
     take(&f, &after);
     assert_memory_equal(&before, &after, sizeof before);
     assert_true(f.pr->loss_scale(f.prec) == 32768.0f);
-    assert_int_equal(fake.maxes, 2);
+    assert_int_equal(fake.sums, 2);
     fake.peer_flag = 0.0f;
     assert_int_equal(fx_step(&f, -1, 0), 0);
 
@@ -721,7 +720,7 @@ static void test_found_inf_agreed_across_ranks(void **state) {
     assert_int_equal(f.pr->grad_sum_sq(f.prec, &sq, &has), VH_STATUS_OK);
     const double u = 1.0 / 32768.0; /* the grads were unscaled in place */
     assert_true(has == 1 && sq == 2.0 * 9.0 * u * u);
-    assert_int_equal(fake.sums, 1);
+    assert_int_equal(fake.sums, 4); /* flag and sum of squares in one collective */
     assert_true(g[1] == (float)(2.0 * u));
     fx_close(&f);
 }

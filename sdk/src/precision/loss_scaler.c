@@ -353,21 +353,21 @@ vh_status vh_grad_check_run(vh_grad_check *c, const vh_param_slices *grads, floa
     vh_status st = local_pass(c, grads, scale);
     if (st != VH_STATUS_OK) return st;
 
-    /* Every rank takes part, whatever it found: one MAX over the flags. */
+    /* Every rank takes part, whatever it found: ONE collective, a SUM over
+     * [flag, sum of squares] (any rank's 1 makes the sum non-zero). Shards
+     * hold every element once over all ranks, so their sums of squares add
+     * up; replicas hold the same sum already, so only the flag travels. The
+     * sharding plugin sets `replicated` alike on every rank, so the counts
+     * match. One process sends nothing: its step's only collectives are its
+     * gradients'. */
     vh_comm *comm = c->comm;
-    st = vh_comm_all_reduce(comm, c->flag, 1, VH_DTYPE_F32, VH_REDUCE_OP_MAX);
-    if (st != VH_STATUS_OK)
-        return host->api->fail(host, st, "all-reduce of the overflow flag over %d ranks failed",
-                               (int)comm->world_size);
-    /* Shards hold every element once over all ranks: their sums add up.
-     * Replicas hold the same sum on every rank already. The sharding plugin
-     * sets `replicated` alike on every rank, so the collectives match. */
-    if (!grads->replicated && comm->world_size > 1) {
-        st = vh_comm_all_reduce(comm, c->flag + 1, 1, VH_DTYPE_F32, VH_REDUCE_OP_SUM);
+    if (comm->world_size > 1) {
+        size_t n = grads->replicated ? 1 : 2;
+        st = vh_comm_all_reduce(comm, c->flag, n, VH_DTYPE_F32, VH_REDUCE_OP_SUM);
         if (st != VH_STATUS_OK)
             return host->api->fail(host, st,
-                                   "all-reduce of the gradients' sum of squares over %d ranks "
-                                   "failed",
+                                   "all-reduce of the overflow flag%s over %d ranks failed",
+                                   n == 2 ? " and the gradients' sum of squares" : "",
                                    (int)comm->world_size);
     }
     const vh_device_ops *dev = c->dev;

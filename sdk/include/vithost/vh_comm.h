@@ -15,6 +15,18 @@
  *
  * All collectives are collective: every rank starts them in the same order
  * with the same counts, dtypes and ops (a mismatch hangs or fails).
+ *
+ * Threads. Every call is made from the thread that opened the communicator
+ * (the host's main thread, which also calls every plugin), one call at a
+ * time: the mpi backend initialises MPI with MPI_THREAD_FUNNELED, so a call
+ * from a plugin's worker or compute thread is undefined.
+ *
+ * Marks, for every call of vh_comm_ops (test_abi_marks holds them against
+ * the host's comm_op_marks): @required, a backend must have it (the host
+ * refuses a backend without it when it opens the communicator);
+ * @optional(default: ...), it may be NULL or lie past a smaller (older)
+ * struct_size, and stays NULL through the host's counting layer, so a caller
+ * checks it first.
  */
 #ifndef VITHOST_VH_COMM_H
 #define VITHOST_VH_COMM_H
@@ -42,25 +54,38 @@ typedef struct vh_comm_request vh_comm_request; /* one collective in flight */
 
 typedef struct vh_comm_ops {
     uint32_t struct_size;
-    /* In place: buf holds count elements on every rank. */
+    /* @required @thread(main). In place: buf holds count elements on every
+     * rank. *req: @owns(the backend; freed by wait). */
     vh_status (*all_reduce_start)(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
                                   vh_reduce_op op, vh_stream *stream, vh_comm_request **req);
-    /* send: world*count elements; recv: this rank's count elements. */
+    /* @required @thread(main). send: world*count elements; recv: this
+     * rank's count elements. */
     vh_status (*reduce_scatter_start)(vh_comm *c, const void *send, void *recv, size_t count,
                                       vh_dtype dtype, vh_reduce_op op, vh_stream *stream,
                                       vh_comm_request **req);
-    /* send: count elements; recv: world*count elements, rank-major. */
+    /* @required @thread(main). send: count elements; recv: world*count
+     * elements, rank-major. */
     vh_status (*all_gather_start)(vh_comm *c, const void *send, void *recv, size_t count,
                                   vh_dtype dtype, vh_stream *stream, vh_comm_request **req);
+    /* @optional(default: none, the call stays NULL; a caller without it
+     * keeps what each rank has: ddp then relies on load_unit's rule that
+     * every rank is given the same values) @thread(main). In place: root's
+     * count elements to every rank. */
     vh_status (*broadcast_start)(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
                                  int32_t root, vh_stream *stream, vh_comm_request **req);
-    /* Finishes a request and frees it; NULL is a no-op. */
+    /* @required @thread(main). Finishes a request and frees it; NULL is a
+     * no-op. */
     vh_status (*wait)(vh_comm *c, vh_comm_request *req);
-    /* *done = 1 when the request has finished (it must still be waited on). */
+    /* @optional(default: none, the call stays NULL; a caller skips it and
+     * the collective progresses in wait, with no overlap) @thread(main).
+     * *done = 1 when the request has finished (it must still be waited on). */
     vh_status (*test)(vh_comm *c, vh_comm_request *req, int *done);
+    /* @required @thread(main). The host calls it after every checkpoint. */
     vh_status (*barrier)(vh_comm *c);
-    /* Ends every rank's run with an error after a local failure, so no rank
-     * waits forever on a collective this one will never start. */
+    /* @required @thread(main). Ends every rank's run with an error after a
+     * local failure, so no rank waits forever on a collective this one will
+     * never start. The host calls it when a run of more than one rank
+     * fails (not when it is interrupted); it need not return. */
     void (*abort)(vh_comm *c, int code);
 } vh_comm_ops;
 
@@ -73,7 +98,8 @@ struct vh_comm {
     void *impl;            /* backend state */
 };
 
-/* Blocking forms: start, then wait. */
+/* Blocking forms: start, then wait. vh_comm_broadcast calls the optional
+ * broadcast_start: check it is not NULL first. */
 static inline vh_status vh_comm_all_reduce(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
                                            vh_reduce_op op) {
     vh_comm_request *r = NULL;

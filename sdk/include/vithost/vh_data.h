@@ -2,8 +2,8 @@
  *
  * A data plugin yields batches in host memory: images as (B, C, H, W) f32,
  * already normalised, and labels as (B) i32. The batch's memory belongs to the
- * plugin and stays valid until the next call of `next` or `destroy` (so a
- * model may read it again in backward).
+ * plugin and stays valid until the next call of `next`, `start_epoch`,
+ * `state_load` or `destroy` (so a model may read it again in backward).
  *
  * Every rank yields the same number of batches in a pass, since sharding
  * plugins may run collectives per batch: a training pass yields only full
@@ -58,20 +58,35 @@ typedef struct vh_batch {
     int64_t size;     /* B; the last batch of an eval pass may be short */
 } vh_batch;
 
+/* Marks, for every call (checked against the host by test_abi_marks):
+ * @required / @optional(default: what the host does when it is NULL or
+ * past vtable_size). @thread(main) for every call: the host calls the
+ * plugin from its main thread, one call at a time (a plugin's own worker
+ * threads, vh_prefetch.h, stay inside it). */
 typedef struct vh_data_vtable {
     uint32_t struct_size;
+    /* @required. *self is the plugin's; freed by destroy. */
     vh_status (*create)(vh_host *host, const vh_data_setup *setup, void **self);
+    /* @required. */
     void (*destroy)(void *self);
+    /* @required. Called once, after create. */
     vh_status (*info)(void *self, vh_data_info *out);
-    /* Starts a pass over a split; epoch numbers the training shuffles. */
+    /* @required. Starts a pass over a split; epoch numbers the training
+     * shuffles. */
     vh_status (*start_epoch)(void *self, vh_split split, int64_t epoch);
-    /* *has_batch = 0 when the pass is over. */
+    /* @required. *has_batch = 0 when the pass is over. out's tensors:
+     * @owns(the data plugin) @lifetime(until the next call of next,
+     * start_epoch, state_load or destroy). */
     vh_status (*next)(void *self, vh_batch *out, int *has_batch);
-    /* Resumable position (epoch, order, cursor) of the training pass in
-     * progress, as an opaque blob. After state_load, `next` continues that
-     * pass where it stood; the host does not call start_epoch for it. */
+    /* @optional(default: 0 bytes). Resumable position (epoch, order, cursor)
+     * of the training pass in progress, as an opaque blob. After state_load,
+     * `next` continues that pass where it stood; the host does not call
+     * start_epoch for it. */
     vh_status (*state_size)(void *self, size_t *bytes);
+    /* @optional(default: saves nothing; any size but 0 is refused). */
     vh_status (*state_save)(void *self, void *buf, size_t bytes);
+    /* @optional(default: accepts only 0 bytes; data state in a checkpoint
+     * was written by another plugin and is refused, VH_STATUS_ERR_FORMAT). */
     vh_status (*state_load)(void *self, const void *buf, size_t bytes);
 } vh_data_vtable;
 

@@ -71,9 +71,13 @@ typedef struct vh_plugin_descriptor {
     const void *vtable;      /* the role's vtable */
     uint32_t vtable_size;    /* sizeof that vtable */
     /* ABI 2.0 */
-    /* Optional capabilities beyond the role's vtable, by name (LV2's
-     * extension_data): returns a struct whose layout the name defines, or
-     * NULL when the plugin does not have it. May itself be NULL. */
+    /* @optional(default: the plugin has no extensions; every name gives
+     * NULL) @thread(main). Optional capabilities beyond the role's vtable,
+     * by name (LV2's extension_data): returns a struct whose layout the
+     * name defines, or NULL when the plugin does not have it. May itself be
+     * NULL, and is absent from a descriptor whose struct_size ends before
+     * it. @owns(the plugin: static data, never freed by the host)
+     * @lifetime(while the plugin's shared object is loaded). */
     const void *(*get_extension)(const char *name);
 } vh_plugin_descriptor;
 

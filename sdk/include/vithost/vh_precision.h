@@ -46,29 +46,45 @@ typedef struct vh_precision_policy {
 VH_SDK_API vh_dtype vh_policy_param_dtype(const void *policy, uint32_t param_flags);
 VH_SDK_API vh_dtype vh_policy_grad_dtype(const void *policy, uint32_t param_flags);
 
+/* Marks, for every call (checked against the host by test_abi_marks):
+ * @required / @optional(default: what the host does when it is NULL or
+ * past vtable_size). @thread(main) for every call: the host calls the
+ * plugin from its main thread, one call at a time; the collectives inside
+ * unscale_and_check run on that thread (vh_comm.h). */
 typedef struct vh_precision_vtable {
     uint32_t struct_size;
+    /* @required. *self is the plugin's; freed by destroy. */
     vh_status (*create)(vh_host *host, void **self);
+    /* @required. */
     void (*destroy)(void *self);
-    /* out->struct_size is set by the caller (see vh_precision_policy). */
+    /* @required. out->struct_size is set by the caller (see
+     * vh_precision_policy); the host calls it once and keeps its copy. */
     vh_status (*policy)(void *self, vh_precision_policy *out);
-    /* Factor the loss gradient is multiplied by; 1 without loss scaling. */
+    /* @required. Factor the loss gradient is multiplied by; 1 without loss scaling. */
     float (*loss_scale)(void *self);
-    /* Divides the local grads (slice.grad, in slice.grad_dtype) by the loss
+    /* @required. Divides the local grads (slice.grad, in slice.grad_dtype) by the loss
      * scale in place and sets *found_inf when any rank saw Inf/NaN (agreed
      * through the comm). One multi-tensor pass on the device
      * (multi_tensor_scale_check); only the flag comes back to the host. */
     vh_status (*unscale_and_check)(void *self, const vh_param_slices *grads,
                                    int *found_inf);
-    /* After the step (or its skip): grow or back off the loss scale. */
+    /* @required. After the step (or its skip): grow or back off the loss scale. */
     vh_status (*update)(void *self, int found_inf);
+    /* @optional(default: 0 bytes). State a resumed run needs (the loss
+     * scale and its growth counter). */
     vh_status (*state_size)(void *self, size_t *bytes);
+    /* @optional(default: saves nothing; any size but 0 is refused). */
     vh_status (*state_save)(void *self, void *buf, size_t bytes);
+    /* @optional(default: accepts only 0 bytes; precision state in a
+     * checkpoint was written by another plugin and is refused,
+     * VH_STATUS_ERR_FORMAT). */
     vh_status (*state_load)(void *self, const void *buf, size_t bytes);
-    /* Optional: the sum of squares of the unscaled gradients over every
-     * rank, from the last unscale_and_check's pass (*has = 0 when that pass
-     * did not compute it). The host hands it to the optimizer in
-     * vh_param_slices.grad_sum_sq, so clipping needs no second pass. */
+    /* @optional(default: not called; the optimizer gets has_grad_sum_sq = 0
+     * and makes a pass of its own when it clips). The sum of squares of the
+     * unscaled gradients over every rank, from the last unscale_and_check's
+     * pass (*has = 0 when that pass did not compute it). The host calls it
+     * only after a step without overflow and hands it to the optimizer in
+     * vh_optim_step_args.grad_sum_sq, so clipping needs no second pass. */
     vh_status (*grad_sum_sq)(void *self, double *out, int *has);
 } vh_precision_vtable;
 

@@ -34,11 +34,13 @@ typedef struct vh_unit_hooks {
     uint32_t struct_size; /* set by the host */
     void *ctx;
     /* Full parameters of the unit (compute copies), on the device, valid
-     * until release. */
+     * until release. @owns(the sharding plugin) @lifetime(until release of
+     * the unit). */
     vh_status (*gather)(void *ctx, int32_t unit, const void **params);
     vh_status (*release)(void *ctx, int32_t unit);
     /* Full-size gradient buffer of the unit (zeroed at the start of the
-     * step); backward accumulates into it. */
+     * step); backward accumulates into it. @owns(the sharding plugin)
+     * @lifetime(until reduce of the unit; nothing is written after it). */
     vh_status (*grads)(void *ctx, int32_t unit, void **grads);
     /* The unit's gradients are complete: start their reduction. */
     vh_status (*reduce)(void *ctx, int32_t unit);
@@ -72,42 +74,59 @@ typedef struct vh_sharding_memory {
     int64_t params, grads, masters, optim_state, comm_buffers; /* bytes on this rank */
 } vh_sharding_memory;
 
+/* Marks, for every call (checked against the host by test_abi_marks):
+ * @required / @optional(default: what the host does when it is NULL or
+ * past vtable_size). @thread(main) for every call, the unit hooks
+ * included: the host (or the model, inside forward / backward) calls the
+ * plugin from its main thread, one call at a time, and the plugin runs its
+ * collectives on that thread (vh_comm.h). */
 typedef struct vh_sharding_vtable {
     uint32_t struct_size;
+    /* @required. *self is the plugin's; freed by destroy. */
     vh_status (*create)(vh_host *host, void **self);
+    /* @required. */
     void (*destroy)(void *self);
-    /* Allocates the buffers for the table; called once, before anything else. */
+    /* @required. Allocates the buffers for the table; called once, before
+     * anything else. */
     vh_status (*setup)(void *self, const vh_sharding_setup *setup);
-    /* Sets a unit's values from full fp32 values (model init, checkpoint):
-     * every rank passes the same values and keeps what it owns. */
+    /* @required. Sets a unit's values from full fp32 values (model init,
+     * checkpoint): every rank passes the same values and keeps what it owns. */
     vh_status (*load_unit)(void *self, int32_t unit, const float *values);
-    /* Writes a unit's full fp32 master values into `values` on EVERY rank
-     * (for a checkpoint or an evaluation); collective. */
+    /* @required. Writes a unit's full fp32 master values into `values` on
+     * EVERY rank (for a checkpoint or an evaluation); collective. */
     vh_status (*store_unit)(void *self, int32_t unit, float *values);
-    /* Start of a step: zero the grads. */
+    /* @required. Start of a step: zero the grads. */
     vh_status (*zero_grads)(void *self);
-    /* The unit hooks; ctx is this plugin's self. */
+    /* @required. The unit hooks, gather to reduce; ctx is this plugin's
+     * self (see vh_unit_hooks for what each returns and how long it lives). */
     vh_status (*gather)(void *self, int32_t unit, const void **params);
+    /* @required. */
     vh_status (*release)(void *self, int32_t unit);
+    /* @required. */
     vh_status (*grads)(void *self, int32_t unit, void **grads);
+    /* @required. */
     vh_status (*reduce)(void *self, int32_t unit);
-    /* Waits for every reduction started by `reduce`. Afterwards the slices'
-     * gradients are the MEAN over ranks (the gradient of the global batch),
-     * still multiplied by the loss scale, in slice.grad_dtype. */
+    /* @required. Waits for every reduction started by `reduce`. Afterwards
+     * the slices' gradients are the MEAN over ranks (the gradient of the
+     * global batch), still multiplied by the loss scale, in slice.grad_dtype. */
     vh_status (*wait)(void *self);
-    /* The local part the optimizer updates: fp32 master, grads, state. The
-     * list stays valid until destroy. */
+    /* @required. The local part the optimizer updates: fp32 master, grads,
+     * state. The list stays valid until destroy. @owns(the sharding plugin,
+     * its only writer) @lifetime(until destroy). */
     vh_status (*slices)(void *self, vh_param_slices *out);
-    /* After the optimizer: refresh compute copies from the masters (a
-     * conversion to each parameter's compute dtype; a no-op where the
-     * policy has no separate masters). */
+    /* @required. After the optimizer: refresh compute copies from the
+     * masters (a conversion to each parameter's compute dtype; a no-op
+     * where the policy has no separate masters). */
     vh_status (*refresh)(void *self);
-    /* Saves / loads the optimizer state this rank owns through `io`;
-     * collective (every rank calls it). Masters go through store_unit and
-     * load_unit. */
+    /* @required. Saves / loads the optimizer state this rank owns through
+     * `io`; collective (every rank calls it). Masters go through store_unit
+     * and load_unit. io: @lifetime(this call). */
     vh_status (*state_save)(void *self, const vh_state_io *io);
+    /* @required. As state_save. */
     vh_status (*state_load)(void *self, const vh_state_io *io);
-    /* Bytes this rank holds, by kind, for the run's memory report. */
+    /* @optional(default: not called; the memory report shows the parameter
+     * count only). Bytes this rank holds, by kind, for the run's memory
+     * report. */
     vh_status (*memory)(void *self, vh_sharding_memory *out);
 } vh_sharding_vtable;
 

@@ -26,6 +26,7 @@
 
 #include "fixture.h"
 #include "runtime.h"
+#include "vithost/vh_random.h"
 #include "vithost/vh_runtime.h"
 
 /* fp32 tolerances of the issue: relative to each tensor's largest entry. */
@@ -904,6 +905,202 @@ static void test_dropout_per_rank(void **state) {
     vh_fixture_free(&fx);
 }
 
+/* ---- drop path on the device ---------------------------------------------- */
+
+/* The device's drop_path_scale against the formula of vh_device.h: a pure
+ * function of (seed, sample), f32 factors 0 or 1/(1-p). */
+static void test_drop_path_scale_op(void **state) {
+    (void)state;
+    const vh_device_ops *d = vh_cpu_device_ops();
+    assert_true(VH_STRUCT_HAS(d, vh_device_ops, drop_path_scale));
+    assert_non_null(d->drop_path_scale);
+    enum { N = 512 };
+    static float a[N], b[N], c[N];
+    vh_eltwise_args e = {.struct_size = sizeof e, .n = N, .dtype = VH_DTYPE_F32, .out = a,
+                         .p = 0.3f, .seed = 12345};
+    assert_int_equal(d->drop_path_scale(d->device, &e), VH_STATUS_OK);
+    e.out = b;
+    assert_int_equal(d->drop_path_scale(d->device, &e), VH_STATUS_OK);
+    assert_memory_equal(a, b, sizeof a); /* the same seed: the same factors */
+    int kept = 0;
+    for (int i = 0; i < N; i++) {
+        double u = (double)(vh_splitmix64(12345u + (uint64_t)i) >> 11) * 0x1.0p-53;
+        float want = u < 0.3f ? 0.0f : 1.0f / (1.0f - 0.3f);
+        assert_memory_equal(&a[i], &want, sizeof want);
+        kept += a[i] != 0.0f;
+    }
+    assert_in_range(kept, N * 6 / 10, N * 8 / 10);
+    e.out = c, e.seed = 12346; /* another site's seed: another mask */
+    assert_int_equal(d->drop_path_scale(d->device, &e), VH_STATUS_OK);
+    int differ = 0;
+    for (int i = 0; i < N; i++) differ += (a[i] == 0.0f) != (c[i] == 0.0f);
+    assert_true(differ > N / 10);
+    e.p = 0.0f;
+    assert_int_equal(d->drop_path_scale(d->device, &e), VH_STATUS_OK);
+    for (int i = 0; i < N; i++) assert_true(c[i] == 1.0f);
+    e.p = 1.0f;
+    assert_int_equal(d->drop_path_scale(d->device, &e), VH_STATUS_OK);
+    for (int i = 0; i < N; i++) assert_true(c[i] == 0.0f);
+    e.p = 1.5f;
+    assert_int_equal(d->drop_path_scale(d->device, &e), VH_STATUS_ERR_INVALID_ARG);
+    e.p = 0.5f, e.dtype = VH_DTYPE_BF16; /* the factors are always f32 */
+    assert_int_equal(d->drop_path_scale(d->device, &e), VH_STATUS_ERR_INVALID_ARG);
+}
+
+/* The harness's device with what a step asks of it watched: every copy (on
+ * a GPU a host copy between ops stalls the stream) and every
+ * drop_path_scale draw, its seed and keep pattern recorded. `without_op`
+ * plays a device that lacks drop_path_scale (ABI 2.0, CUDA for now). */
+#define WATCH_DRAWS 64
+static struct {
+    vh_device_ops ops;
+    const vh_device_ops *base;
+    int copies, draws;
+    uint64_t seeds[WATCH_DRAWS];
+    unsigned keep[WATCH_DRAWS]; /* bit b: sample b kept */
+} watch;
+
+static vh_status watch_copy(vh_device *dev, void *dst, const void *src, size_t bytes,
+                            vh_copy_kind kind, vh_stream *stream) {
+    watch.copies++;
+    return watch.base->copy(dev, dst, src, bytes, kind, stream);
+}
+
+static vh_status watch_drop_path_scale(vh_device *dev, const vh_eltwise_args *e) {
+    vh_status st = watch.base->drop_path_scale(dev, e);
+    if (st == VH_STATUS_OK && watch.draws < WATCH_DRAWS) {
+        const float *f = e->out;
+        unsigned keep = 0;
+        for (int64_t b = 0; b < e->n && b < 32; b++) keep |= (f[b] != 0.0f ? 1u : 0u) << b;
+        watch.seeds[watch.draws] = e->seed;
+        watch.keep[watch.draws] = keep;
+    }
+    watch.draws++;
+    return st;
+}
+
+static void watch_open(harness *h, const vh_fixture *fx, const char *extra, int without_op) {
+    memset(&watch, 0, sizeof watch);
+    watch.base = vh_cpu_device_ops();
+    watch.ops = *watch.base;
+    watch.ops.copy = watch_copy;
+    watch.ops.drop_path_scale = without_op ? NULL : watch_drop_path_scale;
+    harness_override_device = &watch.ops;
+    harness_open_ex(h, fx, NULL, &fp32_policy, 0, extra, 0);
+    harness_override_device = NULL;
+}
+
+/* One training step; the copies and draws it made. */
+static void watched_step(harness *h, const vh_fixture *fx, vh_model_output *out, int *copies,
+                         int *draws) {
+    int c0 = watch.copies, d0 = watch.draws;
+    run_step(h, fx, 1.0f, out);
+    *copies = watch.copies - c0;
+    *draws = watch.draws - d0;
+}
+
+/* Replaces a fixture's config value (the fixture owns its strings). */
+static void set_config(vh_fixture *fx, const char *key, const char *value) {
+    for (size_t i = 0; i < fx->config_count; i++)
+        if (strcmp(fx->config[i].key, key) == 0) {
+            free((void *)fx->config[i].value);
+            fx->config[i].value = strdup(value);
+            return;
+        }
+    fail_msg("fixture has no config key '%s'", key);
+}
+
+/* Drop path draws its factors on the device: a step makes no copy at all,
+ * one draw per branch of every block whose rate is above 0 (block 0's is
+ * 0), each from its own seed (step, block, branch), and the keep patterns
+ * change with the step and the block. Depth 4 with zero weights: the draws
+ * do not depend on the weights. */
+static void test_drop_path_on_device(void **state) {
+    (void)state;
+    vh_fixture fx;
+    load_fixture(&fx, "vit_token_bf");
+    set_config(&fx, "depth", "4");
+    enum { STEPS = 3, PER_STEP = 2 * 3 };
+    harness h;
+    watch_open(&h, &fx, "drop_path: 0.6", 0);
+    vh_model_output out;
+    for (int step = 0; step < STEPS; step++) {
+        int copies, draws;
+        watched_step(&h, &fx, &out, &copies, &draws);
+        assert_int_equal(copies, 0);
+        assert_int_equal(draws, PER_STEP);
+    }
+    assert_int_equal(watch.draws, STEPS * PER_STEP);
+    for (int i = 0; i < STEPS * PER_STEP; i++)
+        for (int j = i + 1; j < STEPS * PER_STEP; j++)
+            assert_true(watch.seeds[i] != watch.seeds[j]);
+    int step_differs = 0, block_differs = 0;
+    for (int i = 0; i < PER_STEP; i++) {
+        for (int s = 1; s < STEPS; s++)
+            step_differs += watch.keep[s * PER_STEP + i] != watch.keep[i];
+        if (i > 0) block_differs += watch.keep[i] != watch.keep[0];
+    }
+    assert_true(step_differs > 0);
+    assert_true(block_differs > 0);
+    harness_close(&h);
+    vh_fixture_free(&fx);
+}
+
+/* A device without drop_path_scale gets the same factors drawn on the host
+ * and copied in (one copy per drawing branch): the same loss and gradients,
+ * bit for bit. And a model restored from a state saved after step 1 draws
+ * step 2's factors again (resume). */
+static void test_drop_path_fallback_and_resume(void **state) {
+    (void)state;
+    vh_fixture fx;
+    load_fixture(&fx, "vit_token_bf");
+    const char *extra = "drop_path: 0.5";
+    harness dev, host;
+    watch_open(&host, &fx, extra, 1);
+    load_weights(&host, &fx);
+    vh_model_output oh, od;
+    int copies, draws;
+    watched_step(&host, &fx, &oh, &copies, &draws);
+    assert_int_equal(copies, 2); /* depth 2: block 1's two branches */
+    assert_int_equal(draws, 0);
+    float lh = read_loss(&host, &oh);
+
+    watch_open(&dev, &fx, extra, 0);
+    load_weights(&dev, &fx);
+    watched_step(&dev, &fx, &od, &copies, &draws);
+    assert_int_equal(copies, 0);
+    assert_int_equal(draws, 2);
+    float ld = read_loss(&dev, &od);
+    assert_memory_equal(&lh, &ld, sizeof lh);
+    compare_grads(&dev, &host, 1.0f, 0.0, "drop path on the device and on the host");
+    harness_close(&host);
+
+    size_t bytes = 0;
+    assert_int_equal(dev.vt->state_size(dev.model, &bytes), VH_STATUS_OK);
+    void *saved = malloc(bytes);
+    assert_non_null(saved);
+    assert_int_equal(dev.vt->state_save(dev.model, saved, bytes), VH_STATUS_OK);
+    watched_step(&dev, &fx, &od, &copies, &draws);
+    float step2 = read_loss(&dev, &od);
+    uint64_t seeds[2] = {watch.seeds[2], watch.seeds[3]};
+    unsigned keep[2] = {watch.keep[2], watch.keep[3]};
+    harness_close(&dev);
+
+    harness resumed;
+    watch_open(&resumed, &fx, extra, 0);
+    load_weights(&resumed, &fx);
+    assert_int_equal(resumed.vt->state_load(resumed.model, saved, bytes), VH_STATUS_OK);
+    watched_step(&resumed, &fx, &od, &copies, &draws);
+    assert_int_equal(draws, 2);
+    assert_true(watch.seeds[0] == seeds[0] && watch.seeds[1] == seeds[1]);
+    assert_true(watch.keep[0] == keep[0] && watch.keep[1] == keep[1]);
+    float again = read_loss(&resumed, &od);
+    assert_memory_equal(&again, &step2, sizeof again);
+    free(saved);
+    harness_close(&resumed);
+    vh_fixture_free(&fx);
+}
+
 /* Opens a run whose model section is `model` (test plugins for the other
  * roles) and creates the model for square images; returns create's status,
  * the model in *model, the vtable in *vt. */
@@ -998,6 +1195,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_load_weights),
         cmocka_unit_test(test_initial_weights),
         cmocka_unit_test(test_dropout_per_rank),
+        cmocka_unit_test(test_drop_path_scale_op),
+        cmocka_unit_test(test_drop_path_on_device),
+        cmocka_unit_test(test_drop_path_fallback_and_resume),
         cmocka_unit_test(test_variant_parameter_counts),
         cmocka_unit_test(test_bad_configs),
     };

@@ -299,6 +299,7 @@ static const vh_device_ops cpu_ops = {
     .embed_backward = vh_cpu_embed_backward,
     .multi_tensor_scale_check = vh_cpu_multi_tensor_scale_check,
     .get_extension = cpu_get_extension,
+    .drop_path_scale = vh_cpu_drop_path_scale,
 };
 
 const vh_device_ops *vh_cpu_device_ops(void) { return &cpu_ops; }

@@ -86,104 +86,127 @@ static const char *const cifar100_eval[] = {"test.bin", NULL};
 
 /* ---- reading --------------------------------------------------------------- */
 
+static int64_t record_bytes(const cifar_data *d) { return (d->cifar100 ? 2 : 1) + PIXELS; }
+
+static const char *variant_name(const cifar_data *d) {
+    return d->cifar100 ? "CIFAR-100" : "CIFAR-10";
+}
+
+/* The records in one file, from its size: size errors come before any reading. */
+static vh_status count_records(cifar_data *d, const char *path, int64_t *count) {
+    vh_host *host = d->host;
+    const int64_t record = record_bytes(d);
+    const char *variant = variant_name(d);
+    const char *layout = d->cifar100 ? "2 label bytes (coarse, fine) + 3072 pixel bytes"
+                                     : "1 label byte + 3072 pixel bytes";
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return host->api->fail(host, VH_STATUS_ERR_IO, "%s: cannot open: %s (%s files under root)",
+                               path, strerror(errno), variant);
+    if (!S_ISREG(sb.st_mode))
+        return host->api->fail(host, VH_STATUS_ERR_IO,
+                               "%s: is %s, not a %s batch file (data.root must be the folder "
+                               "holding the extracted .bin files)",
+                               path, S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file",
+                               variant);
+    int64_t bytes = (int64_t)sb.st_size;
+    if (bytes == 0 || bytes % record != 0) {
+        int64_t other = d->cifar100 ? PIXELS + 1 : PIXELS + 2;
+        int fits_other = bytes > 0 && bytes % other == 0;
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "%s: %lld bytes is not a whole number of %lld-byte %s records "
+                               "(%s)%s",
+                               path, (long long)bytes, (long long)record, variant, layout,
+                               fits_other ? (d->cifar100 ? "; it fits CIFAR-10 records: "
+                                                           "variant: cifar10?"
+                                                         : "; it fits CIFAR-100 records: "
+                                                           "variant: cifar100?")
+                                          : "");
+    }
+    *count = bytes / record;
+    return VH_STATUS_OK;
+}
+
+/* The label record r of path trains on (fine or coarse), checked. */
+static vh_status record_label(cifar_data *d, const char *path, int64_t r, const uint8_t *rec,
+                              uint8_t *out) {
+    vh_host *host = d->host;
+    int coarse = rec[0], label = rec[d->cifar100 ? 1 : 0];
+    if (d->cifar100 && coarse >= 20)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "%s: record %lld: coarse label %d is outside [0, 20)", path,
+                               (long long)r, coarse);
+    if (d->coarse) label = coarse;
+    if (label >= d->classes)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "%s: record %lld: %slabel %d is outside [0, %d)", path,
+                               (long long)r, d->cifar100 ? (d->coarse ? "coarse " : "fine ") : "",
+                               label, (int)d->classes);
+    *out = (uint8_t)label;
+    return VH_STATUS_OK;
+}
+
+/* The count records of one file, appended at *at to the split's labels and
+ * pixels; buf holds 1024 records. */
+static vh_status read_file(cifar_data *d, vh_split split, const char *path, int64_t count,
+                           uint8_t *buf, int64_t *at) {
+    vh_host *host = d->host;
+    const int64_t record = record_bytes(d), label_bytes = record - PIXELS;
+    uint8_t *pixels = d->images.pixels[split], *labels = d->images.labels[split];
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return host->api->fail(host, VH_STATUS_ERR_IO, "%s: cannot open: %s", path,
+                               strerror(errno));
+    vh_status st = VH_STATUS_OK;
+    for (int64_t r = 0; r < count && st == VH_STATUS_OK;) {
+        int64_t n = count - r < 1024 ? count - r : 1024;
+        if (fread(buf, (size_t)record, (size_t)n, fp) != (size_t)n) {
+            st = host->api->fail(host, VH_STATUS_ERR_IO,
+                                 "%s: read failed at record %lld of %lld: %s", path, (long long)r,
+                                 (long long)count,
+                                 ferror(fp) ? strerror(errno) : "file shrank while read");
+            break;
+        }
+        for (int64_t k = 0; k < n && st == VH_STATUS_OK; k++, r++) {
+            const uint8_t *rec = buf + k * record;
+            st = record_label(d, path, r, rec, &labels[*at]);
+            if (st != VH_STATUS_OK) break;
+            memcpy(pixels + *at * PIXELS, rec + label_bytes, PIXELS);
+            (*at)++;
+        }
+    }
+    fclose(fp);
+    return st;
+}
+
+/* The files of one split, read whole into one allocation. */
 static vh_status load_set(cifar_data *d, vh_split split, const char *root,
                           const char *const *names) {
     vh_host *host = d->host;
-    const int label_bytes = d->cifar100 ? 2 : 1;
-    const int64_t record = label_bytes + PIXELS;
-    const char *variant = d->cifar100 ? "CIFAR-100" : "CIFAR-10";
-    const char *layout = d->cifar100 ? "2 label bytes (coarse, fine) + 3072 pixel bytes"
-                                     : "1 label byte + 3072 pixel bytes";
     char path[PATH_LEN];
     int64_t counts[8] = {0}, total = 0;
     int nfiles = 0;
-
-    /* Sizes first: one allocation, and size errors before any reading. */
+    vh_status st;
     for (; names[nfiles]; nfiles++) {
         snprintf(path, sizeof path, "%s/%s", root, names[nfiles]);
-        struct stat sb;
-        if (stat(path, &sb) != 0)
-            return host->api->fail(host, VH_STATUS_ERR_IO,
-                                   "%s: cannot open: %s (%s files under root)", path,
-                                   strerror(errno), variant);
-        if (!S_ISREG(sb.st_mode))
-            return host->api->fail(host, VH_STATUS_ERR_IO,
-                                   "%s: is %s, not a %s batch file (data.root must be the folder "
-                                   "holding the extracted .bin files)",
-                                   path, S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file",
-                                   variant);
-        int64_t bytes = (int64_t)sb.st_size;
-        if (bytes == 0 || bytes % record != 0) {
-            int64_t other = d->cifar100 ? PIXELS + 1 : PIXELS + 2;
-            int fits_other = bytes > 0 && bytes % other == 0;
-            return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                                   "%s: %lld bytes is not a whole number of %lld-byte %s records "
-                                   "(%s)%s",
-                                   path, (long long)bytes, (long long)record, variant, layout,
-                                   fits_other ? (d->cifar100 ? "; it fits CIFAR-10 records: "
-                                                               "variant: cifar10?"
-                                                             : "; it fits CIFAR-100 records: "
-                                                               "variant: cifar100?")
-                                              : "");
-        }
-        counts[nfiles] = bytes / record;
+        if ((st = count_records(d, path, &counts[nfiles])) != VH_STATUS_OK) return st;
         total += counts[nfiles];
     }
-    uint8_t *pixels = d->images.pixels[split] = host->api->alloc(host, (size_t)total * PIXELS);
-    uint8_t *labels = d->images.labels[split] = host->api->alloc(host, (size_t)total);
-    uint8_t *buf = host->api->alloc(host, (size_t)(record * 1024));
-    vh_status st = VH_STATUS_OK;
-    if (!pixels || !labels || !buf) {
-        st = host->api->fail(host, VH_STATUS_ERR_NOMEM, "cifar: out of memory for %lld images",
-                             (long long)total);
-        goto done;
+    d->images.pixels[split] = host->api->alloc(host, (size_t)total * PIXELS);
+    d->images.labels[split] = host->api->alloc(host, (size_t)total);
+    uint8_t *buf = host->api->alloc(host, (size_t)(record_bytes(d) * 1024));
+    if (!d->images.pixels[split] || !d->images.labels[split] || !buf) {
+        host->api->free(host, buf);
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "cifar: out of memory for %lld images",
+                               (long long)total);
     }
-
     int64_t at = 0;
+    st = VH_STATUS_OK;
     for (int f = 0; f < nfiles && st == VH_STATUS_OK; f++) {
         snprintf(path, sizeof path, "%s/%s", root, names[f]);
-        FILE *fp = fopen(path, "rb");
-        if (!fp) {
-            st = host->api->fail(host, VH_STATUS_ERR_IO, "%s: cannot open: %s", path,
-                                 strerror(errno));
-            break;
-        }
-        for (int64_t r = 0; r < counts[f] && st == VH_STATUS_OK;) {
-            int64_t n = counts[f] - r < 1024 ? counts[f] - r : 1024;
-            if (fread(buf, (size_t)record, (size_t)n, fp) != (size_t)n) {
-                st = host->api->fail(host, VH_STATUS_ERR_IO,
-                                     "%s: read failed at record %lld of %lld: %s", path,
-                                     (long long)r, (long long)counts[f],
-                                     ferror(fp) ? strerror(errno) : "file shrank while read");
-                break;
-            }
-            for (int64_t k = 0; k < n; k++, r++) {
-                const uint8_t *rec = buf + k * record;
-                int coarse = rec[0], label = rec[label_bytes - 1];
-                if (d->cifar100 && coarse >= 20) {
-                    st = host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                                         "%s: record %lld: coarse label %d is outside [0, 20)",
-                                         path, (long long)r, coarse);
-                    break;
-                }
-                if (d->coarse) label = coarse;
-                if (label >= d->classes) {
-                    st = host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                                         "%s: record %lld: %slabel %d is outside [0, %d)", path,
-                                         (long long)r,
-                                         d->cifar100 ? (d->coarse ? "coarse " : "fine ") : "",
-                                         label, (int)d->classes);
-                    break;
-                }
-                labels[at] = (uint8_t)label;
-                memcpy(pixels + at * PIXELS, rec + label_bytes, PIXELS);
-                at++;
-            }
-        }
-        fclose(fp);
+        st = read_file(d, split, path, counts[f], buf, &at);
     }
     d->counts[split] = total;
-done:
     host->api->free(host, buf);
     return st;
 }

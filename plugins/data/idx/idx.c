@@ -228,125 +228,133 @@ static const char *magic_kind(uint32_t magic) {
     return " (not an IDX file of unsigned bytes)";
 }
 
+/* One IDX file being read: what it should hold, and what its header said. */
+typedef struct idx_file {
+    vh_host *host;
+    const char *path;
+    gzFile gz;
+    uint32_t magic_want;
+    int ndim, header; /* header: bytes before the payload */
+    const char *what; /* "image" or "label" */
+    int64_t *dims;
+    int64_t payload, total; /* bytes of pixels or labels; header + payload */
+    char desc[128]; /* "60000 images of 28x28" */
+} idx_file;
+
+/* Magic and dimensions, checked; sets dims, payload, total and desc. */
+static vh_status idx_read_header(idx_file *f) {
+    vh_host *host = f->host;
+    const char *path = f->path, *what = f->what, *gzmsg = NULL;
+    unsigned char h[16];
+    int64_t got = gz_read_all(f->gz, h, f->header, &gzmsg);
+    if (got < 0)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT, "%s: cannot read: %s", path, gzmsg);
+    if (got >= 4 && be32(h) != f->magic_want)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "%s: wrong magic 0x%08x%s, expected 0x%08x for an IDX %s file",
+                               path, (unsigned)be32(h), magic_kind(be32(h)),
+                               (unsigned)f->magic_want, what);
+    if (got < f->header)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "%s: truncated: %lld bytes, shorter than the %d-byte IDX %s header",
+                               path, (long long)got, f->header, what);
+    int64_t *dims = f->dims;
+    for (int k = 0; k < f->ndim; k++) dims[k] = be32(h + 4 + 4 * k);
+    if (dims[0] < 1 || dims[0] > INT32_MAX)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               dims[0] < 1 ? "%s: header says %lld %ss; a split needs at least one"
+                                           : "%s: header says %lld %ss, more than the %d a split "
+                                             "may hold (sample indices are 32-bit; a damaged "
+                                             "header?)",
+                               path, (long long)dims[0], what, INT32_MAX);
+    f->payload = dims[0];
+    if (f->ndim == 3) {
+        if (dims[1] < 1 || dims[1] > IDX_MAX_SIDE || dims[2] < 1 || dims[2] > IDX_MAX_SIDE)
+            return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                                   "%s: header says images of %lldx%lld; sides must be 1..%d",
+                                   path, (long long)dims[1], (long long)dims[2], IDX_MAX_SIDE);
+        f->payload *= dims[1] * dims[2];
+        snprintf(f->desc, sizeof f->desc, "%lld images of %lldx%lld", (long long)dims[0],
+                 (long long)dims[1], (long long)dims[2]);
+    } else {
+        snprintf(f->desc, sizeof f->desc, "%lld labels", (long long)dims[0]);
+    }
+    f->total = f->header + f->payload;
+    return VH_STATUS_OK;
+}
+
+/* Compares the length with the header before anything is allocated: a plain
+ * file by its size, a gzip one by the length its trailer records (mod 2^32),
+ * and when that disagrees by decompressing it once without keeping it. */
+static vh_status idx_check_length(idx_file *f) {
+    int64_t actual = -1;
+    if (gzdirect(f->gz)) {
+        struct stat sb;
+        if (stat(f->path, &sb) == 0) actual = (int64_t)sb.st_size;
+    } else if (gz_trailer_size(f->path) != (uint32_t)f->total) {
+        actual = f->header + gz_count_rest(f->gz);
+        if (actual == f->total && gzrewind(f->gz) == 0) { /* several members: read it for real */
+            unsigned char h[16];
+            const char *gzmsg = NULL;
+            gz_read_all(f->gz, h, f->header, &gzmsg); /* past the header again */
+            actual = -1;
+        }
+    }
+    if (actual >= 0 && actual != f->total)
+        return f->host->api->fail(f->host, VH_STATUS_ERR_FORMAT,
+                                  "%s: %s: header says %s (%lld bytes), file has %lld", f->path,
+                                  actual < f->total ? "truncated" : "too long", f->desc,
+                                  (long long)f->total, (long long)actual);
+    return VH_STATUS_OK;
+}
+
+/* The payload into *data (allocated here), then nothing may follow it. */
+static vh_status idx_read_payload(idx_file *f, uint8_t **data) {
+    vh_host *host = f->host;
+    const char *path = f->path, *gzmsg = NULL;
+    *data = host->api->alloc(host, (size_t)f->payload);
+    if (!*data)
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "%s: out of memory for %s (%lld bytes)",
+                               path, f->desc, (long long)f->payload);
+    int64_t got = gz_read_all(f->gz, *data, f->payload, &gzmsg);
+    if (got < 0)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT, "%s: cannot read: %s", path, gzmsg);
+    if (got < f->payload)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "%s: truncated: header says %s (%lld bytes), file has %lld", path,
+                               f->desc, (long long)f->total, (long long)(f->header + got));
+    int64_t extra = gz_count_rest(f->gz);
+    if (extra > 0)
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "%s: too long: header says %s (%lld bytes), file has %lld", path,
+                               f->desc, (long long)f->total, (long long)(f->total + extra));
+    int64_t at = 0, rest = 0;
+    if (!gzdirect(f->gz) && gz_trailing(path, &at, &rest))
+        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
+                               "%s: %lld bytes after the gzip data (from byte %lld) are not "
+                               "gzip: a damaged or appended-to file (re-download it)",
+                               path, (long long)rest, (long long)at);
+    return VH_STATUS_OK;
+}
+
 /* One IDX file of unsigned bytes: images (ndim 3) or labels (ndim 1). On
  * success *data (host memory) holds the payload and dims[] the sizes. */
 static vh_status read_idx(vh_host *host, const char *path, int images, int64_t dims[3],
                           uint8_t **data) {
-    const uint32_t magic_want = images ? IDX_MAGIC_IMAGES : IDX_MAGIC_LABELS;
-    const int ndim = images ? 3 : 1;
-    const int header = 4 + 4 * ndim;
-    const char *what = images ? "image" : "label";
+    idx_file f = {.host = host, .path = path, .dims = dims,
+                  .magic_want = images ? IDX_MAGIC_IMAGES : IDX_MAGIC_LABELS,
+                  .ndim = images ? 3 : 1, .header = 4 + 4 * (images ? 3 : 1),
+                  .what = images ? "image" : "label"};
     *data = NULL;
-
-    gzFile gz = gzopen(path, "rb");
-    if (!gz)
+    f.gz = gzopen(path, "rb");
+    if (!f.gz)
         return host->api->fail(host, VH_STATUS_ERR_IO, "%s: cannot open: %s", path,
                                strerror(errno ? errno : ENOMEM));
-    gzbuffer(gz, 1 << 17);
-    const char *gzmsg = NULL;
-    unsigned char h[16];
-    int64_t got = gz_read_all(gz, h, header, &gzmsg);
-    vh_status st = VH_STATUS_OK;
-    if (got < 0) {
-        st = host->api->fail(host, VH_STATUS_ERR_FORMAT, "%s: cannot read: %s", path, gzmsg);
-        goto done;
-    }
-    if (got >= 4 && be32(h) != magic_want) {
-        st = host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                             "%s: wrong magic 0x%08x%s, expected 0x%08x for an IDX %s file", path,
-                             (unsigned)be32(h), magic_kind(be32(h)), (unsigned)magic_want, what);
-        goto done;
-    }
-    if (got < header) {
-        st = host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                             "%s: truncated: %lld bytes, shorter than the %d-byte IDX %s header",
-                             path, (long long)got, header, what);
-        goto done;
-    }
-    for (int k = 0; k < ndim; k++) dims[k] = be32(h + 4 + 4 * k);
-    if (dims[0] < 1 || dims[0] > INT32_MAX) {
-        st = host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                             dims[0] < 1 ? "%s: header says %lld %ss; a split needs at least one"
-                                         : "%s: header says %lld %ss, more than the %d a split "
-                                           "may hold (sample indices are 32-bit; a damaged "
-                                           "header?)",
-                             path, (long long)dims[0], what, INT32_MAX);
-        goto done;
-    }
-    char desc[128]; /* "60000 images of 28x28" */
-    int64_t payload = dims[0];
-    if (images) {
-        if (dims[1] < 1 || dims[1] > IDX_MAX_SIDE || dims[2] < 1 || dims[2] > IDX_MAX_SIDE) {
-            st = host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                                 "%s: header says images of %lldx%lld; sides must be 1..%d", path,
-                                 (long long)dims[1], (long long)dims[2], IDX_MAX_SIDE);
-            goto done;
-        }
-        payload *= dims[1] * dims[2];
-        snprintf(desc, sizeof desc, "%lld images of %lldx%lld", (long long)dims[0],
-                 (long long)dims[1], (long long)dims[2]);
-    } else {
-        snprintf(desc, sizeof desc, "%lld labels", (long long)dims[0]);
-    }
-    const int64_t total = header + payload;
-
-    /* Compare the length with the header before allocating: a plain file by
-     * its size, a gzip one by the length its trailer records (mod 2^32), and
-     * when that disagrees by decompressing it once without keeping it. */
-    int64_t actual = -1;
-    if (gzdirect(gz)) {
-        struct stat sb;
-        if (stat(path, &sb) == 0) actual = (int64_t)sb.st_size;
-    } else if (gz_trailer_size(path) != (uint32_t)total) {
-        actual = header + gz_count_rest(gz);
-        if (actual == total && gzrewind(gz) == 0) { /* several members: read it for real */
-            got = gz_read_all(gz, h, header, &gzmsg);
-            actual = -1;
-        }
-    }
-    if (actual >= 0 && actual != total) {
-        st = host->api->fail(
-            host, VH_STATUS_ERR_FORMAT, "%s: %s: header says %s (%lld bytes), file has %lld", path,
-            actual < total ? "truncated" : "too long", desc, (long long)total, (long long)actual);
-        goto done;
-    }
-
-    *data = host->api->alloc(host, (size_t)payload);
-    if (!*data) {
-        st = host->api->fail(host, VH_STATUS_ERR_NOMEM, "%s: out of memory for %s (%lld bytes)",
-                             path, desc, (long long)payload);
-        goto done;
-    }
-    got = gz_read_all(gz, *data, payload, &gzmsg);
-    if (got < 0) {
-        st = host->api->fail(host, VH_STATUS_ERR_FORMAT, "%s: cannot read: %s", path, gzmsg);
-        goto done;
-    }
-    if (got < payload) {
-        st = host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                             "%s: truncated: header says %s (%lld bytes), file has %lld", path,
-                             desc, (long long)total, (long long)(header + got));
-        goto done;
-    }
-    int64_t extra = gz_count_rest(gz);
-    if (extra > 0) {
-        st = host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                             "%s: too long: header says %s (%lld bytes), file has %lld", path, desc,
-                             (long long)total, (long long)(total + extra));
-        goto done;
-    }
-    if (!gzdirect(gz)) {
-        int64_t at = 0, rest = 0;
-        if (gz_trailing(path, &at, &rest)) {
-            st = host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                                 "%s: %lld bytes after the gzip data (from byte %lld) are not "
-                                 "gzip: a damaged or appended-to file (re-download it)",
-                                 path, (long long)rest, (long long)at);
-            goto done;
-        }
-    }
-done:
-    gzclose(gz);
+    gzbuffer(f.gz, 1 << 17);
+    vh_status st = idx_read_header(&f);
+    if (st == VH_STATUS_OK) st = idx_check_length(&f);
+    if (st == VH_STATUS_OK) st = idx_read_payload(&f, data);
+    gzclose(f.gz);
     if (st != VH_STATUS_OK) {
         host->api->free(host, *data);
         *data = NULL;

@@ -78,40 +78,52 @@ static vh_status read_optional_int(vh_host *host, const char *key, int64_t *valu
     return host->api->config_int(host, key, value);
 }
 
-/* Shape from variant, explicit keys and the data; every rule checked here
- * so that a bad recipe fails at create with the key's file:line. */
-static vh_status read_config(vit *m, const vh_model_setup *setup) {
-    vh_host *host = m->host;
+/* The transformer's sizes: a variant's, then explicit keys over them. */
+typedef struct vit_shape {
+    int64_t dim, depth, heads, mlp, patch;
+} vit_shape;
+
+static vh_status read_shape(vh_host *host, vit_shape *s) {
     const vh_host_api *api = host->api;
-    int64_t dim = 0, depth = 0, heads = 0, mlp = 0, patch = 0;
     if (api->config_has(host, "variant")) {
         const char *name;
         vh_status st = api->config_string(host, "variant", &name);
         if (st != VH_STATUS_OK) return st;
         for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
             if (strcmp(variants[i].name, name) != 0) continue;
-            dim = variants[i].dim, depth = variants[i].depth, heads = variants[i].heads;
-            mlp = variants[i].mlp_dim, patch = variants[i].patch;
+            s->dim = variants[i].dim, s->depth = variants[i].depth, s->heads = variants[i].heads;
+            s->mlp = variants[i].mlp_dim, s->patch = variants[i].patch;
         }
     }
     vh_status st = VH_STATUS_OK;
-    if (st == VH_STATUS_OK) st = read_optional_int(host, "dim", &dim);
-    if (st == VH_STATUS_OK) st = read_optional_int(host, "depth", &depth);
-    if (st == VH_STATUS_OK) st = read_optional_int(host, "heads", &heads);
-    if (st == VH_STATUS_OK) st = read_optional_int(host, "patch_size", &patch);
-    if (st == VH_STATUS_OK) st = read_optional_int(host, "mlp_dim", &mlp);
+    if (st == VH_STATUS_OK) st = read_optional_int(host, "dim", &s->dim);
+    if (st == VH_STATUS_OK) st = read_optional_int(host, "depth", &s->depth);
+    if (st == VH_STATUS_OK) st = read_optional_int(host, "heads", &s->heads);
+    if (st == VH_STATUS_OK) st = read_optional_int(host, "patch_size", &s->patch);
+    if (st == VH_STATUS_OK) st = read_optional_int(host, "mlp_dim", &s->mlp);
     if (st != VH_STATUS_OK) return st;
-    const char *missing = !dim ? "dim" : !depth ? "depth" : !heads ? "heads" : !patch ? "patch_size" : NULL;
+    const char *missing = !s->dim     ? "dim"
+                          : !s->depth ? "depth"
+                          : !s->heads ? "heads"
+                          : !s->patch ? "patch_size"
+                                      : NULL;
     if (missing)
         return api->fail(host, VH_STATUS_ERR_CONFIG,
                          "model: no `%s`: set `variant` (ti16, s16, b16, l16, h14, h16) or "
                          "all of dim, depth, heads and patch_size",
                          missing);
-    if (!mlp) mlp = 4 * dim;
-    if (dim % heads != 0)
+    if (!s->mlp) s->mlp = 4 * s->dim;
+    if (s->dim % s->heads != 0)
         return api->config_fail(host, "heads", "%lld heads do not divide dim %lld",
-                                (long long)heads, (long long)dim);
+                                (long long)s->heads, (long long)s->dim);
+    return VH_STATUS_OK;
+}
 
+/* Image size, channels and classes: the data plugin's, which keys may only
+ * confirm (classes: raise); the patch must tile the image. */
+static vh_status read_data_shape(vit *m, const vh_model_setup *setup, int64_t patch) {
+    vh_host *host = m->host;
+    const vh_host_api *api = host->api;
     int64_t image_h = setup->height, image_w = setup->width, channels = setup->channels;
     int64_t classes = setup->num_classes, v;
     if (api->config_has(host, "image_size")) {
@@ -140,7 +152,14 @@ static vh_status read_config(vit *m, const vh_model_setup *setup) {
         return api->fail(host, VH_STATUS_ERR_CONFIG,
                          "model.patch_size %lld does not divide the %lld x %lld images",
                          (long long)patch, (long long)image_h, (long long)image_w);
+    m->image_h = image_h, m->image_w = image_w, m->channels = channels, m->classes = classes;
+    return VH_STATUS_OK;
+}
 
+/* Head, layout, regularisation, seeds and the pretrained weights. */
+static vh_status read_training(vit *m, const vh_model_setup *setup) {
+    vh_host *host = m->host;
+    const vh_host_api *api = host->api;
     const char *text;
     api->config_string(host, "classifier", &text);
     m->classifier = strcmp(text, "pooled") == 0 ? VIT_CLASSIFIER_POOLED : VIT_CLASSIFIER_TOKEN;
@@ -155,6 +174,7 @@ static vh_status read_config(vit *m, const vh_model_setup *setup) {
     m->label_smoothing = (float)f;
     m->init_seed = api->seed(host);
     if (api->config_has(host, "init")) {
+        int64_t v;
         api->config_int(host, "init", &v);
         m->init_seed = (uint64_t)v;
     }
@@ -165,17 +185,25 @@ static vh_status read_config(vit *m, const vh_model_setup *setup) {
     if (setup->rank != 0)
         m->dropout_seed = vh_splitmix64(m->dropout_seed ^ vh_splitmix64((uint64_t)setup->rank));
     m->pretrained = NULL;
-    if (api->config_has(host, "pretrained")) {
-        vh_status pst = api->config_string(host, "pretrained", &m->pretrained);
-        if (pst != VH_STATUS_OK) return pst;
-    }
+    if (api->config_has(host, "pretrained"))
+        return api->config_string(host, "pretrained", &m->pretrained);
+    return VH_STATUS_OK;
+}
 
-    m->image_h = image_h, m->image_w = image_w, m->channels = channels, m->patch = patch;
-    m->grid_h = image_h / patch, m->grid_w = image_w / patch;
+/* Shape from variant, explicit keys and the data; every rule checked here
+ * so that a bad recipe fails at create with the key's file:line. */
+static vh_status read_config(vit *m, const vh_model_setup *setup) {
+    vit_shape s = {0, 0, 0, 0, 0};
+    vh_status st = read_shape(m->host, &s);
+    if (st == VH_STATUS_OK) st = read_data_shape(m, setup, s.patch);
+    if (st == VH_STATUS_OK) st = read_training(m, setup);
+    if (st != VH_STATUS_OK) return st;
+    m->patch = s.patch;
+    m->grid_h = m->image_h / s.patch, m->grid_w = m->image_w / s.patch;
     m->num_patches = m->grid_h * m->grid_w;
     m->tokens = m->num_patches + (m->classifier == VIT_CLASSIFIER_TOKEN ? 1 : 0);
-    m->dim = dim, m->depth = depth, m->heads = heads, m->head_dim = dim / heads;
-    m->mlp_dim = mlp, m->classes = classes, m->patch_dim = channels * patch * patch;
+    m->dim = s.dim, m->depth = s.depth, m->heads = s.heads, m->head_dim = s.dim / s.heads;
+    m->mlp_dim = s.mlp, m->patch_dim = m->channels * s.patch * s.patch;
     m->eps = 1e-6f; /* timm's ViT LayerNorm */
     return VH_STATUS_OK;
 }

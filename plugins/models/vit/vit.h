@@ -128,7 +128,8 @@ typedef struct vit {
     float *feat_mean, *feat_rstd;   /* (B), (B) */
     void *logits;                   /* (B, C) */
     float *loss;                    /* 2 f32: forward's loss, backward's scratch */
-    float *dp_host;                 /* B drop-path factors, host */
+    float *dp_host;                 /* B drop-path factors, host: for a device
+                                       without drop_path_scale */
 
     /* gradients of activations, device memory, in the compute dtype */
     void *d_x, *d_tmp, *d_qkv, *d_mlp, *d_mlp2, *d_patch_emb, *d_feat, *d_feat_ln, *d_logits,

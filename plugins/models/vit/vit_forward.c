@@ -9,24 +9,20 @@
  * Fused where the numbers allow: fc1's GEMM applies the bias and GELU and
  * keeps the pre-activation for backward; proj's and fc2's GEMMs add the
  * residual stream when their branch draws no dropout or drop path. The loss
- * stays in device memory.
+ * stays in device memory, and dropout masks and drop-path factors are drawn
+ * on the device from counter-based seeds (vit_site_seed): a step issues no
+ * host copy.
  */
 #include <string.h>
-#include "vithost/vh_random.h"
 
 #include "vit.h"
 #include "vit_ops.h"
 
-/* Draws one keep/drop factor per sample and applies it to a branch. */
+/* Draws one keep/drop factor per sample (on the device) and applies it to a
+ * branch. */
 static vh_status drop_path(vit *m, void *branch, float *scale, float rate, int64_t batch,
                            uint64_t seed) {
-    for (int64_t b = 0; b < batch; b++) {
-        double u = (double)(vh_splitmix64(seed + (uint64_t)b) >> 11) * 0x1.0p-53;
-        m->dp_host[b] = u < rate ? 0.0f : 1.0f / (1.0f - rate);
-    }
-    const vh_device_ops *d = m->dev;
-    VIT_TRY(m, "copy", d->copy(d->device, scale, m->dp_host, (size_t)batch * sizeof(float),
-                               VH_COPY_KIND_HOST_TO_DEVICE, NULL));
+    VIT_TRY(m, "drop_path_scale", vit_drop_path_scale(m, scale, rate, batch, seed));
     VIT_TRY(m, "scale_rows", vit_scale_rows(m, branch, branch, scale, batch, 0));
     return VH_STATUS_OK;
 }

@@ -123,6 +123,23 @@ vh_status vit_scale_rows(vit *m, void *out, const void *in, const float *scale, 
     return m->dev->scale_rows(m->dev->device, &e);
 }
 
+vh_status vit_drop_path_scale(vit *m, float *scale, float rate, int64_t batch, uint64_t seed) {
+    const vh_device_ops *d = m->dev;
+    if (VH_STRUCT_HAS(d, vh_device_ops, drop_path_scale) && d->drop_path_scale) {
+        vh_eltwise_args e = {.struct_size = sizeof e, .n = batch, .dtype = VH_DTYPE_F32,
+                             .out = scale, .p = rate, .seed = seed};
+        return d->drop_path_scale(d->device, &e);
+    }
+    /* A device without the op (2.0, CUDA for now): the same draw on the
+     * host, then a copy, which on a GPU waits for the host. */
+    for (int64_t b = 0; b < batch; b++) {
+        double u = (double)(vh_splitmix64(seed + (uint64_t)b) >> 11) * 0x1.0p-53;
+        m->dp_host[b] = u < rate ? 0.0f : 1.0f / (1.0f - rate);
+    }
+    return d->copy(d->device, scale, m->dp_host, (size_t)batch * sizeof(float),
+                   VH_COPY_KIND_HOST_TO_DEVICE, NULL);
+}
+
 vh_status vit_zero(vit *m, void *p, int64_t count) {
     return m->dev->memset_zero(m->dev->device, p, (size_t)count * m->act_size, NULL);
 }

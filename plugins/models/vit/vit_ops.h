@@ -58,6 +58,10 @@ vh_status vit_gelu_backward(vit *m, void *dx, const void *x, const void *dout, i
  * accumulate. */
 vh_status vit_scale_rows(vit *m, void *out, const void *in, const float *scale, int64_t batch,
                          int accumulate);
+/* scale (B f32, device) = each sample's drop-path factor, 0 or 1/(1-rate),
+ * drawn from seed by the device's drop_path_scale (on the host and copied
+ * in where the device lacks it: the same factors) */
+vh_status vit_drop_path_scale(vit *m, float *scale, float rate, int64_t batch, uint64_t seed);
 /* count activation elements (of m->act) to zero */
 vh_status vit_zero(vit *m, void *p, int64_t count);
 

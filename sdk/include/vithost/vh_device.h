@@ -323,6 +323,19 @@ typedef struct vh_device_ops {
      * "vh.cpu.engine" for the CPU engine's description (vh_cpu_engine.h);
      * NULL if unknown. */
     const void *(*get_extension)(vh_device *dev, const char *name);
+
+    /* ---- ABI 2.1 ---- */
+    /* @optional(default: the caller draws the same factors on the host with
+     * the formula below and copies them in, as vit does; NULL on 2.0 devices
+     * and, for now, on CUDA).
+     * drop_path_scale: one stochastic-depth factor per sample, drawn on the
+     * device so that no host copy sits between a step's ops. For b < n:
+     *   u_b = (vh_splitmix64(seed + b) >> 11) * 2^-53   (53-bit, in double)
+     *   out[b] = u_b < p ? 0 : 1/(1-p)                  (f32; 1/(1-p) in f32)
+     * out is n f32 values (dtype must be f32); reads n, dtype, p, seed, out.
+     * A pure function of (seed, b): key the seed by (run seed, step, block)
+     * and a resumed run draws the same factors; scale_rows applies them. */
+    vh_status (*drop_path_scale)(vh_device *dev, const vh_eltwise_args *args);
 } vh_device_ops;
 
 #ifdef __cplusplus

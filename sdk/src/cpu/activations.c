@@ -1,6 +1,7 @@
 /* activations.c - element-wise and row-wise ops: GELU, add, mul, bias
  * gradient, softmax, per-sample row scaling (drop path) and dropout.
- * fp32 kernels: ops.c reads the arguments and converts other dtypes. */
+ * fp32 kernels: ops.c reads the arguments and converts other dtypes (but
+ * for drop_path_scale, whose entry is at the end of this file). */
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -202,4 +203,31 @@ void vh_cpu_k_dropout_forward(float *out, float *mask, const float *x, int64_t n
         mask[i] = m;
         out[i] = v * m;
     }
+}
+
+/* Drop path's per-sample factors (vh_device.h): u_b from the full splitmix64
+ * of seed + b, 53 bits in double, the draw vit made on the host before 2.1,
+ * so its runs keep their masks bit for bit. */
+void vh_cpu_k_drop_path_scale(float *out, int64_t n, float p, uint64_t seed) {
+    const float keep_scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    for (int64_t b = 0; b < n; b++) {
+        const double u = (double)(vh_splitmix64(seed + (uint64_t)b) >> 11) * 0x1.0p-53;
+        out[b] = u < p ? 0.0f : keep_scale;
+    }
+}
+
+/* The op's entry here, not in ops.c: it has no tensor of `dtype` to view or
+ * convert (out is always f32), only the arguments to check. */
+vh_status vh_cpu_drop_path_scale(vh_device *dev, const vh_eltwise_args *in) {
+    (void)dev;
+    vh_eltwise_args a;
+    if (!in || in->struct_size < offsetof(vh_eltwise_args, stream) ||
+        !vh_struct_upgrade(&a, sizeof a, in))
+        return VH_STATUS_ERR_INVALID_ARG;
+    if (a.dtype != VH_DTYPE_F32 || a.n < 0 || !(a.p >= 0.0f && a.p <= 1.0f))
+        return VH_STATUS_ERR_INVALID_ARG;
+    if (a.n == 0) return VH_STATUS_OK;
+    if (!a.out) return VH_STATUS_ERR_INVALID_ARG;
+    vh_cpu_k_drop_path_scale(a.out, a.n, a.p, a.seed);
+    return VH_STATUS_OK;
 }

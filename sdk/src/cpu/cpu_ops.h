@@ -257,4 +257,10 @@ VH_CPU_HIDDEN void vh_cpu_k_embed_backward(float *dpatches, float *dcls, float *
                                            int64_t token_stride, int64_t patch_batch_stride,
                                            int64_t patch_token_stride);
 
+/* ---- ABI 2.1 ops (activations.c) --------------------------------------------- */
+
+VH_CPU_HIDDEN vh_status vh_cpu_drop_path_scale(vh_device *dev, const vh_eltwise_args *args);
+/* out[b] = drop or keep factor of sample b (vh_device.h's drop_path_scale). */
+VH_CPU_HIDDEN void vh_cpu_k_drop_path_scale(float *out, int64_t n, float p, uint64_t seed);
+
 #endif

@@ -287,109 +287,143 @@ static vh_status finish(const vh_gemm_args *g, int64_t batch, const out_view *t,
     return VH_STATUS_OK;
 }
 
-static vh_status run(const vh_gemm_args *g, int64_t batch) {
-    vh_status st;
-    const int64_t m = g->m, n = g->n, k = g->k;
-    const int multiply = k > 0 && g->alpha != 0.0f;
-    const int gelu = g->epilogue == VH_EPILOGUE_GELU;
-    const int want_aux = gelu && g->aux;
-    const int res_is_c = g->residual && g->residual == g->c;
-    int beta0 = 0; /* the residual and beta C are already in C */
+/* One call's operands and outputs, all as oneDNN and our loops read them. */
+typedef struct gemm_views {
+    operand a, b;
+    const float *bias; /* fp32, or NULL */
+    out_view c, res;   /* fp32 C (itself or a dense copy); the residual, or p NULL */
+    int c32, res_is_c; /* C is f32 (no copy back); the residual is C */
+    int beta0;         /* the residual and beta C are already in C */
+} gemm_views;
 
-    /* Operands: f32 or native bf16 as they are, others as fp32 copies. */
-    operand a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
-    operand b = operand_of(g->b, g->ab_dtype, g->trans_b, g->ldb, g->stride_b);
+/* Operands: f32 or native bf16 as they are, others as fp32 copies; the bias
+ * in fp32. */
+static vh_status view_inputs(const vh_gemm_args *g, int64_t batch, int multiply, gemm_views *v) {
+    vh_status st;
+    v->a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
+    v->b = operand_of(g->b, g->ab_dtype, g->trans_b, g->ldb, g->stride_b);
     if (multiply && g->ab_dtype != VH_DTYPE_F32 &&
         !(g->ab_dtype == VH_DTYPE_BF16 && vh_dnnl_native_bf16())) {
-        if ((st = densify(&a, batch, m, k)) != VH_STATUS_OK ||
-            (st = densify(&b, batch, k, n)) != VH_STATUS_OK)
+        if ((st = densify(&v->a, batch, g->m, g->k)) != VH_STATUS_OK ||
+            (st = densify(&v->b, batch, g->k, g->n)) != VH_STATUS_OK)
             return st;
     }
-    const float *bias = vh_cpu_f32_view(g->bias, g->bias_dtype, n, 1);
-    if (g->bias && !bias) return VH_STATUS_ERR_NOMEM;
+    v->bias = vh_cpu_f32_view(g->bias, g->bias_dtype, g->n, 1);
+    if (g->bias && !v->bias) return VH_STATUS_ERR_NOMEM;
+    return VH_STATUS_OK;
+}
 
-    /* Outputs in fp32: C itself, or a dense copy (loaded when read). */
-    const int c32 = g->c_dtype == VH_DTYPE_F32;
-    out_view c = {g->c, g->stride_c, g->ldc};
-    if (!c32) {
-        c.p = vh_cpu_scratch_alloc((size_t)(batch * m * n) * sizeof(float));
-        if (!c.p) return VH_STATUS_ERR_NOMEM;
-        c.sbatch = m * n, c.ld = n;
-        if (g->beta != 0.0f || res_is_c)
-            block_to_f32(c.p, g->c, g->c_dtype, batch, g->stride_c, m, g->ldc, n);
+/* Outputs in fp32: C itself, or a dense copy (loaded when read); likewise
+ * the residual. */
+static vh_status view_outputs(const vh_gemm_args *g, int64_t batch, gemm_views *v) {
+    const int64_t m = g->m, n = g->n;
+    v->res_is_c = g->residual && g->residual == g->c;
+    v->c32 = g->c_dtype == VH_DTYPE_F32;
+    v->c = (out_view){g->c, g->stride_c, g->ldc};
+    if (!v->c32) {
+        v->c.p = vh_cpu_scratch_alloc((size_t)(batch * m * n) * sizeof(float));
+        if (!v->c.p) return VH_STATUS_ERR_NOMEM;
+        v->c.sbatch = m * n, v->c.ld = n;
+        if (g->beta != 0.0f || v->res_is_c)
+            block_to_f32(v->c.p, g->c, g->c_dtype, batch, g->stride_c, m, g->ldc, n);
     }
-    out_view res = {NULL, 0, 0};
-    if (res_is_c) {
-        res = c;
-    } else if (g->residual && c32) {
-        res = (out_view){(float *)(uintptr_t)g->residual, g->stride_c, g->ldc};
+    v->res = (out_view){NULL, 0, 0};
+    if (v->res_is_c) {
+        v->res = v->c;
+    } else if (g->residual && v->c32) {
+        v->res = (out_view){(float *)(uintptr_t)g->residual, g->stride_c, g->ldc};
     } else if (g->residual) {
-        res.p = vh_cpu_scratch_alloc((size_t)(batch * m * n) * sizeof(float));
-        if (!res.p) return VH_STATUS_ERR_NOMEM;
-        res.sbatch = m * n, res.ld = n;
-        block_to_f32(res.p, g->residual, g->c_dtype, batch, g->stride_c, m, g->ldc, n);
+        v->res.p = vh_cpu_scratch_alloc((size_t)(batch * m * n) * sizeof(float));
+        if (!v->res.p) return VH_STATUS_ERR_NOMEM;
+        v->res.sbatch = m * n, v->res.ld = n;
+        block_to_f32(v->res.p, g->residual, g->c_dtype, batch, g->stride_c, m, g->ldc, n);
     }
+    return VH_STATUS_OK;
+}
 
-    if (multiply && !want_aux && !(bias && g->alpha != 1.0f)) { /* 1. fused */
-        /* A residual that is not C: with beta 0 and no batch (a residual
-         * branch's output layer), a binary-add post-op reads it while each
-         * block of C is in cache. Measured on Zen 3, 2 threads, best of 12,
-         * against copying it into C first: T1's proj and fc2 (6400x64x64,
-         * 6400x64x256) 0.50 -> 0.45 and 1.6 -> 1.5 ms, T2's (4160x192x192,
-         * 4160x192x768) 2.4 -> 2.05 and 8.4 -> 7.7 ms, T3's even. Otherwise
-         * it is added to C first (c = r + beta c) and the sum post-op adds
-         * it: oneDNN 2.6's binary post-op misreads a batched residual whose
-         * batch stride is not m * ldc. */
-        vh_dnnl_matmul mm;
-        if (res.p && !res_is_c && batch == 1 && g->beta == 0.0f) {
-            describe(&mm, g, batch, &a, &b, &c);
-            mm.has_bias = bias != NULL;
-            mm.gelu = gelu;
-            mm.residual = 1;
-            st = vh_dnnl_matmul_run_residual(&mm, a.p, b.p, bias, res.p, c.p);
-            if (st == VH_STATUS_OK && !c32)
-                block_from_f32(g->c, g->c_dtype, c.p, batch, g->stride_c, m, g->ldc, n);
-            if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
-        }
-        if (res.p && !res_is_c) preload(g, batch, &c, &res);
-        describe(&mm, g, batch, &a, &b, &c);
-        mm.has_bias = bias != NULL;
+/* Route 1, one oneDNN matmul with its post-ops. VH_STATUS_ERR_UNSUPPORTED:
+ * oneDNN refused it, and route 2 is to run (C may now hold the residual). */
+static vh_status run_fused(const vh_gemm_args *g, int64_t batch, gemm_views *v) {
+    const int gelu = g->epilogue == VH_EPILOGUE_GELU;
+    vh_status st;
+    /* A residual that is not C: with beta 0 and no batch (a residual
+     * branch's output layer), a binary-add post-op reads it while each
+     * block of C is in cache. Measured on Zen 3, 2 threads, best of 12,
+     * against copying it into C first: T1's proj and fc2 (6400x64x64,
+     * 6400x64x256) 0.50 -> 0.45 and 1.6 -> 1.5 ms, T2's (4160x192x192,
+     * 4160x192x768) 2.4 -> 2.05 and 8.4 -> 7.7 ms, T3's even. Otherwise
+     * it is added to C first (c = r + beta c) and the sum post-op adds
+     * it: oneDNN 2.6's binary post-op misreads a batched residual whose
+     * batch stride is not m * ldc. */
+    vh_dnnl_matmul mm;
+    if (v->res.p && !v->res_is_c && batch == 1 && g->beta == 0.0f) {
+        describe(&mm, g, batch, &v->a, &v->b, &v->c);
+        mm.has_bias = v->bias != NULL;
         mm.gelu = gelu;
-        mm.sum = res.p ? (res_is_c ? 1.0f + g->beta : 1.0f) : g->beta;
-        st = vh_dnnl_matmul_run(&mm, a.p, b.p, bias, c.p);
-        if (st == VH_STATUS_OK && !c32)
-            block_from_f32(g->c, g->c_dtype, c.p, batch, g->stride_c, m, g->ldc, n);
+        mm.residual = 1;
+        st = vh_dnnl_matmul_run_residual(&mm, v->a.p, v->b.p, v->bias, v->res.p, v->c.p);
+        if (st == VH_STATUS_OK && !v->c32)
+            block_from_f32(g->c, g->c_dtype, v->c.p, batch, g->stride_c, g->m, g->ldc, g->n);
         if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
-        if (res.p && !res_is_c) { /* C now holds r + beta C: the residual, alone */
-            res = c;
-            beta0 = 1;
-        }
     }
+    if (v->res.p && !v->res_is_c) preload(g, batch, &v->c, &v->res);
+    describe(&mm, g, batch, &v->a, &v->b, &v->c);
+    mm.has_bias = v->bias != NULL;
+    mm.gelu = gelu;
+    mm.sum = v->res.p ? (v->res_is_c ? 1.0f + g->beta : 1.0f) : g->beta;
+    st = vh_dnnl_matmul_run(&mm, v->a.p, v->b.p, v->bias, v->c.p);
+    if (st == VH_STATUS_OK && !v->c32)
+        block_from_f32(g->c, g->c_dtype, v->c.p, batch, g->stride_c, g->m, g->ldc, g->n);
+    if (st == VH_STATUS_ERR_UNSUPPORTED && v->res.p && !v->res_is_c) {
+        v->res = v->c; /* C now holds r + beta C: the residual, alone */
+        v->beta0 = 1;
+    }
+    return st;
+}
 
-    /* 2. split: T into aux (f32) or a dense scratch, then the epilogue. */
+/* Route 2, split: T into aux (f32) or a dense scratch, then the epilogue. */
+static vh_status run_split(const vh_gemm_args *g, int64_t batch, int multiply, gemm_views *v) {
+    const int64_t m = g->m, n = g->n;
+    const int want_aux = g->epilogue == VH_EPILOGUE_GELU && g->aux;
+    vh_status st;
     out_view t = {NULL, m * n, n};
-    if (want_aux && c32) {
+    if (want_aux && v->c32) {
         t = (out_view){g->aux, g->stride_c, g->ldc};
     } else {
         t.p = vh_cpu_scratch_alloc((size_t)(batch * m * n) * sizeof(float));
         if (!t.p) return VH_STATUS_ERR_NOMEM;
     }
     if (multiply) {
-        if ((st = plain(g, batch, a, b, bias, &t)) != VH_STATUS_OK) return st;
+        if ((st = plain(g, batch, v->a, v->b, v->bias, &t)) != VH_STATUS_OK) return st;
     } else {
         for (int64_t i = 0; i < batch * m; i++) {
             float *row = t.p + (i / m) * t.sbatch + (i % m) * t.ld;
-            if (bias)
-                memcpy(row, bias, (size_t)n * sizeof(float));
+            if (v->bias)
+                memcpy(row, v->bias, (size_t)n * sizeof(float));
             else
                 memset(row, 0, (size_t)n * sizeof(float));
         }
     }
-    if ((st = finish(g, batch, &t, &c, &res, beta0 ? 0.0f : g->beta)) != VH_STATUS_OK)
+    if ((st = finish(g, batch, &t, &v->c, &v->res, v->beta0 ? 0.0f : g->beta)) != VH_STATUS_OK)
         return st;
-    if (want_aux && !c32) block_from_f32(g->aux, g->c_dtype, t.p, batch, g->stride_c, m, g->ldc, n);
-    if (!c32) block_from_f32(g->c, g->c_dtype, c.p, batch, g->stride_c, m, g->ldc, n);
+    if (want_aux && !v->c32)
+        block_from_f32(g->aux, g->c_dtype, t.p, batch, g->stride_c, m, g->ldc, n);
+    if (!v->c32) block_from_f32(g->c, g->c_dtype, v->c.p, batch, g->stride_c, m, g->ldc, n);
     return VH_STATUS_OK;
+}
+
+static vh_status run(const vh_gemm_args *g, int64_t batch) {
+    const int multiply = g->k > 0 && g->alpha != 0.0f;
+    const int want_aux = g->epilogue == VH_EPILOGUE_GELU && g->aux;
+    gemm_views v = {.beta0 = 0};
+    vh_status st = view_inputs(g, batch, multiply, &v);
+    if (st == VH_STATUS_OK) st = view_outputs(g, batch, &v);
+    if (st != VH_STATUS_OK) return st;
+    if (multiply && !want_aux && !(v.bias && g->alpha != 1.0f)) {
+        st = run_fused(g, batch, &v);
+        if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
+    }
+    return run_split(g, batch, multiply, &v);
 }
 
 vh_status vh_cpu_gemm(vh_device *dev, const vh_gemm_args *in) {

@@ -110,15 +110,7 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-vh_status vh_prefetch_init(vh_host *host, const vh_prefetch_setup *setup, vh_prefetch **out) {
-    if (!host || !out) return VH_STATUS_ERR_INVALID_ARG;
-    *out = NULL;
-    /* An older (smaller) setup reads with its missing members zero. */
-    vh_prefetch_setup setup_v;
-    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup) || !setup_v.fill)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
-                               "prefetch setup missing or without a fill function");
-    setup = &setup_v;
+static vh_status check_setup(vh_host *host, const vh_prefetch_setup *setup) {
     if (setup->workers < 0 || setup->workers > 64 || setup->depth < 1 || setup->depth > 256)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                "prefetch: %d workers (0..64) and depth %d (1..256) are invalid",
@@ -129,6 +121,75 @@ vh_status vh_prefetch_init(vh_host *host, const vh_prefetch_setup *setup, vh_pre
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                "prefetch: slot of %lld labels and %lld floats is invalid",
                                (long long)setup->max_batch, (long long)setup->image_floats);
+    return VH_STATUS_OK;
+}
+
+/* The mutex and condition variables; on failure none is left initialised
+ * and the name of the call that failed is returned. */
+static const char *init_sync(vh_prefetch *p) {
+    if (pthread_mutex_init(&p->mu, NULL) != 0) return "pthread_mutex_init";
+    if (pthread_cond_init(&p->work, NULL) != 0) {
+        pthread_mutex_destroy(&p->mu);
+        return "pthread_cond_init";
+    }
+    if (pthread_cond_init(&p->done, NULL) != 0) {
+        pthread_cond_destroy(&p->work);
+        pthread_mutex_destroy(&p->mu);
+        return "pthread_cond_init";
+    }
+    p->sync_ready = 1;
+    return NULL;
+}
+
+/* depth slots, each with room for a whole batch. */
+static vh_status alloc_slots(vh_prefetch *p, const vh_prefetch_setup *setup) {
+    vh_host *host = p->host;
+    p->slots = host->api->alloc(host, (size_t)p->depth * sizeof *p->slots);
+    if (!p->slots) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "prefetch: out of memory");
+    memset(p->slots, 0, (size_t)p->depth * sizeof *p->slots);
+    for (int32_t k = 0; k < p->depth; k++) {
+        p->slots[k].pub.images =
+            host->api->alloc(host, (size_t)setup->image_floats * sizeof(float));
+        p->slots[k].pub.labels = host->api->alloc(host, (size_t)setup->max_batch * sizeof(int32_t));
+        if (!p->slots[k].pub.images || !p->slots[k].pub.labels)
+            return host->api->fail(host, VH_STATUS_ERR_NOMEM,
+                                   "prefetch: out of memory for %d slots of %lld floats",
+                                   (int)setup->depth, (long long)setup->image_floats);
+    }
+    return VH_STATUS_OK;
+}
+
+static vh_status start_workers(vh_prefetch *p) {
+    vh_host *host = p->host;
+    if (p->workers == 0) return VH_STATUS_OK;
+    p->threads = host->api->alloc(host, (size_t)p->workers * sizeof *p->threads);
+    p->args = host->api->alloc(host, (size_t)p->workers * sizeof *p->args);
+    if (!p->threads || !p->args)
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "prefetch: out of memory");
+    for (int32_t k = 0; k < p->workers; k++) {
+        p->args[k].p = p;
+        p->args[k].index = k;
+        int rc = pthread_create(&p->threads[k], NULL, worker_main, &p->args[k]);
+        if (rc != 0)
+            return host->api->fail(host, VH_STATUS_ERR_INTERNAL,
+                                   "prefetch: cannot start worker thread %d of %d: %s", (int)k,
+                                   (int)p->workers, strerror(rc));
+        p->threads_started++;
+    }
+    return VH_STATUS_OK;
+}
+
+vh_status vh_prefetch_init(vh_host *host, const vh_prefetch_setup *setup, vh_prefetch **out) {
+    if (!host || !out) return VH_STATUS_ERR_INVALID_ARG;
+    *out = NULL;
+    /* An older (smaller) setup reads with its missing members zero. */
+    vh_prefetch_setup setup_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup) || !setup_v.fill)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                               "prefetch setup missing or without a fill function");
+    setup = &setup_v;
+    vh_status st = check_setup(host, setup);
+    if (st != VH_STATUS_OK) return st;
 
     vh_prefetch *p = host->api->alloc(host, sizeof *p);
     if (!p) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "prefetch: out of memory");
@@ -139,61 +200,14 @@ vh_status vh_prefetch_init(vh_host *host, const vh_prefetch_setup *setup, vh_pre
     p->workers = setup->workers;
     p->depth = setup->depth;
     p->max_batch = setup->max_batch;
-
-    if (pthread_mutex_init(&p->mu, NULL) != 0) {
+    const char *failed = init_sync(p);
+    if (failed) {
         host->api->free(host, p);
-        return host->api->fail(host, VH_STATUS_ERR_INTERNAL, "prefetch: pthread_mutex_init failed");
+        return host->api->fail(host, VH_STATUS_ERR_INTERNAL, "prefetch: %s failed", failed);
     }
-    if (pthread_cond_init(&p->work, NULL) != 0) {
-        pthread_mutex_destroy(&p->mu);
-        host->api->free(host, p);
-        return host->api->fail(host, VH_STATUS_ERR_INTERNAL, "prefetch: pthread_cond_init failed");
-    }
-    if (pthread_cond_init(&p->done, NULL) != 0) {
-        pthread_cond_destroy(&p->work);
-        pthread_mutex_destroy(&p->mu);
-        host->api->free(host, p);
-        return host->api->fail(host, VH_STATUS_ERR_INTERNAL, "prefetch: pthread_cond_init failed");
-    }
-    p->sync_ready = 1;
-
-    p->slots = host->api->alloc(host, (size_t)p->depth * sizeof *p->slots);
-    if (!p->slots) {
-        vh_prefetch_free(p);
-        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "prefetch: out of memory");
-    }
-    memset(p->slots, 0, (size_t)p->depth * sizeof *p->slots);
-    for (int32_t k = 0; k < p->depth; k++) {
-        p->slots[k].pub.images =
-            host->api->alloc(host, (size_t)setup->image_floats * sizeof(float));
-        p->slots[k].pub.labels = host->api->alloc(host, (size_t)setup->max_batch * sizeof(int32_t));
-        if (!p->slots[k].pub.images || !p->slots[k].pub.labels) {
-            vh_prefetch_free(p);
-            return host->api->fail(host, VH_STATUS_ERR_NOMEM,
-                                   "prefetch: out of memory for %d slots of %lld floats",
-                                   (int)setup->depth, (long long)setup->image_floats);
-        }
-    }
-
-    if (p->workers > 0) {
-        p->threads = host->api->alloc(host, (size_t)p->workers * sizeof *p->threads);
-        p->args = host->api->alloc(host, (size_t)p->workers * sizeof *p->args);
-        if (!p->threads || !p->args) {
-            vh_prefetch_free(p);
-            return host->api->fail(host, VH_STATUS_ERR_NOMEM, "prefetch: out of memory");
-        }
-        for (int32_t k = 0; k < p->workers; k++) {
-            p->args[k].p = p;
-            p->args[k].index = k;
-            int rc = pthread_create(&p->threads[k], NULL, worker_main, &p->args[k]);
-            if (rc != 0) {
-                vh_prefetch_free(p);
-                return host->api->fail(host, VH_STATUS_ERR_INTERNAL,
-                                       "prefetch: cannot start worker thread %d of %d: %s", (int)k,
-                                       (int)setup->workers, strerror(rc));
-            }
-            p->threads_started++;
-        }
+    if ((st = alloc_slots(p, setup)) != VH_STATUS_OK || (st = start_workers(p)) != VH_STATUS_OK) {
+        vh_prefetch_free(p); /* joins the workers that started */
+        return st;
     }
     *out = p;
     return VH_STATUS_OK;

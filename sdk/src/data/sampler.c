@@ -42,14 +42,7 @@ static uint64_t draw_below(uint64_t key, uint64_t *counter, uint64_t n) {
     }
 }
 
-vh_status vh_sampler_init(vh_host *host, const vh_sampler_setup *setup, vh_sampler **out) {
-    if (!host || !out) return VH_STATUS_ERR_INVALID_ARG;
-    *out = NULL;
-    /* An older (smaller) setup reads with its missing members zero. */
-    vh_sampler_setup setup_v;
-    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup))
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "sampler setup missing");
-    setup = &setup_v;
+static vh_status check_setup(vh_host *host, const vh_sampler_setup *setup) {
     if (setup->world_size < 1 || setup->rank < 0 || setup->rank >= setup->world_size)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                "sampler: rank %d of world %d is invalid", (int)setup->rank,
@@ -64,65 +57,80 @@ vh_status vh_sampler_init(vh_host *host, const vh_sampler_setup *setup, vh_sampl
     if (setup->size < 1 || (uint64_t)setup->size > SIZE_MAX / sizeof(int64_t) / 2)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                "sampler: split size %lld is invalid", (long long)setup->size);
+    return VH_STATUS_OK;
+}
 
-    const int64_t n = setup->size, b = setup->batch_size, w = setup->world_size, r = setup->rank;
-    const char *what = setup->split == VH_SPLIT_TRAIN ? "train" : "eval";
-    int64_t local, batches;
-    int eval_short = 0;
-    if (setup->split == VH_SPLIT_TRAIN) {
-        int64_t per_rank = n / w;
-        batches = per_rank / b;
-        if (batches < 1)
-            return host->api->fail(host, VH_STATUS_ERR_CONFIG,
-                                   "train split of %lld samples over %lld rank(s) leaves %lld per "
-                                   "rank, fewer than one batch of %lld",
-                                   (long long)n, (long long)w, (long long)per_rank, (long long)b);
-        local = batches * b;
-    } else {
-        if (n < w)
-            return host->api->fail(host, VH_STATUS_ERR_CONFIG,
-                                   "eval split of %lld samples over %lld ranks leaves some ranks "
-                                   "none; every rank needs at least one",
-                                   (long long)n, (long long)w);
-        int64_t largest = (n + w - 1) / w;
-        local = (n - r + w - 1) / w;
-        batches = (largest + b - 1) / b;
-        /* The smallest share is n / w; every rank needs `batches` non-empty batches. */
-        if (n / w < batches)
-            return host->api->fail(host, VH_STATUS_ERR_CONFIG,
-                                   "eval split of %lld samples over %lld ranks with batch %lld: "
-                                   "shares of %lld and %lld samples cannot make the same number "
-                                   "(%lld) of non-empty batches on every rank; use a batch of at "
-                                   "least 2 or a size that is a multiple of the world size",
-                                   (long long)n, (long long)w, (long long)b, (long long)largest,
-                                   (long long)(n / w), (long long)batches);
-        eval_short = local == (batches - 1) * b; /* the last batch would be empty */
-    }
+/* Training: every rank the same whole batches of its share; the rest of
+ * the split waits for another epoch's shuffle. */
+static vh_status plan_train(vh_host *host, vh_sampler *s) {
+    const int64_t n = s->size, b = s->batch_size, w = s->world;
+    int64_t per_rank = n / w;
+    s->batches = per_rank / b;
+    if (s->batches < 1)
+        return host->api->fail(host, VH_STATUS_ERR_CONFIG,
+                               "train split of %lld samples over %lld rank(s) leaves %lld per "
+                               "rank, fewer than one batch of %lld",
+                               (long long)n, (long long)w, (long long)per_rank, (long long)b);
+    s->local = s->batches * b;
+    return VH_STATUS_OK;
+}
+
+/* Evaluation: every sample once, ranks taking turns; every rank makes the
+ * same number of non-empty batches. */
+static vh_status plan_eval(vh_host *host, vh_sampler *s) {
+    const int64_t n = s->size, b = s->batch_size, w = s->world, r = s->rank;
+    if (n < w)
+        return host->api->fail(host, VH_STATUS_ERR_CONFIG,
+                               "eval split of %lld samples over %lld ranks leaves some ranks "
+                               "none; every rank needs at least one",
+                               (long long)n, (long long)w);
+    int64_t largest = (n + w - 1) / w;
+    s->local = (n - r + w - 1) / w;
+    s->batches = (largest + b - 1) / b;
+    /* The smallest share is n / w; every rank needs `batches` non-empty batches. */
+    if (n / w < s->batches)
+        return host->api->fail(host, VH_STATUS_ERR_CONFIG,
+                               "eval split of %lld samples over %lld ranks with batch %lld: "
+                               "shares of %lld and %lld samples cannot make the same number "
+                               "(%lld) of non-empty batches on every rank; use a batch of at "
+                               "least 2 or a size that is a multiple of the world size",
+                               (long long)n, (long long)w, (long long)b, (long long)largest,
+                               (long long)(n / w), (long long)s->batches);
+    s->eval_short = s->local == (s->batches - 1) * b; /* the last batch would be empty */
+    return VH_STATUS_OK;
+}
+
+vh_status vh_sampler_init(vh_host *host, const vh_sampler_setup *setup, vh_sampler **out) {
+    if (!host || !out) return VH_STATUS_ERR_INVALID_ARG;
+    *out = NULL;
+    /* An older (smaller) setup reads with its missing members zero. */
+    vh_sampler_setup setup_v;
+    if (!vh_struct_upgrade(&setup_v, sizeof setup_v, setup))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "sampler setup missing");
+    setup = &setup_v;
+    vh_status st = check_setup(host, setup);
+    if (st != VH_STATUS_OK) return st;
+    vh_sampler plan = {.host = host, .size = setup->size, .batch_size = setup->batch_size,
+                       .rank = setup->rank, .world = setup->world_size, .split = setup->split,
+                       .seed = setup->seed, .epoch = -1};
+    st = plan.split == VH_SPLIT_TRAIN ? plan_train(host, &plan) : plan_eval(host, &plan);
+    if (st != VH_STATUS_OK) return st;
 
     vh_sampler *s = host->api->alloc(host, sizeof *s);
     if (!s) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "sampler: out of memory");
-    memset(s, 0, sizeof *s);
-    s->host = host;
-    s->size = n;
-    s->batch_size = b;
-    s->rank = (int32_t)r;
-    s->world = (int32_t)w;
-    s->split = setup->split;
-    s->seed = setup->seed;
-    s->local = local;
-    s->batches = batches;
-    s->eval_short = eval_short;
-    s->epoch = -1;
-    s->order = host->api->alloc(host, (size_t)local * sizeof(int64_t));
-    if (s->split == VH_SPLIT_TRAIN) s->perm = host->api->alloc(host, (size_t)n * sizeof(int64_t));
+    *s = plan;
+    s->order = host->api->alloc(host, (size_t)s->local * sizeof(int64_t));
+    if (s->split == VH_SPLIT_TRAIN)
+        s->perm = host->api->alloc(host, (size_t)s->size * sizeof(int64_t));
     if (!s->order || (s->split == VH_SPLIT_TRAIN && !s->perm)) {
         vh_sampler_free(s);
         return host->api->fail(host, VH_STATUS_ERR_NOMEM,
-                               "sampler: out of memory for the %s order of %lld samples", what,
-                               (long long)n);
+                               "sampler: out of memory for the %s order of %lld samples",
+                               setup->split == VH_SPLIT_TRAIN ? "train" : "eval",
+                               (long long)setup->size);
     }
     if (s->split == VH_SPLIT_EVAL)
-        for (int64_t k = 0; k < local; k++) s->order[k] = r + k * w;
+        for (int64_t k = 0; k < s->local; k++) s->order[k] = s->rank + k * s->world;
     *out = s;
     return VH_STATUS_OK;
 }

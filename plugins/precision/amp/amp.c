@@ -70,26 +70,22 @@
  * State: the dtype and the scaler's blob (scale, good-step counter, skipped
  * and total updates), so a resumed run continues bit for bit; a blob of
  * another precision plugin is refused by name.
+ *
+ * This file is the policy (its keys, dtypes and lines); the scaler, the
+ * check, the state and the vtable calls are the loss-scaled core that fp16
+ * shares (../common/scaled_core.h).
  */
 #include <stdint.h>
 #include <string.h>
 
+#include "../common/scaled_core.h"
 #include "vithost/vh_config.h"
 #include "vithost/vh_host.h"
-#include "vithost/vh_loss_scaler.h"
-
-#include "../common/scaled_grads.h"
 #include "vithost/vh_params.h"
 #include "vithost/vh_plugin.h"
 #include "vithost/vh_precision.h"
 
-typedef struct amp {
-    vh_host *host;
-    vh_dtype dtype;       /* bf16 or f16 */
-    vh_dtype reduce;      /* the wire */
-    int layernorm_fp32;
-    scaled_grads sg;  /* the scaler, the overflow check, the last sum of squares */
-} amp;
+#define STATE_MAGIC 0x4d415056u /* "VPAM" little-endian: vithost precision amp */
 
 static const vh_config_key schema[] = {
     {"dtype", VH_CONFIG_TYPE_ENUM, "bf16",
@@ -98,36 +94,12 @@ static const vh_config_key schema[] = {
     {"layernorm_fp32", VH_CONFIG_TYPE_BOOL, "true",
      "keep layer-norm weights and their gradients in fp32 (autocast's layer_norm)", NULL,
      0, 0, 0},
-    {"reduce_dtype", VH_CONFIG_TYPE_ENUM, "auto",
-     "dtype of the gradients on the wire: auto (fp32 for fp16, bf16 for bf16), fp32, or the "
-     "compute dtype",
-     "auto|fp32|bf16|fp16", 0, 0, 0},
-    {"loss_scaling", VH_CONFIG_TYPE_ENUM, "auto",
-     "auto (dynamic for fp16, none for bf16), dynamic (back off on overflow, grow after "
-     "growth_interval good steps), static (init_scale, fixed), none (scale 1)",
-     "auto|dynamic|static|none", 0, 0, 0},
-    {"init_scale", VH_CONFIG_TYPE_FLOAT, "65536", "dynamic, static: the first loss scale", NULL,
-     1.2e-38, 3.4e38, 0},
-    {"growth_factor", VH_CONFIG_TYPE_FLOAT, "2", "dynamic: the scale's factor at each growth",
-     NULL, 1, 1e6, 0},
-    {"backoff_factor", VH_CONFIG_TYPE_FLOAT, "0.5",
-     "dynamic: the scale's factor on an overflow, in (0, 1)", NULL, 0, 1, 0},
-    {"growth_interval", VH_CONFIG_TYPE_INT, "2000",
-     "dynamic: steps in a row without overflow before the scale grows", NULL, 1, 1e15, 0},
-    {"min_scale", VH_CONFIG_TYPE_FLOAT, "1",
-     "dynamic: the scale never backs off below this; an overflow at it is a real Inf/NaN", NULL,
-     1.2e-38, 3.4e38, 0},
-    {"max_scale", VH_CONFIG_TYPE_FLOAT, "16777216", "dynamic: the scale never grows above this",
-     NULL, 1.2e-38, 3.4e38, 0},
+    SCALED_CORE_SCHEMA_KEYS("dtype of the gradients on the wire: auto (fp32 for fp16, bf16 for "
+                            "bf16), fp32, or the compute dtype",
+                            "auto|fp32|bf16|fp16", "dynamic for fp16, none for bf16"),
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 
-static void amp_destroy(void *self);
-
-static vh_status get_string(vh_host *host, const char *key, const char **out) {
-    vh_status st = host->api->config_string(host, key, out);
-    return st == VH_STATUS_OK ? st : host->api->fail(host, st, "cannot read the key '%s'", key);
-}
 /* "fp32" / "bf16" / "fp16" as the schema spells them. */
 static vh_dtype dtype_of(const char *name) {
     if (strcmp(name, "bf16") == 0) return VH_DTYPE_BF16;
@@ -138,18 +110,28 @@ static const char *key_name(vh_dtype t) {
     return t == VH_DTYPE_BF16 ? "bf16" : t == VH_DTYPE_F16 ? "fp16" : "fp32";
 }
 
-static vh_status amp_create(vh_host *host, void **self) {
-    if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
-    *self = NULL;
+/* D everywhere but the f32 masters, the optimizer state and (with
+ * layernorm_fp32) the layer norms; the wire as reduce_dtype says. */
+static void set_policy(vh_precision_policy *p, vh_dtype dtype, vh_dtype reduce,
+                       int layernorm_fp32) {
+    p->param_dtype = dtype;
+    p->compute_dtype = dtype;
+    p->grad_dtype = dtype;
+    p->comm_dtype = reduce;
+    p->master_dtype = VH_DTYPE_F32;
+    p->state_dtype = VH_DTYPE_F32;
+    p->fp32_param_flags = layernorm_fp32 ? VH_PARAM_FLAG_NORM : 0;
+    p->master_weights = 1;
+}
+
+static vh_status amp_configure(vh_host *host, scaled_config *out) {
     const char *dtype_name, *reduce_name, *mode;
     int layernorm_fp32 = 1;
     vh_status st;
-    if ((st = get_string(host, "dtype", &dtype_name)) != VH_STATUS_OK ||
-        (st = get_string(host, "reduce_dtype", &reduce_name)) != VH_STATUS_OK ||
-        (st = get_string(host, "loss_scaling", &mode)) != VH_STATUS_OK)
+    if ((st = scaled_core_string(host, "dtype", &dtype_name)) != VH_STATUS_OK ||
+        (st = scaled_core_wire_keys(host, &reduce_name, &mode)) != VH_STATUS_OK ||
+        (st = scaled_core_bool(host, "layernorm_fp32", &layernorm_fp32)) != VH_STATUS_OK)
         return st;
-    if ((st = host->api->config_bool(host, "layernorm_fp32", &layernorm_fp32)) != VH_STATUS_OK)
-        return host->api->fail(host, st, "cannot read the bool key 'layernorm_fp32'");
     vh_dtype dtype = dtype_of(dtype_name);
     if (dtype == VH_DTYPE_F32)
         return host->api->config_fail(host, "dtype", "'%s' is not bf16 or fp16", dtype_name);
@@ -165,175 +147,35 @@ static vh_status amp_create(vh_host *host, void **self) {
                                       fp16 ? "drop 3 bits of each gradient's mantissa"
                                            : "overflow where bf16 did not");
     if (strcmp(mode, "auto") == 0) mode = fp16 ? "dynamic" : "none";
+    set_policy(&out->policy, dtype, reduce, layernorm_fp32 != 0);
+    out->state_word = (uint32_t)dtype;
+    out->mode = mode;
+    return VH_STATUS_OK;
+}
 
-    amp *p = host->api->alloc(host, sizeof *p);
-    if (!p) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory");
-    memset(p, 0, sizeof *p);
-    p->host = host;
-    p->dtype = dtype;
-    p->reduce = reduce;
-    p->layernorm_fp32 = layernorm_fp32 != 0;
-    st = scaled_grads_init(&p->sg, host, mode);
-    if (st != VH_STATUS_OK) {
-        amp_destroy(p);
-        return st;
-    }
-    if (fp16 && strcmp(mode, "none") == 0)
-        host->api->log(host, VH_LOG_LEVEL_WARN,
-                       "fp16 without loss scaling: gradients below 2^-24 become zero "
-                       "(loss_scaling: dynamic is the default for fp16)");
+static void amp_describe(vh_host *host, const scaled_config *c, double scale) {
+    const char *dtype_name = key_name((vh_dtype)c->policy.param_dtype);
     host->api->log(host, VH_LOG_LEVEL_INFO,
                    "amp %s: f32 masters and optimizer state, %s on the wire, layer norms in %s, "
                    "loss scaling %s (scale %g)",
-                   dtype_name, key_name(reduce), p->layernorm_fp32 ? "fp32" : dtype_name, mode,
-                   (double)p->sg.scaler.scale);
-    *self = p;
-    return VH_STATUS_OK;
+                   dtype_name, key_name((vh_dtype)c->policy.comm_dtype),
+                   c->policy.fp32_param_flags ? "fp32" : dtype_name, c->mode, scale);
 }
 
-static void amp_destroy(void *self) {
-    amp *p = self;
-    if (!p) return;
-    scaled_grads_free(&p->sg);
-    p->host->api->free(p->host, p);
+/* The masters are f32 either way: another dtype resumes, said once. */
+static void amp_resumed(vh_host *host, const scaled_config *c, uint32_t saved_dtype) {
+    if (saved_dtype == c->state_word) return;
+    host->api->log(host, VH_LOG_LEVEL_WARN,
+                   "the checkpoint was trained with amp %s; this run continues in %s",
+                   vh_dtype_size((vh_dtype)saved_dtype) ? key_name((vh_dtype)saved_dtype) : "?",
+                   key_name((vh_dtype)c->policy.param_dtype));
 }
 
-static vh_status amp_policy(void *self, vh_precision_policy *out) {
-    amp *p = self;
-    if (!p || !out) return VH_STATUS_ERR_INVALID_ARG;
-    if (out->struct_size < sizeof out->struct_size)
-        return p->host->api->fail(p->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "policy: out->struct_size is %u; the caller sets it",
-                                  (unsigned)out->struct_size);
-    vh_precision_policy full;
-    memset(&full, 0, sizeof full);
-    full.param_dtype = p->dtype;
-    full.compute_dtype = p->dtype;
-    full.grad_dtype = p->dtype;
-    full.comm_dtype = p->reduce;
-    full.master_dtype = VH_DTYPE_F32;
-    full.state_dtype = VH_DTYPE_F32;
-    full.fp32_param_flags = p->layernorm_fp32 ? VH_PARAM_FLAG_NORM : 0;
-    full.master_weights = 1;
-    /* The caller's struct may be of an older minor: fill only what it covers,
-     * and leave its struct_size as the caller set it. */
-    size_t n = out->struct_size < sizeof full ? out->struct_size : sizeof full;
-    memcpy((char *)out + sizeof out->struct_size, (const char *)&full + sizeof full.struct_size,
-           n - sizeof out->struct_size);
-    return VH_STATUS_OK;
-}
-
-static float amp_loss_scale(void *self) {
-    const amp *p = self;
-    return p ? vh_loss_scaler_scale(&p->sg.scaler) : 1.0f;
-}
-
-static vh_status amp_unscale_and_check(void *self, const vh_param_slices *grads,
-                                       int *found_inf) {
-    amp *p = self;
-    if (!p) return VH_STATUS_ERR_INVALID_ARG;
-    return scaled_grads_unscale_and_check(&p->sg, grads, found_inf);
-}
-
-static vh_status amp_grad_sum_sq(void *self, double *out, int *has) {
-    amp *p = self;
-    if (!p || !out || !has) return VH_STATUS_ERR_INVALID_ARG;
-    scaled_grads_sum_sq(&p->sg, out, has);
-    return VH_STATUS_OK;
-}
-
-static vh_status amp_update(void *self, int found_inf) {
-    amp *p = self;
-    if (!p) return VH_STATUS_ERR_INVALID_ARG;
-    scaled_grads_update(&p->sg, found_inf);
-    return VH_STATUS_OK;
-}
-
-/* ---- state: the dtype and the scaler ---------------------------------------- */
-
-#define STATE_MAGIC 0x4d415056u /* "VPAM" little-endian: vithost precision amp */
-#define STATE_VERSION 1u
-
-typedef struct amp_header {
-    uint32_t magic, version;
-    uint32_t dtype;    /* vh_dtype of the run that wrote it */
-    uint32_t reserved; /* zero */
-} amp_header;
-
-#define STATE_BYTES (sizeof(amp_header) + VH_LOSS_SCALER_STATE_BYTES)
-
-static vh_status amp_state_size(void *self, size_t *bytes) {
-    if (!self || !bytes) return VH_STATUS_ERR_INVALID_ARG;
-    *bytes = STATE_BYTES;
-    return VH_STATUS_OK;
-}
-
-static vh_status amp_state_save(void *self, void *buf, size_t bytes) {
-    amp *p = self;
-    if (!p) return VH_STATUS_ERR_INVALID_ARG;
-    if (!buf || bytes < STATE_BYTES)
-        return p->host->api->fail(p->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "state buffer of %zu bytes, %zu needed", buf ? bytes : 0,
-                                  (size_t)STATE_BYTES);
-    amp_header h;
-    memset(&h, 0, sizeof h);
-    h.magic = STATE_MAGIC;
-    h.version = STATE_VERSION;
-    h.dtype = (uint32_t)p->dtype;
-    memcpy(buf, &h, sizeof h);
-    return vh_loss_scaler_state_save(&p->sg.scaler, (char *)buf + sizeof h,
-                                     bytes - sizeof h, p->host);
-}
-
-static vh_status amp_state_load(void *self, const void *buf, size_t bytes) {
-    amp *p = self;
-    if (!p) return VH_STATUS_ERR_INVALID_ARG;
-    vh_host *host = p->host;
-    uint32_t magic = 0;
-    if (buf && bytes >= sizeof magic) memcpy(&magic, buf, sizeof magic);
-    if (!buf || bytes < sizeof magic || magic != STATE_MAGIC)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "the checkpoint's precision state (%zu bytes, tag 0x%08x) was not "
-                               "written by amp (tag 0x%08x): it belongs to another precision "
-                               "plugin; resume with that plugin",
-                               buf ? bytes : 0, (unsigned)magic, (unsigned)STATE_MAGIC);
-    amp_header h;
-    if (bytes != STATE_BYTES)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "the amp precision state is %zu bytes, %zu expected: the "
-                               "checkpoint is damaged",
-                               bytes, (size_t)STATE_BYTES);
-    memcpy(&h, buf, sizeof h);
-    if (h.version != STATE_VERSION)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "amp precision state version %u, this amp reads version %u%s",
-                               (unsigned)h.version, (unsigned)STATE_VERSION,
-                               h.version > STATE_VERSION ? " (written by a newer amp)" : "");
-    vh_status st =
-        vh_loss_scaler_state_load(&p->sg.scaler, (const char *)buf + sizeof h, bytes - sizeof h, host);
-    if (st != VH_STATUS_OK) return st;
-    /* The masters are f32 either way: another dtype resumes, said once. */
-    if (h.dtype != (uint32_t)p->dtype)
-        host->api->log(host, VH_LOG_LEVEL_WARN,
-                       "the checkpoint was trained with amp %s; this run continues in %s",
-                       vh_dtype_size((vh_dtype)h.dtype) ? key_name((vh_dtype)h.dtype) : "?",
-                       key_name(p->dtype));
-    return VH_STATUS_OK;
-}
-
-static const vh_precision_vtable vtable = {
-    .struct_size = sizeof(vh_precision_vtable),
-    .create = amp_create,
-    .destroy = amp_destroy,
-    .policy = amp_policy,
-    .loss_scale = amp_loss_scale,
-    .unscale_and_check = amp_unscale_and_check,
-    .update = amp_update,
-    .state_size = amp_state_size,
-    .state_save = amp_state_save,
-    .state_load = amp_state_load,
-    .grad_sum_sq = amp_grad_sum_sq,
+static const scaled_spec spec = {
+    .name = "amp", .state_magic = STATE_MAGIC, .default_note = "the default for fp16",
+    .configure = amp_configure, .describe = amp_describe, .resumed = amp_resumed,
 };
+SCALED_CORE_DEFINE_VTABLE(vtable, spec);
 
 VH_PLUGIN_DEFINE(VH_ROLE_PRECISION, "amp", "0.1.0",
                  "mixed precision: bf16 or fp16 compute, fp32 masters, dynamic loss scaling",

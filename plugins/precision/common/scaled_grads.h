@@ -5,9 +5,27 @@
 #ifndef VITHOST_PLUGINS_SCALED_GRADS_H
 #define VITHOST_PLUGINS_SCALED_GRADS_H
 
+#include "vithost/vh_config.h"
 #include "vithost/vh_host.h"
 #include "vithost/vh_loss_scaler.h"
 #include "vithost/vh_params.h"
+
+/* The scaler's rows of a plugin's schema (what scaled_grads_init reads);
+ * the plugin's own loss_scaling row says what its auto means. */
+#define SCALED_GRADS_SCHEMA_KEYS                                                                 \
+    {"init_scale", VH_CONFIG_TYPE_FLOAT, "65536", "dynamic, static: the first loss scale", NULL, \
+     1.2e-38, 3.4e38, 0},                                                                        \
+    {"growth_factor", VH_CONFIG_TYPE_FLOAT, "2", "dynamic: the scale's factor at each growth",   \
+     NULL, 1, 1e6, 0},                                                                           \
+    {"backoff_factor", VH_CONFIG_TYPE_FLOAT, "0.5",                                              \
+     "dynamic: the scale's factor on an overflow, in (0, 1)", NULL, 0, 1, 0},                    \
+    {"growth_interval", VH_CONFIG_TYPE_INT, "2000",                                              \
+     "dynamic: steps in a row without overflow before the scale grows", NULL, 1, 1e15, 0},       \
+    {"min_scale", VH_CONFIG_TYPE_FLOAT, "1",                                                     \
+     "dynamic: the scale never backs off below this; an overflow at it is a real Inf/NaN", NULL, \
+     1.2e-38, 3.4e38, 0},                                                                        \
+    {"max_scale", VH_CONFIG_TYPE_FLOAT, "16777216", "dynamic: the scale never grows above this", \
+     NULL, 1.2e-38, 3.4e38, 0}
 
 typedef struct scaled_grads {
     vh_host *host;

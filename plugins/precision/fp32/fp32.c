@@ -32,6 +32,8 @@
 #include "vithost/vh_plugin.h"
 #include "vithost/vh_precision.h"
 
+#include "../common/precision_io.h"
+
 typedef struct fp32 {
     vh_host *host;
     int check_finite;
@@ -85,10 +87,6 @@ static void fp32_destroy(void *self) {
 static vh_status fp32_policy(void *self, vh_precision_policy *out) {
     fp32 *p = self;
     if (!p || !out) return VH_STATUS_ERR_INVALID_ARG;
-    if (out->struct_size < sizeof out->struct_size)
-        return p->host->api->fail(p->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "policy: out->struct_size is %u; the caller sets it",
-                                  (unsigned)out->struct_size);
     vh_precision_policy full;
     memset(&full, 0, sizeof full);
     full.param_dtype = VH_DTYPE_F32;
@@ -99,12 +97,7 @@ static vh_status fp32_policy(void *self, vh_precision_policy *out) {
     full.state_dtype = VH_DTYPE_F32;
     full.fp32_param_flags = 0; /* nothing to keep apart: everything is f32 */
     full.master_weights = 1;   /* the sharding plugin may alias them to the params */
-    /* The caller's struct may be of an older minor: fill only what it covers,
-     * and leave its struct_size as the caller set it. */
-    size_t n = out->struct_size < sizeof full ? out->struct_size : sizeof full;
-    memcpy((char *)out + sizeof out->struct_size, (const char *)&full + sizeof full.struct_size,
-           n - sizeof out->struct_size);
-    return VH_STATUS_OK;
+    return precision_policy_out(p->host, out, &full);
 }
 
 static float fp32_loss_scale(void *self) {
@@ -163,35 +156,24 @@ static vh_status fp32_update(void *self, int found_inf) {
     return VH_STATUS_OK;
 }
 
-/* ---- state: a tag, so that foreign checkpoints are refused -------------- */
+/* ---- state: a tag, so that foreign checkpoints are refused --------------
+ * The header alone (precision_io.h), its word and reserved zero: room for
+ * later versions. */
 
 #define STATE_MAGIC 0x33465056u /* "VPF3" little-endian: vithost precision fp32 */
 #define STATE_VERSION 1u
 
-typedef struct fp32_state {
-    uint32_t magic, version;
-    uint32_t reserved[2]; /* zero; room for later versions */
-} fp32_state;
-
 static vh_status fp32_state_size(void *self, size_t *bytes) {
     if (!self || !bytes) return VH_STATUS_ERR_INVALID_ARG;
-    *bytes = sizeof(fp32_state);
+    *bytes = sizeof(precision_state_header);
     return VH_STATUS_OK;
 }
 
 static vh_status fp32_state_save(void *self, void *buf, size_t bytes) {
     fp32 *p = self;
     if (!p) return VH_STATUS_ERR_INVALID_ARG;
-    if (!buf || bytes < sizeof(fp32_state))
-        return p->host->api->fail(p->host, VH_STATUS_ERR_INVALID_ARG,
-                                  "state buffer of %zu bytes, %zu needed", buf ? bytes : 0,
-                                  sizeof(fp32_state));
-    fp32_state s;
-    memset(&s, 0, sizeof s);
-    s.magic = STATE_MAGIC;
-    s.version = STATE_VERSION;
-    memcpy(buf, &s, sizeof s);
-    return VH_STATUS_OK;
+    const precision_state_header h = {STATE_MAGIC, STATE_VERSION, 0, 0};
+    return precision_state_save_header(p->host, buf, bytes, sizeof h, &h);
 }
 
 static vh_status fp32_state_load(void *self, const void *buf, size_t bytes) {
@@ -200,27 +182,10 @@ static vh_status fp32_state_load(void *self, const void *buf, size_t bytes) {
     vh_host *host = p->host;
     if (!buf && bytes > 0)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "state_load: NULL buffer");
-    uint32_t magic = 0;
-    if (bytes >= sizeof magic) memcpy(&magic, buf, sizeof magic);
-    if (bytes < sizeof magic || magic != STATE_MAGIC)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "the checkpoint's precision state (%zu bytes, tag 0x%08x) was not "
-                               "written by fp32 (tag 0x%08x): it belongs to another precision "
-                               "plugin; resume with that plugin",
-                               bytes, (unsigned)magic, (unsigned)STATE_MAGIC);
-    fp32_state s;
-    if (bytes != sizeof s)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "the fp32 precision state is %zu bytes, %zu expected: the "
-                               "checkpoint is damaged",
-                               bytes, sizeof s);
-    memcpy(&s, buf, sizeof s);
-    if (s.version != STATE_VERSION)
-        return host->api->fail(host, VH_STATUS_ERR_FORMAT,
-                               "fp32 precision state version %u, this fp32 reads version %u%s",
-                               (unsigned)s.version, (unsigned)STATE_VERSION,
-                               s.version > STATE_VERSION ? " (written by a newer fp32)" : "");
-    return VH_STATUS_OK; /* nothing to restore: fp32 has no scale */
+    precision_state_header h;
+    /* Nothing to restore past the header: fp32 has no scale. */
+    return precision_state_load_header(host, "fp32", STATE_MAGIC, STATE_VERSION, buf, bytes,
+                                       sizeof h, &h);
 }
 
 static const vh_precision_vtable vtable = {

@@ -13,35 +13,29 @@
  * next to the GEMMs (under 20% of a step), a conversion pass costs less than
  * the op, and one kernel per op keeps the fp32 numbers the fixtures check.
  *
+ * That is one wrapper for every op but the multi-tensor one (op_run); what
+ * differs between ops is a row of the table at the end of this file: the
+ * dtypes the op takes, its plan (the checks of its other arguments, and the
+ * element count of each tensor), its kernel call, and its tensors.
+ *
  * Strided token tensors are converted over their whole extent, from the first
  * element to the last: gaps between rows go through f32 and back unchanged.
  */
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "cpu_ops.h"
 
-/* Reads *in into the local struct `local`: a writer of any minor, as long as
- * its struct has every member before `first_optional` (the stream, whose
- * zero is the current stream, is the only member a 2.0 caller may lack). */
-#define READ_ARGS(local, in, type, first_optional)                                  \
-    do {                                                                            \
-        if (!(in) || (in)->struct_size < offsetof(type, first_optional) ||           \
-            !vh_struct_upgrade(&(local), sizeof(local), (in)))                       \
-            return VH_STATUS_ERR_INVALID_ARG;                                       \
-    } while (0)
-
-#define CHECK_DTYPE(t)                                            \
-    do {                                                          \
-        if (!vh_cpu_is_float(t)) return VH_STATUS_ERR_INVALID_ARG; \
-    } while (0)
-
-/* fp32 views of an op's tensors, from the scratch arena (between the op's
- * mark and release); a view that could not be allocated (NULL where its
- * tensor is not) fails the op with NOMEM. */
-#define VIEW_IN(name, ptr, t, n) const float *name = vh_cpu_f32_view((ptr), (t), (n), 1)
-#define VIEW_OUT(name, ptr, t, n, load) float *name = vh_cpu_f32_view((ptr), (t), (n), (load))
-#define MISSING(view, ptr) (!(view) && (ptr))
+/* Reads *in into dst (dst_size bytes): a writer of any minor, as long as its
+ * struct has every member before min_size (the stream, whose zero is the
+ * current stream, is the only member a 2.0 caller may lack). */
+static int read_args(void *dst, size_t dst_size, size_t min_size, const void *in) {
+    uint32_t size;
+    if (!in) return 0;
+    memcpy(&size, in, sizeof size);
+    return size >= min_size && vh_struct_upgrade(dst, dst_size, in);
+}
 
 /* Elements from the first to the last of a strided token tensor. */
 static int64_t extent(int64_t batch, int64_t batch_stride, int64_t tokens, int64_t token_stride,
@@ -50,440 +44,401 @@ static int64_t extent(int64_t batch, int64_t batch_stride, int64_t tokens, int64
     return (batch - 1) * batch_stride + (tokens - 1) * token_stride + dim;
 }
 
-/* ---- layer norm ----------------------------------------------------------- */
+/* ---- the one wrapper ----------------------------------------------------------- */
 
-vh_status vh_cpu_layernorm_forward(vh_device *dev, const vh_layernorm_args *in) {
-    (void)dev;
-    vh_layernorm_args a;
-    READ_ARGS(a, in, vh_layernorm_args, stream);
-    CHECK_DTYPE(a.dtype);
-    CHECK_DTYPE(a.param_dtype);
-    if (a.rows < 0 || a.dim < 0 || !(a.eps >= 0.0f)) return VH_STATUS_ERR_INVALID_ARG;
-    if (a.rows == 0) return VH_STATUS_OK;
-    if (a.dim == 0 || !a.out || !a.x || !a.mean || !a.rstd || !a.weight || !a.bias)
-        return VH_STATUS_ERR_INVALID_ARG;
-    const int64_t n = a.rows * a.dim;
+#define OP_MAX_TENSORS 6
+
+/* How the wrapper treats a tensor of a row. */
+enum {
+    T_READ = 1,        /* the view starts with the tensor's values */
+    T_WRITE = 2,       /* the view is stored back after the kernel */
+    T_READ_ACC = 4,    /* read when the call accumulates (element-wise `accumulate`) */
+    T_NULL_OK = 8,     /* may be NULL: the kernel gets NULL (the plan checks when it may) */
+    IN = T_READ,
+    OUT = T_WRITE,
+    ACC = T_READ | T_WRITE, /* outputs added to, and outputs with gaps to keep */
+};
+
+/* The element counts a plan sets, by what they count. */
+enum {
+    SZ_ALL,     /* every element: layer norm rows * dim, element-wise n, rows * cols,
+                   cross-entropy batch * classes */
+    SZ_ROW,     /* one row: layer norm dim, rows cols, the class token's dim */
+    SZ_TOKENS,  /* a token tensor's extent */
+    SZ_POOLED,  /* batch * dim */
+    SZ_IMAGES,  /* batch * channels * height * width */
+    SZ_PATCHES, /* embed's patch tokens' extent */
+    SZ_POS,     /* tokens * dim */
+    SZ_COUNT
+};
+
+typedef struct op_tensor {
+    size_t ptr, dtype; /* offsets of its pointer member and its dtype member */
+    int size;          /* SZ_* */
+    int how;           /* T_* */
+} op_tensor;
+
+typedef union op_args {
+    vh_layernorm_args ln;
+    vh_eltwise_args ew;
+    vh_rows_args rows;
+    vh_xent_args xent;
+    vh_tokens_args tok;
+} op_args;
+
+/* One call: the caller's args at this minor's size, and what the plan made
+ * of them. */
+typedef struct op_call {
+    op_args a;
+    void *ptr[OP_MAX_TENSORS]; /* the row's tensors, read from a (a plan may redirect one) */
+    int64_t size[SZ_COUNT];
+    int accumulate; /* loads the T_READ_ACC tensors */
+} op_call;
+
+typedef enum op_plan { OP_RUN, OP_EMPTY, OP_INVALID } op_plan;
+
+typedef struct cpu_op {
+    size_t args_size, min_size; /* sizeof the args struct; offsetof its stream */
+    size_t dtypes[4];           /* the dtype members it takes (f32, f16, bf16); 0 ends */
+    op_plan (*plan)(op_call *c);
+    void (*kernel)(const op_call *c, float *const *v); /* v: the views, in row order */
+    op_tensor t[OP_MAX_TENSORS]; /* in the kernel's argument order; ptr 0 ends */
+} cpu_op;
+
+/* Every dtype member is an int32_t (vh_types.h), read through its offset. */
+_Static_assert(sizeof(((vh_eltwise_args *)0)->dtype) == sizeof(int32_t) &&
+                   sizeof(((vh_layernorm_args *)0)->param_dtype) == sizeof(int32_t) &&
+                   sizeof(((vh_rows_args *)0)->out_dtype) == sizeof(int32_t) &&
+                   sizeof(((vh_xent_args *)0)->dtype) == sizeof(int32_t) &&
+                   sizeof(((vh_tokens_args *)0)->image_dtype) == sizeof(int32_t),
+               "dtype members are int32_t");
+
+static vh_dtype dtype_at(const op_args *a, size_t offset) {
+    int32_t d;
+    memcpy(&d, (const char *)a + offset, sizeof d);
+    return (vh_dtype)d;
+}
+
+/* fp32 views of the tensors from the scratch arena, the kernel, the stores;
+ * a view that could not be allocated (NULL where its tensor is not) fails
+ * the op with NOMEM. */
+static vh_status op_compute(const cpu_op *op, const op_call *c, int count) {
+    float *v[OP_MAX_TENSORS] = {0};
+    vh_status st = VH_STATUS_OK;
     vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(x, a.x, a.dtype, n);
-    VIEW_IN(w, a.weight, a.param_dtype, a.dim);
-    VIEW_IN(b, a.bias, a.param_dtype, a.dim);
-    VIEW_OUT(out, a.out, a.dtype, n, 0);
-    vh_status st = VH_STATUS_ERR_NOMEM;
-    if (x && w && b && out) {
-        vh_cpu_k_layernorm_forward(out, a.mean, a.rstd, x, w, b, a.rows, a.dim, a.eps);
-        vh_cpu_f32_store(a.out, a.dtype, out, n);
-        st = VH_STATUS_OK;
+    for (int i = 0; i < count && st == VH_STATUS_OK; i++) {
+        const op_tensor *t = &op->t[i];
+        const int load = (t->how & T_READ) || ((t->how & T_READ_ACC) && c->accumulate);
+        v[i] = vh_cpu_f32_view(c->ptr[i], dtype_at(&c->a, t->dtype), c->size[t->size], load);
+        if (!v[i] && c->ptr[i]) st = VH_STATUS_ERR_NOMEM;
+    }
+    if (st == VH_STATUS_OK) {
+        op->kernel(c, v);
+        for (int i = 0; i < count; i++)
+            if (op->t[i].how & T_WRITE)
+                vh_cpu_f32_store(c->ptr[i], dtype_at(&c->a, op->t[i].dtype), v[i],
+                                 c->size[op->t[i].size]);
     }
     vh_cpu_scratch_end(mark);
     return st;
 }
 
-vh_status vh_cpu_layernorm_backward(vh_device *dev, const vh_layernorm_args *in) {
-    (void)dev;
-    vh_layernorm_args a;
-    READ_ARGS(a, in, vh_layernorm_args, stream);
-    CHECK_DTYPE(a.dtype);
-    CHECK_DTYPE(a.param_dtype);
-    CHECK_DTYPE(a.grad_dtype);
-    if (a.rows < 0 || a.dim < 0) return VH_STATUS_ERR_INVALID_ARG;
-    if (a.rows == 0) return VH_STATUS_OK;
-    if (a.dim == 0 || !a.dx || !a.dout || !a.x || !a.weight || !a.mean || !a.rstd)
-        return VH_STATUS_ERR_INVALID_ARG;
-    const int64_t n = a.rows * a.dim;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(x, a.x, a.dtype, n);
-    VIEW_IN(g, a.dout, a.dtype, n);
-    VIEW_IN(w, a.weight, a.param_dtype, a.dim);
-    VIEW_OUT(dx, a.dx, a.dtype, n, 1);
-    VIEW_OUT(dw, a.dweight, a.grad_dtype, a.dim, 1);
-    VIEW_OUT(db, a.dbias, a.grad_dtype, a.dim, 1);
-    vh_status st = VH_STATUS_ERR_NOMEM;
-    if (x && g && w && dx && !MISSING(dw, a.dweight) && !MISSING(db, a.dbias)) {
-        vh_cpu_k_layernorm_backward(dx, dw, db, g, x, w, a.mean, a.rstd, a.rows, a.dim);
-        vh_cpu_f32_store(a.dx, a.dtype, dx, n);
-        vh_cpu_f32_store(a.dweight, a.grad_dtype, dw, a.dim);
-        vh_cpu_f32_store(a.dbias, a.grad_dtype, db, a.dim);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
+static vh_status op_run(const cpu_op *op, const void *in) {
+    op_call c;
+    memset(&c, 0, sizeof c);
+    if (!read_args(&c.a, op->args_size, op->min_size, in)) return VH_STATUS_ERR_INVALID_ARG;
+    for (int i = 0; i < 4 && op->dtypes[i]; i++)
+        if (!vh_cpu_is_float(dtype_at(&c.a, op->dtypes[i]))) return VH_STATUS_ERR_INVALID_ARG;
+    int count = 0;
+    for (; count < OP_MAX_TENSORS && op->t[count].ptr; count++)
+        memcpy(&c.ptr[count], (const char *)&c.a + op->t[count].ptr, sizeof c.ptr[count]);
+    const op_plan plan = op->plan(&c);
+    if (plan != OP_RUN) return plan == OP_EMPTY ? VH_STATUS_OK : VH_STATUS_ERR_INVALID_ARG;
+    for (int i = 0; i < count; i++)
+        if (!c.ptr[i] && !(op->t[i].how & T_NULL_OK)) return VH_STATUS_ERR_INVALID_ARG;
+    return op_compute(op, &c, count);
 }
 
-/* ---- element-wise ----------------------------------------------------------- */
+/* ---- plans: each op's own checks, and its tensors' sizes -------------------------- */
 
-static vh_status read_eltwise(vh_eltwise_args *a, const vh_eltwise_args *in) {
-    if (!in || in->struct_size < offsetof(vh_eltwise_args, stream) ||
-        !vh_struct_upgrade(a, sizeof *a, in))
-        return VH_STATUS_ERR_INVALID_ARG;
-    if (!vh_cpu_is_float(a->dtype) || a->n < 0) return VH_STATUS_ERR_INVALID_ARG;
-    return VH_STATUS_OK;
+static op_plan plan_layernorm(op_call *c) {
+    const vh_layernorm_args *a = &c->a.ln;
+    if (a->rows < 0 || a->dim < 0) return OP_INVALID;
+    if (a->rows == 0) return OP_EMPTY;
+    if (a->dim == 0 || !a->mean || !a->rstd) return OP_INVALID;
+    c->size[SZ_ALL] = a->rows * a->dim;
+    c->size[SZ_ROW] = a->dim;
+    return OP_RUN;
 }
 
-vh_status vh_cpu_gelu_forward(vh_device *dev, const vh_eltwise_args *in) {
-    (void)dev;
-    vh_eltwise_args a;
-    vh_status st = read_eltwise(&a, in);
-    if (st != VH_STATUS_OK || a.n == 0) return st;
-    if (!a.out || !a.x) return VH_STATUS_ERR_INVALID_ARG;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(x, a.x, a.dtype, a.n);
-    VIEW_OUT(out, a.out, a.dtype, a.n, 0);
-    st = VH_STATUS_ERR_NOMEM;
-    if (x && out) {
-        vh_cpu_k_gelu_forward(out, x, a.n);
-        vh_cpu_f32_store(a.out, a.dtype, out, a.n);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
+static op_plan plan_layernorm_forward(op_call *c) {
+    return c->a.ln.eps >= 0.0f ? plan_layernorm(c) : OP_INVALID;
 }
 
-vh_status vh_cpu_gelu_backward(vh_device *dev, const vh_eltwise_args *in) {
-    (void)dev;
-    vh_eltwise_args a;
-    vh_status st = read_eltwise(&a, in);
-    if (st != VH_STATUS_OK || a.n == 0) return st;
-    if (!a.dx || !a.x || !a.dout) return VH_STATUS_ERR_INVALID_ARG;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(x, a.x, a.dtype, a.n);
-    VIEW_IN(g, a.dout, a.dtype, a.n);
-    VIEW_OUT(dx, a.dx, a.dtype, a.n, 1);
-    st = VH_STATUS_ERR_NOMEM;
-    if (x && g && dx) {
-        vh_cpu_k_gelu_backward(dx, x, g, a.n);
-        vh_cpu_f32_store(a.dx, a.dtype, dx, a.n);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
+static op_plan plan_eltwise(op_call *c) {
+    const vh_eltwise_args *a = &c->a.ew;
+    if (a->n < 0) return OP_INVALID;
+    if (a->n == 0) return OP_EMPTY;
+    c->size[SZ_ALL] = a->n;
+    c->accumulate = a->accumulate != 0;
+    return OP_RUN;
 }
 
-vh_status vh_cpu_add(vh_device *dev, const vh_eltwise_args *in) {
-    (void)dev;
-    vh_eltwise_args a;
-    vh_status st = read_eltwise(&a, in);
-    if (st != VH_STATUS_OK || a.n == 0) return st;
-    if (!a.out || !a.a || !a.b) return VH_STATUS_ERR_INVALID_ARG;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(x, a.a, a.dtype, a.n);
-    VIEW_IN(y, a.b, a.dtype, a.n);
-    VIEW_OUT(out, a.out, a.dtype, a.n, 0);
-    st = VH_STATUS_ERR_NOMEM;
-    if (x && y && out) {
-        vh_cpu_k_add(out, x, y, a.n);
-        vh_cpu_f32_store(a.out, a.dtype, out, a.n);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
+static op_plan plan_dropout(op_call *c) {
+    const float p = c->a.ew.p;
+    return p >= 0.0f && p <= 1.0f ? plan_eltwise(c) : OP_INVALID;
 }
 
-vh_status vh_cpu_mul(vh_device *dev, const vh_eltwise_args *in) {
-    (void)dev;
-    vh_eltwise_args a;
-    vh_status st = read_eltwise(&a, in);
-    if (st != VH_STATUS_OK || a.n == 0) return st;
-    if (!a.out || !a.a || !a.b) return VH_STATUS_ERR_INVALID_ARG;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(x, a.a, a.dtype, a.n);
-    VIEW_IN(y, a.b, a.dtype, a.n);
-    VIEW_OUT(out, a.out, a.dtype, a.n, a.accumulate);
-    st = VH_STATUS_ERR_NOMEM;
-    if (x && y && out) {
-        vh_cpu_k_mul(out, x, y, a.n, a.accumulate);
-        vh_cpu_f32_store(a.out, a.dtype, out, a.n);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
-}
-
-vh_status vh_cpu_dropout_forward(vh_device *dev, const vh_eltwise_args *in) {
-    (void)dev;
-    vh_eltwise_args a;
-    vh_status st = read_eltwise(&a, in);
-    if (st != VH_STATUS_OK) return st;
-    if (!(a.p >= 0.0f && a.p <= 1.0f)) return VH_STATUS_ERR_INVALID_ARG;
-    if (a.n == 0) return VH_STATUS_OK;
-    if (!a.out || !a.mask || !a.x) return VH_STATUS_ERR_INVALID_ARG;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(x, a.x, a.dtype, a.n);
-    VIEW_OUT(out, a.out, a.dtype, a.n, 0);
-    VIEW_OUT(mask, a.mask, a.dtype, a.n, 0);
-    st = VH_STATUS_ERR_NOMEM;
-    if (x && out && mask) {
-        vh_cpu_k_dropout_forward(out, mask, x, a.n, a.p, a.seed);
-        vh_cpu_f32_store(a.out, a.dtype, out, a.n);
-        vh_cpu_f32_store(a.mask, a.dtype, mask, a.n);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
-}
+static void *unconst(const void *p) { return (void *)(uintptr_t)p; }
 
 /* Reads x into out; backward callers that name the tensors dout and dx are
  * read the same way (x NULL: dout; out NULL: dx). */
-vh_status vh_cpu_scale_rows(vh_device *dev, const vh_eltwise_args *in) {
-    (void)dev;
-    vh_eltwise_args a;
-    vh_status st = read_eltwise(&a, in);
-    if (st != VH_STATUS_OK) return st;
-    const void *src = a.x ? a.x : a.dout;
-    void *dst = a.out ? a.out : a.dx;
-    if (a.dim < 0 || a.div <= 0 || a.mod <= 0) return VH_STATUS_ERR_INVALID_ARG;
-    if (a.n == 0 || a.dim == 0) return VH_STATUS_OK;
-    if (a.n % a.dim) return VH_STATUS_ERR_INVALID_ARG;
-    if (!src || !dst || !a.scale) return VH_STATUS_ERR_INVALID_ARG;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(x, src, a.dtype, a.n);
-    VIEW_OUT(out, dst, a.dtype, a.n, a.accumulate);
-    st = VH_STATUS_ERR_NOMEM;
-    if (x && out) {
-        vh_cpu_k_scale_rows(out, x, a.scale, a.n / a.dim, a.dim, a.div, a.mod, a.accumulate);
-        vh_cpu_f32_store(dst, a.dtype, out, a.n);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
+static op_plan plan_scale_rows(op_call *c) {
+    const vh_eltwise_args *a = &c->a.ew;
+    if (a->n < 0 || a->dim < 0 || a->div <= 0 || a->mod <= 0) return OP_INVALID;
+    if (a->n == 0 || a->dim == 0) return OP_EMPTY;
+    if (a->n % a->dim || !a->scale) return OP_INVALID;
+    c->ptr[0] = a->out ? a->out : a->dx;
+    c->ptr[1] = unconst(a->x ? a->x : a->dout);
+    return plan_eltwise(c);
 }
 
-/* ---- rows -------------------------------------------------------------------- */
-
-static vh_status read_rows(vh_rows_args *a, const vh_rows_args *in) {
-    if (!in || in->struct_size < offsetof(vh_rows_args, stream) ||
-        !vh_struct_upgrade(a, sizeof *a, in))
-        return VH_STATUS_ERR_INVALID_ARG;
-    if (!vh_cpu_is_float(a->dtype) || !vh_cpu_is_float(a->out_dtype) || a->rows < 0 ||
-        a->cols < 0)
-        return VH_STATUS_ERR_INVALID_ARG;
-    return VH_STATUS_OK;
+static op_plan plan_rows(op_call *c) {
+    const vh_rows_args *a = &c->a.rows;
+    if (a->rows < 0 || a->cols < 0) return OP_INVALID;
+    if (a->rows == 0 || a->cols == 0) return OP_EMPTY;
+    c->size[SZ_ALL] = a->rows * a->cols;
+    c->size[SZ_ROW] = a->cols;
+    return OP_RUN;
 }
 
-vh_status vh_cpu_bias_backward(vh_device *dev, const vh_rows_args *in) {
-    (void)dev;
-    vh_rows_args a;
-    vh_status st = read_rows(&a, in);
-    if (st != VH_STATUS_OK || a.rows == 0 || a.cols == 0) return st;
-    if (!a.out || !a.dout) return VH_STATUS_ERR_INVALID_ARG;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(g, a.dout, a.dtype, a.rows * a.cols);
-    VIEW_OUT(db, a.out, a.out_dtype, a.cols, 1);
-    st = VH_STATUS_ERR_NOMEM;
-    if (g && db) {
-        vh_cpu_k_bias_backward(db, g, a.rows, a.cols);
-        vh_cpu_f32_store(a.out, a.out_dtype, db, a.cols);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
-}
-
-vh_status vh_cpu_softmax(vh_device *dev, const vh_rows_args *in) {
-    (void)dev;
-    vh_rows_args a;
-    vh_status st = read_rows(&a, in);
-    if (st != VH_STATUS_OK || a.rows == 0 || a.cols == 0) return st;
-    if (!a.out || !a.x) return VH_STATUS_ERR_INVALID_ARG;
-    const int64_t n = a.rows * a.cols;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(x, a.x, a.dtype, n);
-    VIEW_OUT(out, a.out, a.out_dtype, n, 0);
-    st = VH_STATUS_ERR_NOMEM;
-    if (x && out) {
-        vh_cpu_k_softmax(out, x, a.rows, a.cols);
-        vh_cpu_f32_store(a.out, a.out_dtype, out, n);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
-}
-
-/* ---- loss ----------------------------------------------------------------------- */
-
-vh_status vh_cpu_softmax_cross_entropy(vh_device *dev, const vh_xent_args *in) {
-    (void)dev;
-    vh_xent_args a;
-    READ_ARGS(a, in, vh_xent_args, stream);
-    CHECK_DTYPE(a.dtype);
-    if (!a.loss || a.batch < 0 || a.classes <= 0 ||
-        !(a.smoothing >= 0.0f && a.smoothing <= 1.0f))
-        return VH_STATUS_ERR_INVALID_ARG;
-    if (a.batch > 0) {
-        if (!a.logits || !a.labels) return VH_STATUS_ERR_INVALID_ARG;
+static op_plan plan_xent(op_call *c) {
+    const vh_xent_args *a = &c->a.xent;
+    if (!a->loss || a->batch < 0 || a->classes <= 0 ||
+        !(a->smoothing >= 0.0f && a->smoothing <= 1.0f))
+        return OP_INVALID;
+    if (a->batch > 0) {
+        if (!a->logits || !a->labels) return OP_INVALID;
         /* Refused before anything is read or written. */
-        for (int64_t b = 0; b < a.batch; b++)
-            if (a.labels[b] < 0 || a.labels[b] >= a.classes) return VH_STATUS_ERR_INVALID_ARG;
+        for (int64_t b = 0; b < a->batch; b++)
+            if (a->labels[b] < 0 || a->labels[b] >= a->classes) return OP_INVALID;
     }
-    const int64_t n = a.batch * a.classes;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(z, a.logits, a.dtype, n);
-    VIEW_OUT(g, a.dlogits, a.dtype, n, 1);
-    vh_status st = VH_STATUS_ERR_NOMEM;
-    if (!MISSING(z, a.logits) && !MISSING(g, a.dlogits)) {
-        vh_cpu_k_softmax_cross_entropy(a.loss, g, z, a.labels, a.batch, a.classes, a.smoothing,
-                                       a.dloss_scale);
-        vh_cpu_f32_store(a.dlogits, a.dtype, g, n);
-        st = VH_STATUS_OK;
+    c->size[SZ_ALL] = a->batch * a->classes; /* batch 0: the loss alone */
+    return OP_RUN;
+}
+
+static int tokens_ok(const vh_tokens_args *a) {
+    return a->batch >= 0 && a->dim >= 0 && a->batch_stride >= 0 && a->token_stride >= 0;
+}
+
+static op_plan plan_mean_pool(op_call *c) {
+    const vh_tokens_args *a = &c->a.tok;
+    if (!tokens_ok(a) || a->first < 0 || a->count <= 0) return OP_INVALID;
+    if (a->batch == 0 || a->dim == 0) return OP_EMPTY;
+    c->size[SZ_TOKENS] =
+        extent(a->batch, a->batch_stride, a->first + a->count, a->token_stride, a->dim);
+    c->size[SZ_POOLED] = a->batch * a->dim;
+    return OP_RUN;
+}
+
+static op_plan plan_patchify(op_call *c) {
+    const vh_tokens_args *a = &c->a.tok;
+    if (!tokens_ok(a) || a->channels < 0 || a->height < 0 || a->width < 0 || a->patch <= 0 ||
+        a->height % a->patch || a->width % a->patch)
+        return OP_INVALID;
+    const int64_t np = (a->height / a->patch) * (a->width / a->patch);
+    if (a->batch == 0 || a->channels == 0 || np == 0) return OP_EMPTY;
+    c->size[SZ_IMAGES] = a->batch * a->channels * a->height * a->width;
+    c->size[SZ_TOKENS] =
+        extent(a->batch, a->batch_stride, np, a->token_stride, a->channels * a->patch * a->patch);
+    return OP_RUN;
+}
+
+/* T tokens: the patches, after the class token where there is one. Patches
+ * may be NULL only when there are none. */
+static op_plan plan_embed(op_call *c, int has_cls, const void *patches) {
+    const vh_tokens_args *a = &c->a.tok;
+    if (!tokens_ok(a) || a->num_patches < 0 || a->patch_batch_stride < 0 ||
+        a->patch_token_stride < 0)
+        return OP_INVALID;
+    const int64_t T = a->num_patches + (has_cls ? 1 : 0);
+    if (a->batch == 0 || T == 0 || a->dim == 0) return OP_EMPTY;
+    if (a->num_patches > 0 && !patches) return OP_INVALID;
+    c->size[SZ_TOKENS] = extent(a->batch, a->batch_stride, T, a->token_stride, a->dim);
+    c->size[SZ_PATCHES] =
+        extent(a->batch, a->patch_batch_stride, a->num_patches, a->patch_token_stride, a->dim);
+    c->size[SZ_ROW] = a->dim;
+    c->size[SZ_POS] = T * a->dim;
+    return OP_RUN;
+}
+
+static op_plan plan_embed_forward(op_call *c) {
+    return plan_embed(c, c->a.tok.cls != NULL, c->a.tok.patches);
+}
+
+static op_plan plan_embed_backward(op_call *c) {
+    return plan_embed(c, c->a.tok.dcls != NULL, c->a.tok.dpatches);
+}
+
+/* ---- kernel calls: v holds the row's tensors as fp32 views, in row order ------------ */
+
+static void k_layernorm_forward(const op_call *c, float *const *v) {
+    const vh_layernorm_args *a = &c->a.ln;
+    vh_cpu_k_layernorm_forward(v[0], a->mean, a->rstd, v[1], v[2], v[3], a->rows, a->dim, a->eps);
+}
+
+static void k_layernorm_backward(const op_call *c, float *const *v) {
+    const vh_layernorm_args *a = &c->a.ln;
+    vh_cpu_k_layernorm_backward(v[0], v[1], v[2], v[3], v[4], v[5], a->mean, a->rstd, a->rows,
+                                a->dim);
+}
+
+static void k_gelu_forward(const op_call *c, float *const *v) {
+    vh_cpu_k_gelu_forward(v[0], v[1], c->a.ew.n);
+}
+
+static void k_gelu_backward(const op_call *c, float *const *v) {
+    vh_cpu_k_gelu_backward(v[0], v[1], v[2], c->a.ew.n);
+}
+
+static void k_add(const op_call *c, float *const *v) { vh_cpu_k_add(v[0], v[1], v[2], c->a.ew.n); }
+
+static void k_mul(const op_call *c, float *const *v) {
+    vh_cpu_k_mul(v[0], v[1], v[2], c->a.ew.n, c->a.ew.accumulate);
+}
+
+static void k_dropout_forward(const op_call *c, float *const *v) {
+    vh_cpu_k_dropout_forward(v[0], v[1], v[2], c->a.ew.n, c->a.ew.p, c->a.ew.seed);
+}
+
+static void k_scale_rows(const op_call *c, float *const *v) {
+    const vh_eltwise_args *a = &c->a.ew;
+    vh_cpu_k_scale_rows(v[0], v[1], a->scale, a->n / a->dim, a->dim, a->div, a->mod,
+                        a->accumulate);
+}
+
+static void k_bias_backward(const op_call *c, float *const *v) {
+    vh_cpu_k_bias_backward(v[0], v[1], c->a.rows.rows, c->a.rows.cols);
+}
+
+static void k_softmax(const op_call *c, float *const *v) {
+    vh_cpu_k_softmax(v[0], v[1], c->a.rows.rows, c->a.rows.cols);
+}
+
+static void k_softmax_cross_entropy(const op_call *c, float *const *v) {
+    const vh_xent_args *a = &c->a.xent;
+    vh_cpu_k_softmax_cross_entropy(a->loss, v[0], v[1], a->labels, a->batch, a->classes,
+                                   a->smoothing, a->dloss_scale);
+}
+
+static void k_mean_pool_forward(const op_call *c, float *const *v) {
+    const vh_tokens_args *a = &c->a.tok;
+    vh_cpu_k_mean_pool_forward(v[0], v[1], a->batch, a->first, a->count, a->dim,
+                               a->batch_stride, a->token_stride);
+}
+
+static void k_mean_pool_backward(const op_call *c, float *const *v) {
+    const vh_tokens_args *a = &c->a.tok;
+    vh_cpu_k_mean_pool_backward(v[0], v[1], a->batch, a->first, a->count, a->dim,
+                                a->batch_stride, a->token_stride);
+}
+
+static void k_patchify(const op_call *c, float *const *v) {
+    const vh_tokens_args *a = &c->a.tok;
+    vh_cpu_k_patchify(v[0], v[1], a->batch, a->channels, a->height, a->width, a->patch,
+                      a->batch_stride, a->token_stride);
+}
+
+static void k_embed_forward(const op_call *c, float *const *v) {
+    const vh_tokens_args *a = &c->a.tok;
+    vh_cpu_k_embed_forward(v[0], v[1], v[2], v[3], a->batch, a->num_patches, a->dim,
+                           a->batch_stride, a->token_stride, a->patch_batch_stride,
+                           a->patch_token_stride);
+}
+
+static void k_embed_backward(const op_call *c, float *const *v) {
+    const vh_tokens_args *a = &c->a.tok;
+    vh_cpu_k_embed_backward(v[0], v[1], v[2], v[3], a->batch, a->num_patches, a->dim,
+                            a->batch_stride, a->token_stride, a->patch_batch_stride,
+                            a->patch_token_stride);
+}
+
+/* ---- the table ------------------------------------------------------------------
+ * CPU_OP(name, args struct, dtypes it takes, plan, kernel call, tensors...)
+ * defines the row and the entry point vh_cpu_<name> (cpu_ops.h). A tensor is
+ * (pointer member, dtype member, size, how); element-wise and cross-entropy
+ * tensors are all `dtype` and SZ_ALL. */
+
+#define CPU_OP(name_, type_, dtypes_, plan_, kernel_, ...)                                 \
+    static const cpu_op op_##name_ = {sizeof(type_), offsetof(type_, stream), dtypes_,     \
+                                      plan_, kernel_, {__VA_ARGS__}};                      \
+    vh_status vh_cpu_##name_(vh_device *dev, const type_ *in) {                            \
+        (void)dev;                                                                         \
+        return op_run(&op_##name_, in);                                                    \
     }
-    vh_cpu_scratch_end(mark);
-    return st;
-}
 
-/* ---- tokens ----------------------------------------------------------------------- */
+#define TENSOR(type_, ptr_, dtype_, size_, how_) \
+    {offsetof(type_, ptr_), offsetof(type_, dtype_), (size_), (how_)}
+#define LN(ptr_, dtype_, size_, how_) TENSOR(vh_layernorm_args, ptr_, dtype_, size_, how_)
+#define EW(ptr_, how_) TENSOR(vh_eltwise_args, ptr_, dtype, SZ_ALL, how_)
+#define RW(ptr_, dtype_, size_, how_) TENSOR(vh_rows_args, ptr_, dtype_, size_, how_)
+#define XE(ptr_, how_) TENSOR(vh_xent_args, ptr_, dtype, SZ_ALL, how_)
+#define TK(ptr_, dtype_, size_, how_) TENSOR(vh_tokens_args, ptr_, dtype_, size_, how_)
 
-static vh_status read_tokens(vh_tokens_args *a, const vh_tokens_args *in) {
-    if (!in || in->struct_size < offsetof(vh_tokens_args, stream) ||
-        !vh_struct_upgrade(a, sizeof *a, in))
-        return VH_STATUS_ERR_INVALID_ARG;
-    if (!vh_cpu_is_float(a->dtype) || !vh_cpu_is_float(a->param_dtype) ||
-        !vh_cpu_is_float(a->grad_dtype) || !vh_cpu_is_float(a->image_dtype))
-        return VH_STATUS_ERR_INVALID_ARG;
-    if (a->batch < 0 || a->dim < 0 || a->batch_stride < 0 || a->token_stride < 0)
-        return VH_STATUS_ERR_INVALID_ARG;
-    return VH_STATUS_OK;
-}
+#define LN_D(m) offsetof(vh_layernorm_args, m)
+#define LN_FWD_DTYPES {LN_D(dtype), LN_D(param_dtype)}
+#define LN_BWD_DTYPES {LN_D(dtype), LN_D(param_dtype), LN_D(grad_dtype)}
+#define EW_DTYPES {offsetof(vh_eltwise_args, dtype)}
+#define RW_DTYPES {offsetof(vh_rows_args, dtype), offsetof(vh_rows_args, out_dtype)}
+#define XE_DTYPES {offsetof(vh_xent_args, dtype)}
+#define TK_D(m) offsetof(vh_tokens_args, m)
+#define TK_DTYPES {TK_D(dtype), TK_D(param_dtype), TK_D(grad_dtype), TK_D(image_dtype)}
 
-vh_status vh_cpu_mean_pool_forward(vh_device *dev, const vh_tokens_args *in) {
-    (void)dev;
-    vh_tokens_args a;
-    vh_status st = read_tokens(&a, in);
-    if (st != VH_STATUS_OK) return st;
-    if (a.first < 0 || a.count <= 0) return VH_STATUS_ERR_INVALID_ARG;
-    if (a.batch == 0 || a.dim == 0) return VH_STATUS_OK;
-    if (!a.out || !a.x) return VH_STATUS_ERR_INVALID_ARG;
-    const int64_t nx = extent(a.batch, a.batch_stride, a.first + a.count, a.token_stride, a.dim);
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(x, a.x, a.dtype, nx);
-    VIEW_OUT(out, a.out, a.dtype, a.batch * a.dim, 0);
-    st = VH_STATUS_ERR_NOMEM;
-    if (x && out) {
-        vh_cpu_k_mean_pool_forward(out, x, a.batch, a.first, a.count, a.dim, a.batch_stride,
-                                   a.token_stride);
-        vh_cpu_f32_store(a.out, a.dtype, out, a.batch * a.dim);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
-}
+CPU_OP(layernorm_forward, vh_layernorm_args, LN_FWD_DTYPES, plan_layernorm_forward,
+       k_layernorm_forward, LN(out, dtype, SZ_ALL, OUT), LN(x, dtype, SZ_ALL, IN),
+       LN(weight, param_dtype, SZ_ROW, IN), LN(bias, param_dtype, SZ_ROW, IN))
+CPU_OP(layernorm_backward, vh_layernorm_args, LN_BWD_DTYPES, plan_layernorm,
+       k_layernorm_backward, LN(dx, dtype, SZ_ALL, ACC),
+       LN(dweight, grad_dtype, SZ_ROW, ACC | T_NULL_OK),
+       LN(dbias, grad_dtype, SZ_ROW, ACC | T_NULL_OK), LN(dout, dtype, SZ_ALL, IN),
+       LN(x, dtype, SZ_ALL, IN), LN(weight, param_dtype, SZ_ROW, IN))
 
-vh_status vh_cpu_mean_pool_backward(vh_device *dev, const vh_tokens_args *in) {
-    (void)dev;
-    vh_tokens_args a;
-    vh_status st = read_tokens(&a, in);
-    if (st != VH_STATUS_OK) return st;
-    if (a.first < 0 || a.count <= 0) return VH_STATUS_ERR_INVALID_ARG;
-    if (a.batch == 0 || a.dim == 0) return VH_STATUS_OK;
-    if (!a.dx || !a.dout) return VH_STATUS_ERR_INVALID_ARG;
-    const int64_t nx = extent(a.batch, a.batch_stride, a.first + a.count, a.token_stride, a.dim);
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(g, a.dout, a.dtype, a.batch * a.dim);
-    VIEW_OUT(dx, a.dx, a.dtype, nx, 1);
-    st = VH_STATUS_ERR_NOMEM;
-    if (g && dx) {
-        vh_cpu_k_mean_pool_backward(dx, g, a.batch, a.first, a.count, a.dim, a.batch_stride,
-                                    a.token_stride);
-        vh_cpu_f32_store(a.dx, a.dtype, dx, nx);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
-}
+CPU_OP(gelu_forward, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_gelu_forward, EW(out, OUT),
+       EW(x, IN))
+CPU_OP(gelu_backward, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_gelu_backward, EW(dx, ACC),
+       EW(x, IN), EW(dout, IN))
+CPU_OP(add, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_add, EW(out, OUT), EW(a, IN), EW(b, IN))
+CPU_OP(mul, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_mul, EW(out, OUT | T_READ_ACC),
+       EW(a, IN), EW(b, IN))
+CPU_OP(dropout_forward, vh_eltwise_args, EW_DTYPES, plan_dropout, k_dropout_forward,
+       EW(out, OUT), EW(mask, OUT), EW(x, IN))
+/* The plan redirects out to dx and x to dout where the caller names those. */
+CPU_OP(scale_rows, vh_eltwise_args, EW_DTYPES, plan_scale_rows, k_scale_rows,
+       EW(out, OUT | T_READ_ACC), EW(x, IN))
 
-vh_status vh_cpu_patchify(vh_device *dev, const vh_tokens_args *in) {
-    (void)dev;
-    vh_tokens_args a;
-    vh_status st = read_tokens(&a, in);
-    if (st != VH_STATUS_OK) return st;
-    if (a.channels < 0 || a.height < 0 || a.width < 0 || a.patch <= 0 ||
-        a.height % a.patch || a.width % a.patch)
-        return VH_STATUS_ERR_INVALID_ARG;
-    const int64_t np = (a.height / a.patch) * (a.width / a.patch);
-    if (a.batch == 0 || a.channels == 0 || np == 0) return VH_STATUS_OK;
-    if (!a.out || !a.images) return VH_STATUS_ERR_INVALID_ARG;
-    const int64_t ni = a.batch * a.channels * a.height * a.width;
-    const int64_t no =
-        extent(a.batch, a.batch_stride, np, a.token_stride, a.channels * a.patch * a.patch);
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(img, a.images, a.image_dtype, ni);
-    VIEW_OUT(out, a.out, a.dtype, no, a.dtype != VH_DTYPE_F32); /* keep any gaps */
-    st = VH_STATUS_ERR_NOMEM;
-    if (img && out) {
-        vh_cpu_k_patchify(out, img, a.batch, a.channels, a.height, a.width, a.patch,
-                          a.batch_stride, a.token_stride);
-        vh_cpu_f32_store(a.out, a.dtype, out, no);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
-}
+CPU_OP(bias_backward, vh_rows_args, RW_DTYPES, plan_rows, k_bias_backward,
+       RW(out, out_dtype, SZ_ROW, ACC), RW(dout, dtype, SZ_ALL, IN))
+CPU_OP(softmax, vh_rows_args, RW_DTYPES, plan_rows, k_softmax, RW(out, out_dtype, SZ_ALL, OUT),
+       RW(x, dtype, SZ_ALL, IN))
 
-static vh_status check_embed(const vh_tokens_args *a, int has_cls, int64_t *tokens) {
-    if (a->num_patches < 0 || a->patch_batch_stride < 0 || a->patch_token_stride < 0)
-        return VH_STATUS_ERR_INVALID_ARG;
-    *tokens = a->num_patches + (has_cls ? 1 : 0);
-    return VH_STATUS_OK;
-}
+/* batch 0 passes no logits: both may be NULL (the plan checks them otherwise). */
+CPU_OP(softmax_cross_entropy, vh_xent_args, XE_DTYPES, plan_xent, k_softmax_cross_entropy,
+       XE(dlogits, ACC | T_NULL_OK), XE(logits, IN | T_NULL_OK))
 
-vh_status vh_cpu_embed_forward(vh_device *dev, const vh_tokens_args *in) {
-    (void)dev;
-    vh_tokens_args a;
-    vh_status st = read_tokens(&a, in);
-    int64_t T = 0;
-    if (st == VH_STATUS_OK) st = check_embed(&a, a.cls != NULL, &T);
-    if (st != VH_STATUS_OK) return st;
-    if (a.batch == 0 || T == 0 || a.dim == 0) return VH_STATUS_OK;
-    if (!a.out || !a.pos || (a.num_patches > 0 && !a.patches)) return VH_STATUS_ERR_INVALID_ARG;
-    const int64_t nx = extent(a.batch, a.batch_stride, T, a.token_stride, a.dim);
-    const int64_t np =
-        extent(a.batch, a.patch_batch_stride, a.num_patches, a.patch_token_stride, a.dim);
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(patches, a.patches, a.dtype, np);
-    VIEW_IN(cls, a.cls, a.param_dtype, a.dim);
-    VIEW_IN(pos, a.pos, a.param_dtype, T * a.dim);
-    VIEW_OUT(x, a.out, a.dtype, nx, a.dtype != VH_DTYPE_F32);
-    st = VH_STATUS_ERR_NOMEM;
-    if (!MISSING(patches, a.patches) && !MISSING(cls, a.cls) && pos && x) {
-        vh_cpu_k_embed_forward(x, patches, cls, pos, a.batch, a.num_patches, a.dim,
-                               a.batch_stride, a.token_stride, a.patch_batch_stride,
-                               a.patch_token_stride);
-        vh_cpu_f32_store(a.out, a.dtype, x, nx);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
-}
-
-vh_status vh_cpu_embed_backward(vh_device *dev, const vh_tokens_args *in) {
-    (void)dev;
-    vh_tokens_args a;
-    vh_status st = read_tokens(&a, in);
-    int64_t T = 0;
-    if (st == VH_STATUS_OK) st = check_embed(&a, a.dcls != NULL, &T);
-    if (st != VH_STATUS_OK) return st;
-    if (a.batch == 0 || T == 0 || a.dim == 0) return VH_STATUS_OK;
-    if (!a.dout || !a.dpos || (a.num_patches > 0 && !a.dpatches))
-        return VH_STATUS_ERR_INVALID_ARG;
-    const int64_t nx = extent(a.batch, a.batch_stride, T, a.token_stride, a.dim);
-    const int64_t np =
-        extent(a.batch, a.patch_batch_stride, a.num_patches, a.patch_token_stride, a.dim);
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    VIEW_IN(g, a.dout, a.dtype, nx);
-    VIEW_OUT(dp, a.dpatches, a.dtype, np, 1);
-    VIEW_OUT(dcls, a.dcls, a.grad_dtype, a.dim, 1);
-    VIEW_OUT(dpos, a.dpos, a.grad_dtype, T * a.dim, 1);
-    st = VH_STATUS_ERR_NOMEM;
-    if (g && !MISSING(dp, a.dpatches) && !MISSING(dcls, a.dcls) && dpos) {
-        vh_cpu_k_embed_backward(dp, dcls, dpos, g, a.batch, a.num_patches, a.dim,
-                                a.batch_stride, a.token_stride, a.patch_batch_stride,
-                                a.patch_token_stride);
-        vh_cpu_f32_store(a.dpatches, a.dtype, dp, np);
-        vh_cpu_f32_store(a.dcls, a.grad_dtype, dcls, a.dim);
-        vh_cpu_f32_store(a.dpos, a.grad_dtype, dpos, T * a.dim);
-        st = VH_STATUS_OK;
-    }
-    vh_cpu_scratch_end(mark);
-    return st;
-}
+CPU_OP(mean_pool_forward, vh_tokens_args, TK_DTYPES, plan_mean_pool, k_mean_pool_forward,
+       TK(out, dtype, SZ_POOLED, OUT), TK(x, dtype, SZ_TOKENS, IN))
+CPU_OP(mean_pool_backward, vh_tokens_args, TK_DTYPES, plan_mean_pool, k_mean_pool_backward,
+       TK(dx, dtype, SZ_TOKENS, ACC), TK(dout, dtype, SZ_POOLED, IN))
+/* Token outputs are loaded (ACC) so the gaps between their rows are kept. */
+CPU_OP(patchify, vh_tokens_args, TK_DTYPES, plan_patchify, k_patchify,
+       TK(out, dtype, SZ_TOKENS, ACC), TK(images, image_dtype, SZ_IMAGES, IN))
+CPU_OP(embed_forward, vh_tokens_args, TK_DTYPES, plan_embed_forward, k_embed_forward,
+       TK(out, dtype, SZ_TOKENS, ACC), TK(patches, dtype, SZ_PATCHES, IN | T_NULL_OK),
+       TK(cls, param_dtype, SZ_ROW, IN | T_NULL_OK), TK(pos, param_dtype, SZ_POS, IN))
+CPU_OP(embed_backward, vh_tokens_args, TK_DTYPES, plan_embed_backward, k_embed_backward,
+       TK(dpatches, dtype, SZ_PATCHES, ACC | T_NULL_OK),
+       TK(dcls, grad_dtype, SZ_ROW, ACC | T_NULL_OK), TK(dpos, grad_dtype, SZ_POS, ACC),
+       TK(dout, dtype, SZ_TOKENS, IN))
 
 /* ---- multi-tensor scale and check --------------------------------------------------
  * Each tensor is cut into fixed chunks; each chunk's sum of squares is an
@@ -523,7 +478,8 @@ static void mt_chunk(void *t, vh_dtype dt, int64_t lo, int64_t hi, float scale, 
 vh_status vh_cpu_multi_tensor_scale_check(vh_device *dev, const vh_multi_tensor_args *in) {
     (void)dev;
     vh_multi_tensor_args a;
-    READ_ARGS(a, in, vh_multi_tensor_args, stream);
+    if (!read_args(&a, sizeof a, offsetof(vh_multi_tensor_args, stream), in))
+        return VH_STATUS_ERR_INVALID_ARG;
     if (a.count < 0 || (a.count > 0 && (!a.tensors || !a.numels))) return VH_STATUS_ERR_INVALID_ARG;
     for (int32_t t = 0; t < a.count; t++) {
         const vh_dtype dt = a.dtypes ? a.dtypes[t] : VH_DTYPE_F32;

@@ -1,5 +1,5 @@
-# `mpirun -np N vithost run` against one process: ddp and fsdp (ZeRO-2 and
-# ZeRO-3) on 2 and 3 ranks, resume on another world size, bytes per step,
+# `mpirun -np N vithost run` against one process: ddp, zero1 and fsdp (ZeRO-2
+# and ZeRO-3) on 2 and 3 ranks, resume on another world size, bytes per step,
 # a failing and a killed rank. Runs mpirun itself (one ctest process), so it
 # is added with add_test, not vh_add_mpi_test; without mpirun it exits 77.
 add_executable(test_sharding_mpi ${CMAKE_CURRENT_SOURCE_DIR}/test_sharding_mpi.c)
@@ -15,9 +15,11 @@ target_compile_definitions(test_sharding_mpi PRIVATE
   VH_TEST_MPIRUN="${vh_mpirun_path}")
 add_dependencies(test_sharding_mpi vithost vh_plugin_vit vh_plugin_fp32 vh_plugin_ddp
                  vh_plugin_mta vh_plugin_synthetic)
-if(TARGET vh_plugin_fsdp)
-  add_dependencies(test_sharding_mpi vh_plugin_fsdp)
-endif()
+foreach(sharding vh_plugin_fsdp vh_plugin_zero1)
+  if(TARGET ${sharding})
+    add_dependencies(test_sharding_mpi ${sharding})
+  endif()
+endforeach()
 if(TARGET vh_comm_mpi)
   add_dependencies(test_sharding_mpi vh_comm_mpi)
 endif()

@@ -1,18 +1,19 @@
-/* test_fsdp.c - the fsdp sharding plugin, in one process.
+/* test_fsdp.c - the sharded plugins, fsdp and zero1, in one process.
  *
  * The plugin is loaded the way vithost loads it (a recipe naming it,
  * run_open_text, the build tree's plugin folder) and driven through its
  * vtable, as test_fp32_ddp.c drives ddp. Several ranks are threads: each
- * has its own run and fsdp instance, and a fake communicator meets them at
- * a barrier inside every collective's start (so every request has finished
- * when it returns). The reduction adds the ranks' values in rank order in
- * f32 and divides by the world size, as an MPI AVG would.
+ * has its own run and plugin instance, and a fake communicator meets them
+ * at a barrier inside every collective's start (so every request has
+ * finished when it returns). The reduction adds the ranks' values in rank
+ * order in f32 and divides by the world size, as an MPI AVG would.
  *
  * The reference is ddp on one rank given the mean of the ranks' gradients:
  * the ranks' gradients are chosen so that the mean is exact in every dtype
- * (base - d, base, base + d), so fsdp on 1 or 3 ranks must give ddp's
- * numbers bit for bit: gathered units, masters after a few optimizer-like
- * updates of the slices, store_unit.
+ * (base - d, base, base + d), so fsdp and zero1 on 1 or 3 ranks must give
+ * ddp's numbers bit for bit: gathered units, masters after a few
+ * optimizer-like updates of the slices, store_unit. The tests that hold for
+ * every sharded plugin (slices, state io, memory, misuse) run for both.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -129,7 +130,7 @@ static vh_precision_policy fp16_policy(void) {
 /* ---- a world of threads ----------------------------------------------------- */
 
 #define MAX_RANKS 4
-enum { OP_GATHER = 0, OP_SCATTER = 1, OP_REDUCE = 2, OP_COUNT = 3 };
+enum { OP_GATHER = 0, OP_SCATTER = 1, OP_REDUCE = 2, OP_BCAST = 3, OP_COUNT = 4 };
 
 typedef struct tworld {
     pthread_barrier_t barrier;
@@ -147,7 +148,8 @@ static char done_token;
 #define DONE ((vh_comm_request *)&done_token)
 
 /* One collective: post, meet, compute this rank's output into `out`, meet
- * again (nobody reads a peer's buffer after it), then write it. */
+ * again (nobody reads a peer's buffer after it), then write it. A
+ * broadcast's root rides in `rop`. */
 static vh_status collective(vh_comm *c, int op, const void *send, void *recv, size_t count,
                             vh_dtype dtype, vh_reduce_op rop, vh_comm_request **req) {
     tworld *w = c->impl;
@@ -156,7 +158,7 @@ static vh_status collective(vh_comm *c, int op, const void *send, void *recv, si
     w->calls[r][op]++;
     w->send[r] = send, w->recv[r] = recv, w->count[r] = count, w->dtype[r] = dtype, w->op[r] = op;
     pthread_barrier_wait(&w->barrier);
-    int ok = op == OP_GATHER || rop == VH_REDUCE_OP_AVG;
+    int ok = op == OP_GATHER || op == OP_BCAST || rop == VH_REDUCE_OP_AVG;
     for (int32_t k = 0; k < n; k++)
         ok = ok && w->count[k] == count && w->dtype[k] == dtype && w->op[k] == op;
     const size_t es = vh_dtype_size(dtype);
@@ -166,6 +168,8 @@ static vh_status collective(vh_comm *c, int op, const void *send, void *recv, si
         if (op == OP_GATHER) {
             for (int32_t k = 0; k < n; k++)
                 memcpy((char *)out + (size_t)k * count * es, w->send[k], count * es);
+        } else if (op == OP_BCAST) {
+            memcpy(out, w->send[(int32_t)rop], count * es);
         } else {
             const size_t first = op == OP_SCATTER ? (size_t)r * count : 0;
             for (size_t i = 0; i < count; i++) {
@@ -206,8 +210,9 @@ static vh_status tw_all_gather(vh_comm *c, const void *send, void *recv, size_t 
 }
 static vh_status tw_broadcast(vh_comm *c, void *buf, size_t count, vh_dtype dtype, int32_t root,
                               vh_stream *stream, vh_comm_request **req) {
-    (void)c, (void)buf, (void)count, (void)dtype, (void)root, (void)stream, (void)req;
-    return VH_STATUS_ERR_UNSUPPORTED;
+    (void)stream;
+    if (root < 0 || root >= c->world_size) return VH_STATUS_ERR_INVALID_ARG;
+    return collective(c, OP_BCAST, buf, buf, count, dtype, (vh_reduce_op)root, req);
 }
 static vh_status tw_wait(vh_comm *c, vh_comm_request *req) {
     (void)c;
@@ -477,9 +482,10 @@ static void reference_run(job *ref, fx *f, vh_precision_policy pol) {
     if (ref->error[0]) fail_msg("ddp: %s", ref->error);
 }
 
-/* fsdp on `world` ranks (threads) against ddp on one: every rank's gathered
- * units and stored values equal ddp's, bit for bit. */
-static void compare_with_ddp(vh_precision_policy pol, int32_t world, const char *keys) {
+/* `plugin` (fsdp or zero1) on `world` ranks (threads) against ddp on one:
+ * every rank's gathered units and stored values equal ddp's, bit for bit. */
+static void plugin_vs_ddp(const char *plugin, vh_precision_policy pol, int32_t world,
+                          const char *keys) {
     fx *ref_fx = calloc(1, sizeof *ref_fx);
     job *ref = calloc(1, sizeof *ref);
     assert_non_null(ref_fx);
@@ -495,9 +501,9 @@ static void compare_with_ddp(vh_precision_policy pol, int32_t world, const char 
     assert_non_null(f);
     assert_non_null(jobs);
     for (int32_t r = 0; r < world; r++) {
-        fx_open(&f[r], "fsdp", keys, &tworld_ops, &w, r, world, NULL);
+        fx_open(&f[r], plugin, keys, &tworld_ops, &w, r, world, NULL);
         if (fx_setup(&f[r], &table, 1, pol) != VH_STATUS_OK)
-            fail_msg("fsdp setup: %s", error_of(&f[r]));
+            fail_msg("%s setup: %s", plugin, error_of(&f[r]));
         job_init(&jobs[r], &f[r], r, world);
     }
     if (world == 1) {
@@ -511,15 +517,15 @@ static void compare_with_ddp(vh_precision_policy pol, int32_t world, const char 
     pthread_barrier_destroy(&w.barrier);
     assert_int_equal(w.mismatch, 0);
     for (int32_t r = 0; r < world; r++) {
-        if (jobs[r].error[0]) fail_msg("fsdp: %s", jobs[r].error);
+        if (jobs[r].error[0]) fail_msg("%s: %s", plugin, jobs[r].error);
         for (int32_t u = 0; u < NUM_UNITS; u++) {
             if (memcmp(jobs[r].gathered[u], ref->gathered[u], ref->pl[u].bytes) != 0)
-                fail_msg("rank %d of %d: gathered unit %s differs from ddp's", (int)r,
-                         (int)world, units[u].name);
+                fail_msg("%s rank %d of %d: gathered unit %s differs from ddp's", plugin,
+                         (int)r, (int)world, units[u].name);
             for (int64_t i = 0; i < units[u].numel; i++)
                 if (memcmp(&jobs[r].values[u][i], &ref->values[u][i], sizeof(float)) != 0)
-                    fail_msg("rank %d of %d: unit %s element %lld is %.9g, ddp %.9g", (int)r,
-                             (int)world, units[u].name, (long long)i,
+                    fail_msg("%s rank %d of %d: unit %s element %lld is %.9g, ddp %.9g",
+                             plugin, (int)r, (int)world, units[u].name, (long long)i,
                              (double)jobs[r].values[u][i], (double)ref->values[u][i]);
         }
         /* The values moved away from the pattern: the updates happened. */
@@ -533,6 +539,10 @@ static void compare_with_ddp(vh_precision_policy pol, int32_t world, const char 
     fx_close(ref_fx);
     free(ref);
     free(ref_fx);
+}
+
+static void compare_with_ddp(vh_precision_policy pol, int32_t world, const char *keys) {
+    plugin_vs_ddp("fsdp", pol, world, keys);
 }
 
 static void test_world1_fp32(void **state) {
@@ -564,17 +574,33 @@ static void test_world3_zero2_no_prefetch(void **state) {
     compare_with_ddp(fp16_policy(), 3, "reshard_after_forward: false, prefetch: false");
 }
 
+/* zero1: replicas whose optimizer part is sharded as fsdp's; the same
+ * numbers as ddp on 1 and 3 ranks, in every policy. */
+static void test_zero1_matches_ddp(void **state) {
+    (void)state;
+    const vh_precision_policy pols[] = {f32_policy(), amp_policy(VH_DTYPE_BF16),
+                                        amp_policy(VH_DTYPE_F32), fp16_policy()};
+    for (size_t k = 0; k < sizeof pols / sizeof pols[0]; k++) {
+        plugin_vs_ddp("zero1", pols[k], 1, NULL);
+        plugin_vs_ddp("zero1", pols[k], 3, NULL);
+        plugin_vs_ddp("zero1", pols[k], 3, "bucket_mb: 0");
+    }
+}
+
+/* The sharded plugins, for the tests that hold for both. */
+static const char *const sharded[] = {"fsdp", "zero1"};
+#define NUM_SHARDED 2
+
 /* ---- slices: every element exactly once over the ranks -------------------- */
 
-static void test_slices_cover_once(void **state) {
-    (void)state;
+static void check_slices_cover_once(const char *plugin) {
     const int32_t world = 3;
     int seen[NUM_UNITS][MAX_UNIT];
     memset(seen, 0, sizeof seen);
     for (int32_t r = 0; r < world; r++) {
         fx f;
         refused_calls = 0;
-        fx_open(&f, "fsdp", NULL, &refusing_ops, NULL, r, world, NULL);
+        fx_open(&f, plugin, NULL, &refusing_ops, NULL, r, world, NULL);
         if (fx_setup(&f, &table, 2, amp_policy(VH_DTYPE_BF16)) != VH_STATUS_OK)
             fail_msg("setup: %s", error_of(&f));
         assert_int_equal(refused_calls, 0);
@@ -592,10 +618,11 @@ static void test_slices_cover_once(void **state) {
             assert_int_equal((uintptr_t)x->grad % 4, 0);
             for (int64_t i = 0; i < x->count; i++) seen[x->unit][pd->offset + x->offset + i]++;
         }
-        /* Shards of 16-element multiples: S = 16, 80, 16 elements. */
+        /* Shards of 16-element multiples: S = 16, 80, 16 elements (zero1's
+         * gradients are replicas). */
         vh_sharding_memory m = {.struct_size = sizeof m};
         assert_int_equal(f.sh->memory(f.self, &m), VH_STATUS_OK);
-        assert_int_equal(m.grads, (16 + 80 + 16) * 4);
+        if (strcmp(plugin, "fsdp") == 0) assert_int_equal(m.grads, (16 + 80 + 16) * 4);
         assert_int_equal(m.optim_state, 2 * (16 + 80 + 16) * 4);
         /* rank 0: embed (2), fc1 [0, 80), head.norm and head.weight [0, 11);
          * rank 2: fc2 [20, 80), fc2.bias, head.weight [27, 35), head.bias. */
@@ -607,8 +634,13 @@ static void test_slices_cover_once(void **state) {
     for (int32_t u = 0; u < NUM_UNITS; u++)
         for (int64_t i = 0; i < units[u].numel; i++)
             if (seen[u][i] != 1)
-                fail_msg("unit %s element %lld is held %d times", units[u].name, (long long)i,
-                         seen[u][i]);
+                fail_msg("%s: unit %s element %lld is held %d times", plugin, units[u].name,
+                         (long long)i, seen[u][i]);
+}
+
+static void test_slices_cover_once(void **state) {
+    (void)state;
+    for (int k = 0; k < NUM_SHARDED; k++) check_slices_cover_once(sharded[k]);
 }
 
 /* ---- memory: a ViT-B/16 sized table ---------------------------------------- */
@@ -721,6 +753,39 @@ static void test_memory_vitb(void **state) {
                     vitb_memory("fsdp", "reshard_after_forward: false", rank, W, pols[k]);
                 assert_int_equal(total_of(&z2), total_of(&m));
                 assert_true(z2.comm_buffers > m.comm_buffers);
+            }
+        }
+    }
+}
+
+/* zero1 keeps ddp's parameters and gradients and 1/world of its optimizer
+ * state and f32 masters: each unit's shard rounds up to 16 elements, so a
+ * rank's state is at most 15 elements a unit and slot over ddp's / world. */
+static void test_memory_zero1_vitb(void **state) {
+    (void)state;
+    vitb_build();
+    const vh_precision_policy pols[2] = {f32_policy(), amp_policy(VH_DTYPE_BF16)};
+    const int64_t slots = 2, pad = slots * VITB_UNITS * 15 * 4;
+    for (int k = 0; k < 2; k++) {
+        vh_sharding_memory ddp = vitb_memory("ddp", NULL, 0, 1, pols[k]);
+        for (int32_t W = 2; W <= 3; W++) {
+            for (int32_t rank = 0; rank < W; rank++) {
+                vh_sharding_memory m = vitb_memory("zero1", NULL, rank, W, pols[k]);
+                printf("  %s, rank %d of %d: params %lld grads %lld masters %lld state %lld "
+                       "comm %lld; ddp's state %lld\n",
+                       k ? "amp bf16" : "fp32", (int)rank, (int)W, (long long)m.params,
+                       (long long)m.grads, (long long)m.masters, (long long)m.optim_state,
+                       (long long)m.comm_buffers, (long long)ddp.optim_state);
+                assert_int_equal(m.params, ddp.params);
+                assert_int_equal(m.grads, ddp.grads);
+                assert_true(m.optim_state * W >= ddp.optim_state - W * pad &&
+                            m.optim_state * W <= ddp.optim_state + W * pad);
+                if (W == 2) /* half of ddp's, within the padding */
+                    assert_true(m.optim_state >= ddp.optim_state / 2 - pad &&
+                                m.optim_state <= ddp.optim_state / 2 + pad);
+                assert_true((double)m.masters * W >= 0.999 * (double)ddp.masters &&
+                            (double)m.masters * W <= 1.001 * (double)ddp.masters);
+                assert_true(m.comm_buffers > 0 && m.comm_buffers < ddp.params);
             }
         }
     }
@@ -875,10 +940,9 @@ static void test_no_prefetch(void **state) {
 
 /* ---- misuse ------------------------------------------------------------------ */
 
-static void test_misuse(void **state) {
-    (void)state;
+static void check_misuse(const char *plugin) {
     fx f;
-    fx_open(&f, "fsdp", NULL, NULL, NULL, 0, 1, NULL);
+    fx_open(&f, plugin, NULL, NULL, NULL, 0, 1, NULL);
     expect_error(&f, f.sh->zero_grads(f.self), VH_STATUS_ERR_INVALID_ARG, "before setup");
     assert_int_equal(fx_setup(&f, &table, 1, f32_policy()), VH_STATUS_OK);
     expect_error(&f, fx_setup(&f, &table, 1, f32_policy()), VH_STATUS_ERR_INVALID_ARG,
@@ -900,8 +964,12 @@ static void test_misuse(void **state) {
     assert_int_equal(f.sh->release(f.self, 2), VH_STATUS_OK);
     expect_error(&f, f.sh->zero_grads(f.self), VH_STATUS_ERR_INVALID_ARG,
                  "1 reduction(s) not waited for");
-    /* Units 0 and 1 were not reduced while 2 was. */
+    /* Units 0 and 1 were not reduced while 2 was; the step stays open:
+     * reducing them completes it. */
     expect_error(&f, f.sh->wait(f.self), VH_STATUS_ERR_INVALID_ARG, "was not reduced");
+    assert_int_equal(f.sh->reduce(f.self, 1), VH_STATUS_OK);
+    assert_int_equal(f.sh->reduce(f.self, 0), VH_STATUS_OK);
+    assert_int_equal(f.sh->wait(f.self), VH_STATUS_OK);
     assert_int_equal(f.sh->zero_grads(f.self), VH_STATUS_OK);
     /* A step that reduces nothing: wait reduces the grads handed out. */
     assert_int_equal(f.sh->grads(f.self, 1, &g), VH_STATUS_OK);
@@ -917,7 +985,7 @@ static void test_misuse(void **state) {
     assert_true(found);
     /* Policies ddp refuses are refused here too. */
     fx_close(&f);
-    fx_open(&f, "fsdp", NULL, NULL, NULL, 0, 1, NULL);
+    fx_open(&f, plugin, NULL, NULL, NULL, 0, 1, NULL);
     vh_precision_policy bad = amp_policy(VH_DTYPE_F16);
     expect_error(&f, fx_setup(&f, &table, 1, bad), VH_STATUS_ERR_UNSUPPORTED,
                  "own dtype or in f32");
@@ -925,6 +993,11 @@ static void test_misuse(void **state) {
     bad.state_dtype = VH_DTYPE_BF16;
     expect_error(&f, fx_setup(&f, &table, 1, bad), VH_STATUS_ERR_UNSUPPORTED, "state in f32");
     fx_close(&f);
+}
+
+static void test_misuse(void **state) {
+    (void)state;
+    for (int k = 0; k < NUM_SHARDED; k++) check_misuse(sharded[k]);
 }
 
 /* The state goes out in this rank's pieces and comes back. */
@@ -947,10 +1020,9 @@ static vh_status io_read(void *ctx, int32_t unit, int32_t param, int32_t slot, i
     return VH_STATUS_OK;
 }
 
-static void test_state_io_pieces(void **state) {
-    (void)state;
+static void check_state_io_pieces(const char *plugin) {
     fx f;
-    fx_open(&f, "fsdp", NULL, &refusing_ops, NULL, 1, 3, NULL);
+    fx_open(&f, plugin, NULL, &refusing_ops, NULL, 1, 3, NULL);
     assert_int_equal(fx_setup(&f, &table, 2, f32_policy()), VH_STATUS_OK);
     vh_param_slices sl;
     assert_int_equal(f.sh->slices(f.self, &sl), VH_STATUS_OK);
@@ -975,6 +1047,11 @@ static void test_state_io_pieces(void **state) {
     fx_close(&f);
 }
 
+static void test_state_io_pieces(void **state) {
+    (void)state;
+    for (int k = 0; k < NUM_SHARDED; k++) check_state_io_pieces(sharded[k]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_world1_fp32),
@@ -982,8 +1059,10 @@ int main(void) {
         cmocka_unit_test(test_world1_fp16_no_masters),
         cmocka_unit_test(test_world3_matches_ddp),
         cmocka_unit_test(test_world3_zero2_no_prefetch),
+        cmocka_unit_test(test_zero1_matches_ddp),
         cmocka_unit_test(test_slices_cover_once),
         cmocka_unit_test(test_memory_vitb),
+        cmocka_unit_test(test_memory_zero1_vitb),
         cmocka_unit_test(test_zero3_eval_and_step),
         cmocka_unit_test(test_zero2_keeps_until_backward),
         cmocka_unit_test(test_no_prefetch),

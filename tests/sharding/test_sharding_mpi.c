@@ -1,12 +1,14 @@
 /* test_sharding_mpi.c - many processes for real: `mpirun -np N vithost run`
- * with ddp and fsdp against one process, as a user runs them.
+ * with ddp, zero1 and fsdp against one process, as a user runs them.
  *
  *   - the same global batch and seed give the same loss for 20 steps
- *     (1e-5 relative) and the same final parameters on 1 process, DDP on 2
- *     and 3, FSDP ZeRO-2 and ZeRO-3 on 2 and 3 (3: odd, so padding is used);
+ *     (1e-5 relative) and the same final parameters on 1 process (ddp), DDP
+ *     on 2 and 3, ZeRO-1 on 1, 2 and 3, FSDP ZeRO-2 and ZeRO-3 on 2 and 3
+ *     (3: odd, so padding is used);
  *   - a checkpoint written on 2 processes resumes on 3 and on 1 and ends
- *     where the uninterrupted run ends;
+ *     where the uninterrupted run ends (fsdp and zero1: sharded state);
  *   - the bytes each step sends match the analytic figures;
+ *   - zero1's memory report shows half of ddp's optimizer state on 2 ranks;
  *   - one rank failing, or killed with SIGKILL, ends every rank with a
  *     non-zero status within 60 s and a message that says why.
  *
@@ -184,6 +186,9 @@ typedef struct variant {
 static const variant variants[] = {
     {"ddp2", 2, ""},
     {"ddp3", 3, ""},
+    {"zero1_1", 0, "--set sharding.plugin=zero1"},
+    {"zero1_2", 2, "--set sharding.plugin=zero1"},
+    {"zero1_3", 3, "--set sharding.plugin=zero1 --set sharding.bucket_mb=0"},
     {"zero3_2", 2, "--set sharding.plugin=fsdp"},
     {"zero3_3", 3, "--set sharding.plugin=fsdp"},
     {"zero2_2", 2, "--set sharding.plugin=fsdp --set sharding.reshard_after_forward=false"},
@@ -220,9 +225,10 @@ static void test_same_losses_and_weights(void **state) {
 }
 
 /* The bytes one rank sends per step (ring algorithms, see host/comm_stats.h):
- * DDP all-reduces the gradients, 2 (w-1)/w of their bytes; ZeRO-3 gathers
- * every unit's parameters in forward and again in backward and
- * reduce-scatters the gradients, 3 (w-1)/w; ZeRO-2 gathers once, 2 (w-1)/w.
+ * DDP all-reduces the gradients, 2 (w-1)/w of their bytes; ZeRO-1 does too
+ * and gathers the updated parameters once, 3 (w-1)/w; ZeRO-3 gathers every
+ * unit's parameters in forward and again in backward and reduce-scatters
+ * the gradients, 3 (w-1)/w; ZeRO-2 gathers once, 2 (w-1)/w.
  * The plugins pad (64-byte aligned parameters, shards a multiple of the
  * world size), so the figures are met within 6% on this small model. */
 static void test_bytes_per_step(void **state) {
@@ -249,6 +255,7 @@ static void test_bytes_per_step(void **state) {
     } cases[] = {
         {"bytes_ddp2", 2, NULL, 2.0},
         {"bytes_ddp3", 3, "--set run.steps=4", 2.0},
+        {"bytes_z1_3", 3, "--set run.steps=4 --set sharding.plugin=zero1", 3.0},
         {"bytes_z3_3", 3, "--set run.steps=4 --set sharding.plugin=fsdp", 3.0},
         {"bytes_z2_3", 3,
          "--set run.steps=4 --set sharding.plugin=fsdp --set sharding.reshard_after_forward=false",
@@ -262,39 +269,100 @@ static void test_bytes_per_step(void **state) {
         double w = cases[i].np;
         double expect = cases[i].factor * (w - 1) / w * 4.0 * params;
         double rel = (r.comm_bytes - expect) / expect;
+        print_message("%s: %.0f bytes per step, analytic %.0f (%+.1f%%)\n", cases[i].dir,
+                      r.comm_bytes, expect, 100 * rel);
         if (!(rel >= 0.0 && rel < 0.06))
             fail_msg("%s: %.0f bytes per step, analytic %.0f (%+.1f%%)", cases[i].dir,
                      r.comm_bytes, expect, 100 * rel);
     }
 }
 
-/* 10 steps on 2 processes, stopped with a checkpoint; the rest on 3 and on
- * 1 (the same global batch): both end where the uninterrupted run ends. */
+/* Bytes of "optimizer state <n> <unit>" in the run's memory report (its
+ * stdout, tmp_dir/out), or -1. */
+static double reported_state(void) {
+    char *out = tmp_text("out");
+    const char *p = strstr(out, "optimizer state ");
+    double bytes = -1.0;
+    if (p) {
+        char unit[8] = "";
+        double v = 0.0;
+        if (sscanf(p + strlen("optimizer state "), "%lf %7[A-Za-z]", &v, unit) == 2) {
+            static const char *const units[] = {"B", "KiB", "MiB", "GiB"};
+            for (int i = 0; i < 4; i++)
+                if (strcmp(unit, units[i]) == 0) bytes = v * pow(1024.0, i);
+        }
+    }
+    free(out);
+    return bytes;
+}
+
+/* The run's memory report: zero1's optimizer state on each of 2 ranks is
+ * half of ddp's, within the shards' padding (at most 15 elements a unit and
+ * slot: 5 units, 2 AdamW slots, here about 3%). */
+static void test_zero1_reports_half_the_state(void **state) {
+    (void)state;
+    if (run_np(2, "mem_ddp2", "--set run.steps=1") != 0)
+        fail_msg("ddp on 2 failed: %s", tmp_text("err"));
+    const double ddp = reported_state();
+    if (run_np(2, "mem_z1_2", "--set run.steps=1 --set sharding.plugin=zero1") != 0)
+        fail_msg("zero1 on 2 failed: %s", tmp_text("err"));
+    const double z1 = reported_state();
+    print_message("optimizer state per rank: ddp %.0f bytes, zero1 %.0f bytes (x%.4f)\n", ddp,
+                  z1, z1 / ddp);
+    assert_true(ddp > 0 && z1 > 0);
+    assert_true(z1 / ddp >= 0.5 && z1 / ddp < 0.54);
+}
+
+/* 10 steps on 2 processes of `plugin`, stopped with a checkpoint; the rest
+ * on 3 and on 1 (the same global batch): both end where the uninterrupted
+ * run ends. */
+static void resume_on_another_world_size(const char *plugin) {
+    char half[64], on3[64], on1[64], set[64];
+    snprintf(half, sizeof half, "%s_half2", plugin);
+    snprintf(on3, sizeof on3, "%s_on3", plugin);
+    snprintf(on1, sizeof on1, "%s_on1", plugin);
+    snprintf(set, sizeof set, "--set sharding.plugin=%s", plugin);
+    char extra[128];
+    snprintf(extra, sizeof extra, "--stop-after 10 %s", set);
+    int code = run_np(2, half, extra);
+    assert_int_equal(code, 5); /* stopped, with a checkpoint (VH_EXIT_STOPPED) */
+    assert_int_equal(sh("cp -r %s %s && cp -r %s %s", half, on3, half, on1), 0);
+    if (sh(MPIRUN " -np 3 %s run eq.yaml --out %s --resume --set run.batch_size=4 %s",
+           VH_TEST_VITHOST, on3, set) != 0)
+        fail_msg("%s: resume on 3 failed: %s", plugin, tmp_text("err"));
+    if (sh("OMP_NUM_THREADS=1 %s run eq.yaml --out %s --resume --set run.batch_size=12 %s",
+           VH_TEST_VITHOST, on1, set) != 0)
+        fail_msg("%s: resume on 1 failed: %s", plugin, tmp_text("err"));
+    run_result ref, r3, r1;
+    read_metrics("one", &ref);
+    read_metrics(on3, &r3);
+    read_metrics(on1, &r1);
+    assert_same_losses(&ref, &r3, on3);
+    assert_same_losses(&ref, &r1, on1);
+    assert_same_weights("one", on3);
+    assert_same_weights("one", on1);
+}
+
 static void test_resume_on_another_world_size(void **state) {
     (void)state;
     run_one();
-    int code = run_np(2, "half2", "--stop-after 10 --set sharding.plugin=fsdp");
-    assert_int_equal(code, 5); /* stopped, with a checkpoint (VH_EXIT_STOPPED) */
-    assert_int_equal(sh("cp -r half2 on3 && cp -r half2 on1"), 0);
-    if (sh(MPIRUN " -np 3 %s run eq.yaml --out on3 --resume --set run.batch_size=4 "
-                  "--set sharding.plugin=fsdp",
-           VH_TEST_VITHOST) != 0)
-        fail_msg("resume on 3 failed: %s", tmp_text("err"));
-    if (sh("OMP_NUM_THREADS=1 %s run eq.yaml --out on1 --resume --set run.batch_size=12 "
-           "--set sharding.plugin=fsdp",
-           VH_TEST_VITHOST) != 0)
-        fail_msg("resume on 1 failed: %s", tmp_text("err"));
-    run_result ref, r3, r1;
-    read_metrics("one", &ref);
-    read_metrics("on3", &r3);
-    read_metrics("on1", &r1);
-    assert_same_losses(&ref, &r3, "2 -> 3 processes");
-    assert_same_losses(&ref, &r1, "2 -> 1 process");
-    assert_same_weights("one", "on3");
-    assert_same_weights("one", "on1");
+    resume_on_another_world_size("fsdp");
+    resume_on_another_world_size("zero1");
 }
 
-/* The pid of the vithost process of a rank, from its environment. */
+/* Whether process `pid` runs in tmp_dir: ours, not another run's (several
+ * test runs may share the machine). */
+static int in_tmp_dir(const char *pid) {
+    char path[300], cwd[512];
+    snprintf(path, sizeof path, "/proc/%s/cwd", pid);
+    ssize_t n = readlink(path, cwd, sizeof cwd - 1);
+    if (n < 0) return 0;
+    cwd[n] = '\0';
+    return strcmp(cwd, tmp_dir) == 0;
+}
+
+/* The pid of the vithost process of a rank of this test, from its
+ * environment. */
 static pid_t rank_pid(int rank) {
     DIR *proc = opendir("/proc");
     if (!proc) return -1;
@@ -312,7 +380,7 @@ static pid_t rank_pid(int rank) {
         buf[n] = '\0';
         if (!strstr(buf, "vithost") || !strstr(buf + strlen(buf) + 1, "run")) continue;
         /* (the first word is the executable; mpirun's own is not vithost) */
-        if (strstr(buf, "mpirun") || strstr(buf, "orterun")) continue;
+        if (strstr(buf, "mpirun") || strstr(buf, "orterun") || !in_tmp_dir(e->d_name)) continue;
         snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
         f = fopen(path, "rb");
         if (!f) continue;
@@ -431,6 +499,7 @@ int main(void) {
         cmocka_unit_test(test_same_losses_and_weights),
         cmocka_unit_test(test_bytes_per_step),
         cmocka_unit_test(test_resume_on_another_world_size),
+        cmocka_unit_test(test_zero1_reports_half_the_state),
         cmocka_unit_test(test_one_rank_failing_ends_the_run),
         cmocka_unit_test(test_killed_rank_ends_the_run),
     };

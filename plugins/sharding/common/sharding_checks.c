@@ -1,4 +1,5 @@
-/* sharding_checks.c - setup checks shared by ddp and fsdp (sharding_checks.h). */
+/* sharding_checks.c - setup checks and state io shared by every sharding
+ * plugin (sharding_checks.h). */
 #include "sharding_checks.h"
 
 #include <stdint.h>

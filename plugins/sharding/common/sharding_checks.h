@@ -1,6 +1,7 @@
 /* sharding_checks.h - what every sharding plugin of this tree checks at
- * setup, so ddp and fsdp accept and refuse the same tables and policies with
- * the same words. Compiled into each plugin (not part of the SDK). */
+ * setup, so ddp, zero1 and fsdp accept and refuse the same tables and
+ * policies with the same words; part of the sharding core
+ * (sharding_core.h), compiled into each plugin (not part of the SDK). */
 #ifndef VITHOST_PLUGINS_SHARDING_CHECKS_H
 #define VITHOST_PLUGINS_SHARDING_CHECKS_H
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "command.h"
 #include "flops_probe.h"
 #include "metrics.h"
 #include "progress.h"
@@ -347,13 +347,43 @@ static int parse_count(const char *text, int64_t min, int64_t *out) {
     return 0;
 }
 
-int bench_main(int argc, char **argv, FILE *out, FILE *err) {
-    vh_bench_options o = {.steps = 20, .warmup = 3};
-    const char *recipe = NULL;
-    const char **sets = calloc((size_t)argc, sizeof *sets);
-    if (!sets) return VH_EXIT_RUN_FAILED;
-    int num_sets = 0, code = VH_EXIT_OK;
-    for (int i = 2; i < argc && code == VH_EXIT_OK; i++) {
+/* The command line of `vithost bench`. */
+typedef struct bench_args {
+    vh_bench_options o;
+    const char *recipe;
+    const char **sets;
+    int num_sets;
+    int help; /* --help: the usage was printed, nothing to run */
+} bench_args;
+
+/* One option (name, and its value when it takes one); an exit code. */
+static int bench_option(bench_args *a, const char *arg, const char *name, const char *value,
+                        FILE *err) {
+    if (!strcmp(name, "--steps")) {
+        if (parse_count(value, 1, &a->o.steps))
+            return bench_usage_error(err, "--steps needs a whole number >= 1, not '%s'", value);
+    } else if (!strcmp(name, "--warmup")) {
+        if (parse_count(value, 0, &a->o.warmup))
+            return bench_usage_error(err, "--warmup needs a whole number >= 0, not '%s'",
+                                     value);
+    } else if (!strcmp(name, "--set")) {
+        a->sets[a->num_sets++] = value;
+    } else if (!strcmp(arg, "--json")) {
+        a->o.json = 1;
+    } else if (arg[0] == '-') {
+        return bench_usage_error(err, "unknown option '%s'", arg);
+    } else if (!a->recipe) {
+        a->recipe = arg;
+    } else {
+        return bench_usage_error(err, "unexpected argument '%s'", arg);
+    }
+    return VH_EXIT_OK;
+}
+
+/* Options may come before or after the recipe; a value is the next
+ * argument, or follows '='. */
+static int parse_bench_args(int argc, char **argv, bench_args *a, FILE *out, FILE *err) {
+    for (int i = 2; i < argc; i++) {
         const char *arg = argv[i], *value = NULL;
         char name[32];
         snprintf(name, sizeof name, "%s", arg);
@@ -364,78 +394,65 @@ int bench_main(int argc, char **argv, FILE *out, FILE *err) {
         }
         int takes = !strcmp(name, "--steps") || !strcmp(name, "--warmup") || !strcmp(name, "--set");
         if (takes && !value) {
-            if (i + 1 >= argc) {
-                code = bench_usage_error(err, "%s needs a value", name);
-                break;
-            }
+            if (i + 1 >= argc) return bench_usage_error(err, "%s needs a value", name);
             value = argv[++i];
         }
         if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
             fputs(bench_usage, out);
-            free(sets);
+            a->help = 1;
             return VH_EXIT_OK;
-        } else if (!strcmp(name, "--steps")) {
-            if (parse_count(value, 1, &o.steps))
-                code = bench_usage_error(err, "--steps needs a whole number >= 1, not '%s'", value);
-        } else if (!strcmp(name, "--warmup")) {
-            if (parse_count(value, 0, &o.warmup))
-                code = bench_usage_error(err, "--warmup needs a whole number >= 0, not '%s'",
-                                         value);
-        } else if (!strcmp(name, "--set")) {
-            sets[num_sets++] = value;
-        } else if (!strcmp(arg, "--json")) {
-            o.json = 1;
-        } else if (arg[0] == '-') {
-            code = bench_usage_error(err, "unknown option '%s'", arg);
-        } else if (!recipe) {
-            recipe = arg;
-        } else {
-            code = bench_usage_error(err, "unexpected argument '%s'", arg);
         }
+        int code = bench_option(a, arg, name, value, err);
+        if (code != VH_EXIT_OK) return code;
     }
-    if (code == VH_EXIT_OK && !recipe) code = bench_usage_error(err, "%s", "needs a RECIPE file");
-    if (code != VH_EXIT_OK) {
-        free(sets);
-        return code;
-    }
+    if (!a->recipe) return bench_usage_error(err, "%s", "needs a RECIPE file");
+    return VH_EXIT_OK;
+}
 
-    vh_run run;
+/* Benches an opened run and prints the result: of many ranks rank 0 prints, the others speak on
+ * failure. */
+static vh_status bench_and_print(vh_run *run, const vh_bench_options *o, FILE *out, FILE *err) {
     vh_diag d = {{0}};
-    /* With --json, stdout carries the object alone. */
-    vh_run_options opts = {.recipe_path = recipe, .sets = sets, .num_sets = num_sets,
-                           .out = o.json ? err : out};
-    vh_status st = run_open(&run, &opts, &d);
-    if (st != VH_STATUS_OK) {
-        fprintf(err, "%s\n", d.text);
-        code = run.load_failed ? VH_EXIT_PLUGIN
-               : st == VH_STATUS_ERR_NOMEM ? VH_EXIT_RUN_FAILED
-                                           : VH_EXIT_RECIPE;
-        run_close(&run);
-        free(sets);
-        return code;
-    }
     FILE *quiet = NULL;
-    st = run_open_backends(&run, &d);
-    if (st == VH_STATUS_OK && run.comm.rank != 0) {
-        /* of many ranks, rank 0 prints; the others speak on failure */
+    vh_status st = run_open_backends(run, &d);
+    if (st == VH_STATUS_OK && run->comm.rank != 0) {
         quiet = fopen("/dev/null", "w");
-        if (quiet) run.opts.out = quiet;
+        if (quiet) run->opts.out = quiet;
     }
     vh_bench_result r;
-    if (st == VH_STATUS_OK) st = bench_run(&run, &o, &r, &d);
-    if (st == VH_STATUS_OK && run.comm.rank == 0) {
-        if (o.json) bench_print_json(&run, &r, out);
-        else bench_print(&run, &r, out);
+    if (st == VH_STATUS_OK) st = bench_run(run, o, &r, &d);
+    if (st == VH_STATUS_OK && run->comm.rank == 0) {
+        if (o->json) bench_print_json(run, &r, out);
+        else bench_print(run, &r, out);
     }
     if (st != VH_STATUS_OK) {
-        run_fail_all_ranks(&run, st, d.text); /* of many ranks: does not return */
+        run_fail_all_ranks(run, st, d.text); /* of many ranks: does not return */
         fprintf(err, "vithost: %s\n", d.text);
     }
-    run.opts.out = stdout;
+    run->opts.out = stdout;
     if (quiet) fclose(quiet);
-    run_close(&run);
-    free(sets);
-    return st == VH_STATUS_OK           ? VH_EXIT_OK
-           : st == VH_STATUS_ERR_CONFIG ? VH_EXIT_RECIPE
-                                        : VH_EXIT_RUN_FAILED;
+    return st;
+}
+
+int bench_main(int argc, char **argv, FILE *out, FILE *err) {
+    bench_args a = {.o = {.steps = 20, .warmup = 3}};
+    a.sets = calloc((size_t)argc, sizeof *a.sets);
+    if (!a.sets) return VH_EXIT_RUN_FAILED;
+    int code = parse_bench_args(argc, argv, &a, out, err);
+    if (code == VH_EXIT_OK && !a.help) {
+        vh_run run;
+        /* With --json, stdout carries the object alone. */
+        vh_run_options opts = {.recipe_path = a.recipe, .sets = a.sets, .num_sets = a.num_sets,
+                               .out = a.o.json ? err : out};
+        code = command_open_run(&run, &opts, err);
+        if (code == VH_EXIT_OK) {
+            vh_status st = bench_and_print(&run, &a.o, out, err);
+            run_close(&run);
+            code = st == VH_STATUS_OK           ? VH_EXIT_OK
+                   : st == VH_STATUS_ERR_CONFIG ? VH_EXIT_RECIPE
+                                                : VH_EXIT_RUN_FAILED;
+        }
+    }
+    free(a.sets);
+    return code;
 }

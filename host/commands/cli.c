@@ -1,19 +1,16 @@
-/* cli.c - `vithost run | check | plugins`, --help, --version. */
+/* cli.c - the vithost command line: --help, --version, the options of
+ * `run`, `eval`, `check` and `plugins` (parsed here into cli_args), and the
+ * dispatch to each command's file. bench, sweep, plot and new-plugin parse
+ * their own options. */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
-#include "vtables.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "loader.h"
-#include "runtime.h"
-#include "eval_command.h"
-#include "train_loop.h"
-#include "new_plugin.h"
-#include "session.h"
 #include "bench_command.h"
+#include "command.h"
+#include "new_plugin.h"
 #include "plot.h"
 #include "sweep.h"
 
@@ -56,6 +53,8 @@ static const char help_text[] =
     "options:\n"
     "  --set SECTION.KEY=VALUE   override one recipe value (checked like the file's);\n"
     "                            repeatable, e.g. --set model.depth=6\n"
+    "  --set 'SECTION={k: v, ...}'  replace a whole section, e.g.\n"
+    "                            --set 'optim={plugin: lion, lr: 6e-3}'\n"
     "  --out DIR                 the run folder (default runs/<recipe>-<date>-<time>)\n"
     "  --resume                  continue the run in --out DIR from its latest checkpoint\n"
     "  --stop-after STEPS        stop after STEPS steps with a checkpoint (resumable)\n"
@@ -80,18 +79,6 @@ static const char help_text[] =
     "\n"
     "SIGINT or SIGTERM during a run writes a checkpoint and exits with 5; a second\n"
     "SIGINT ends the process at once.\n";
-
-typedef struct cli_args {
-    const char *command;
-    const char *recipe;
-    const char **sets;
-    int num_sets;
-    const char *out_dir;
-    const char *describe;
-    const char *checkpoint;
-    int trace, resume;
-    long long stop_after;
-} cli_args;
 
 static int usage_error(FILE *err, const char *fmt, const char *arg) {
     fputs("vithost: ", err);
@@ -161,190 +148,50 @@ static int parse_args(int argc, char **argv, cli_args *a, FILE *err) {
     return VH_EXIT_OK;
 }
 
-static int open_exit_code(const vh_run *run, vh_status st) {
-    if (run->load_failed) return VH_EXIT_PLUGIN;
-    return st == VH_STATUS_ERR_NOMEM ? VH_EXIT_RUN_FAILED : VH_EXIT_RECIPE;
+static int new_plugin_main(int argc, char **argv, FILE *out, FILE *err) {
+    return new_plugin_command(argc - 2, argv + 2, out, err);
 }
 
-/* Creates the five plugins as a run does (device and communicator, data
- * and its info, precision, the model against both, optim, sharding), then
- * destroys them: no weights are loaded and no step is taken, but every
- * rule a plugin checks against the others' info (heads dividing dim, the
- * patch dividing the images, the data being there) is checked. */
-static vh_status check_plugins(vh_run *run, const char *recipe, FILE *out, vh_diag *d) {
-    vh_session s;
-    FILE *saved = run->opts.out;
-    run->opts.out = out;
-    vh_status st = session_open(&s, run, d);
-    if (st == VH_STATUS_OK && s.info.train_size / run->comm.world_size / s.batch_size < 1)
-        st = diag_set(d, VH_STATUS_ERR_CONFIG,
-                      "%s: the training split has %lld samples, fewer than one batch of %lld "
-                      "per rank on %d rank(s); lower run.batch_size",
-                      run->recipe.file, (long long)s.info.train_size, (long long)s.batch_size,
-                      (int)run->comm.world_size);
-    if (st == VH_STATUS_OK)
-        fprintf(out,
-                "# %s: ok (recipe and schemas; plugins created against each other on %s: "
-                "data %lld train / %lld eval images %d x %d x %d, %d classes; model %lld "
-                "parameters; no weights loaded, nothing trained)\n",
-                recipe, run->device->name, (long long)s.info.train_size,
-                (long long)s.info.eval_size, (int)s.info.channels, (int)s.info.height,
-                (int)s.info.width, (int)s.info.num_classes, (long long)s.table->numel);
-    session_close(&s);
-    run->opts.out = saved;
-    return st;
-}
+/* The commands that read their own options from argv (argv[1]: the name). */
+static const struct {
+    const char *name;
+    int (*main)(int argc, char **argv, FILE *out, FILE *err);
+} own_options[] = {
+    {"bench", bench_main},
+    {"sweep", sweep_main},
+    {"plot", plot_main},
+    {"new-plugin", new_plugin_main},
+};
 
-static int cmd_check(const cli_args *a, FILE *out, FILE *err) {
-    vh_run run;
-    vh_diag d = {{0}};
-    vh_run_options opts = {.recipe_path = a->recipe, .sets = a->sets, .num_sets = a->num_sets,
-                           .out = out};
-    vh_status st = run_open(&run, &opts, &d);
-    if (st != VH_STATUS_OK) {
-        fprintf(err, "%s\n", d.text);
-        int code = open_exit_code(&run, st);
-        run_close(&run);
-        return code;
-    }
-    run_print_resolved(&run, out);
-    /* What `run` would refuse before its first step: the plugins created
-     * against each other's info. */
-    vh_status cst = check_plugins(&run, a->recipe, out, &d);
-    run_close(&run);
-    if (cst != VH_STATUS_OK) {
-        fprintf(err, "vithost: %s\n", d.text);
-        return cst == VH_STATUS_ERR_CONFIG ? VH_EXIT_RECIPE : VH_EXIT_RUN_FAILED;
-    }
-    return VH_EXIT_OK;
-}
+/* The commands whose options parse_args reads. */
+static const struct {
+    const char *name;
+    int (*main)(const cli_args *a, FILE *out, FILE *err);
+} parsed[] = {
+    {"run", run_main},
+    {"eval", eval_main},
+    {"check", check_main},
+    {"plugins", plugins_main},
+};
 
-static int run_exit_code(vh_status st) {
-    switch (st) {
-    case VH_STATUS_OK: return VH_EXIT_OK;
-    case VH_STATUS_ERR_CONFIG: return VH_EXIT_RECIPE;
-    case VH_STATUS_ERR_INTERRUPTED: return VH_EXIT_STOPPED;
-    default: return VH_EXIT_RUN_FAILED;
-    }
-}
+#define COUNT(a) (int)(sizeof(a) / sizeof((a)[0]))
 
-static int cmd_run(const cli_args *a, FILE *out, FILE *err) {
-    vh_run run;
-    vh_diag d = {{0}};
-    vh_run_options opts = {.recipe_path = a->recipe, .sets = a->sets, .num_sets = a->num_sets,
-                           .out_dir = a->out_dir, .trace = a->trace, .out = out};
-    vh_status st = run_open(&run, &opts, &d);
-    if (st != VH_STATUS_OK) {
-        fprintf(err, "%s\n", d.text);
-        int code = open_exit_code(&run, st);
-        run_close(&run);
-        return code;
-    }
-    vh_train_options to = {.out_dir = a->out_dir, .resume = a->resume,
-                           .stop_after = a->stop_after};
-    st = train_run(&run, &to, &d);
-    /* Of many ranks, rank 0 says how the run ended (the others stopped at
-     * the same step for the same reason). */
-    int say = run.comm.rank == 0 || st != VH_STATUS_ERR_INTERRUPTED;
-    run_close(&run);
-    if (st != VH_STATUS_OK && say) fprintf(err, "vithost: %s\n", d.text);
-    return run_exit_code(st);
-}
-
-static int cmd_eval(const cli_args *a, FILE *out, FILE *err) {
-    vh_run run;
-    vh_diag d = {{0}};
-    vh_run_options opts = {.recipe_path = a->recipe, .sets = a->sets, .num_sets = a->num_sets,
-                           .out = err}; /* stdout carries only the JSON */
-    vh_status st = run_open(&run, &opts, &d);
-    if (st != VH_STATUS_OK) {
-        fprintf(err, "%s\n", d.text);
-        int code = open_exit_code(&run, st);
-        run_close(&run);
-        return code;
-    }
-    st = eval_command(&run, a->checkpoint, out, &d);
-    run_close(&run);
-    if (st != VH_STATUS_OK) fprintf(err, "vithost: %s\n", d.text);
-    return run_exit_code(st);
-}
-
-static void print_schema(const vh_plugin_descriptor *desc, FILE *out) {
-    fprintf(out, "%s (%s plugin, version %s, ABI %u.%u)\n  %s\n\nkeys of section '%s':\n",
-            desc->name, vh_role_name(desc->role), desc->version, desc->abi_major,
-            desc->abi_minor, desc->description, vh_role_name(desc->role));
-    int any = 0;
-    for (const vh_config_key *k = desc->schema; k->key; k++) {
-        any = 1;
-        fprintf(out, "  %-18s %-6s ", k->key, config_type_name(k->type));
-        if (k->default_value)
-            fprintf(out, "default %s", k->default_value);
-        else if (k->flags & VH_CONFIG_KEY_FLAG_OPTIONAL)
-            fputs("optional", out);
-        else
-            fputs("required", out);
-        if (k->type == VH_CONFIG_TYPE_ENUM && k->choices) fprintf(out, ", one of %s", k->choices);
-        if ((k->type == VH_CONFIG_TYPE_INT || k->type == VH_CONFIG_TYPE_FLOAT) && k->min < k->max)
-            fprintf(out, ", range [%g, %g]", k->min, k->max);
-        fprintf(out, "\n      %s\n", k->doc ? k->doc : "");
-    }
-    if (!any) fputs("  (none besides `plugin`)\n", out);
-}
-
-static int cmd_plugins(const cli_args *a, FILE *out, FILE *err) {
-    vh_plugin_path path;
-    vh_diag d = {{0}};
-    if (plugin_path_init(&path, NULL, &d) != VH_STATUS_OK) {
-        fprintf(err, "vithost: %s\n", d.text);
-        return VH_EXIT_PLUGIN;
-    }
-    int code = VH_EXIT_OK;
-    if (a->describe) {
-        vh_plugin p;
-        memset(&p, 0, sizeof p);
-        vh_status st = loader_resolve(&p, &path, a->describe, -1, &d);
-        if (st == VH_STATUS_OK) {
-            print_schema(p.desc, out);
-            fprintf(out, "\nfile: %s\n", p.path);
-            loader_close(&p);
-        } else {
-            fprintf(err, "vithost: %s\n", d.text);
-            code = VH_EXIT_PLUGIN;
+/* A parsed command: --help anywhere prints the usage; else its options. */
+static int parse_and_run(int which, int argc, char **argv, FILE *out, FILE *err) {
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(usage_text, out);
+            return VH_EXIT_OK;
         }
-        plugin_path_free(&path);
-        return code;
     }
-    vh_plugin_info *infos = NULL;
-    int count = 0;
-    char *problems = NULL;
-    vh_status st = plugin_scan(&path, &infos, &count, &problems, &d);
-    if (st != VH_STATUS_OK) {
-        fprintf(err, "vithost: %s\n", d.text);
-        code = VH_EXIT_PLUGIN;
-    } else {
-        fprintf(out, "search path:\n");
-        for (int i = 0; i < path.count; i++) fprintf(out, "  %s\n", path.dirs[i]);
-        fprintf(out, "\n%-10s %-16s %-8s %s\n", "ROLE", "NAME", "VERSION", "FILE");
-        for (int r = 0; r < VH_HOST_ROLE_COUNT; r++) {
-            for (int i = 0; i < count; i++) {
-                if (infos[i].role != (vh_role)r) continue;
-                fprintf(out, "%-10s %-16s %-8s %s%s%s\n", vh_role_name(infos[i].role),
-                        infos[i].name, infos[i].version, infos[i].path,
-                        infos[i].shadowed_by ? "  (shadowed by " : "",
-                        infos[i].shadowed_by ? infos[i].shadowed_by : "");
-                if (infos[i].shadowed_by) fputs(")", out);
-                fprintf(out, "%-10s %-16s %s\n", "", "", infos[i].description);
-            }
-        }
-        if (count == 0) fprintf(out, "(no plugins found)\n");
-        fprintf(out, "\n`vithost plugins --describe NAME` prints a plugin's config keys.\n");
-        if (problems && problems[0])
-            fprintf(err, "vithost: files on the search path that are not usable plugins:\n%s",
-                    problems);
-    }
-    free(problems);
-    plugin_infos_free(infos, count);
-    plugin_path_free(&path);
+    cli_args a;
+    memset(&a, 0, sizeof a);
+    a.command = parsed[which].name;
+    a.sets = calloc((size_t)argc, sizeof *a.sets);
+    if (!a.sets) return VH_EXIT_RUN_FAILED;
+    int code = parse_args(argc, argv, &a, err);
+    if (code == VH_EXIT_OK) code = parsed[which].main(&a, out, err);
+    free(a.sets);
     return code;
 }
 
@@ -365,31 +212,9 @@ int cli_main(int argc, char **argv, FILE *out, FILE *err) {
                 VH_ABI_MINOR);
         return VH_EXIT_OK;
     }
-    if (strcmp(cmd, "bench") == 0) return bench_main(argc, argv, out, err);
-    if (strcmp(cmd, "sweep") == 0) return sweep_main(argc, argv, out, err);
-    if (strcmp(cmd, "plot") == 0) return plot_main(argc, argv, out, err);
-    if (strcmp(cmd, "new-plugin") == 0) return new_plugin_command(argc - 2, argv + 2, out, err);
-    if (strcmp(cmd, "run") != 0 && strcmp(cmd, "check") != 0 && strcmp(cmd, "plugins") != 0 &&
-        strcmp(cmd, "eval") != 0)
-        return usage_error(err, "unknown command '%s'", cmd);
-    for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(usage_text, out);
-            return VH_EXIT_OK;
-        }
-    }
-    cli_args a;
-    memset(&a, 0, sizeof a);
-    a.command = cmd;
-    a.sets = calloc((size_t)argc, sizeof *a.sets);
-    if (!a.sets) return VH_EXIT_RUN_FAILED;
-    int code = parse_args(argc, argv, &a, err);
-    if (code == VH_EXIT_OK) {
-        if (strcmp(cmd, "run") == 0) code = cmd_run(&a, out, err);
-        else if (strcmp(cmd, "eval") == 0) code = cmd_eval(&a, out, err);
-        else if (strcmp(cmd, "check") == 0) code = cmd_check(&a, out, err);
-        else code = cmd_plugins(&a, out, err);
-    }
-    free(a.sets);
-    return code;
+    for (int i = 0; i < COUNT(own_options); i++)
+        if (strcmp(cmd, own_options[i].name) == 0) return own_options[i].main(argc, argv, out, err);
+    for (int i = 0; i < COUNT(parsed); i++)
+        if (strcmp(cmd, parsed[i].name) == 0) return parse_and_run(i, argc, argv, out, err);
+    return usage_error(err, "unknown command '%s'", cmd);
 }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "checkpoint.h"
+#include "command.h"
 #include "session.h"
 #include "weights.h"
 
@@ -38,4 +39,17 @@ vh_status eval_command(vh_run *run, const char *weights, FILE *out, vh_diag *d) 
     run_fail_all_ranks(run, st, d->text);
     session_close(&s);
     return st;
+}
+
+int eval_main(const cli_args *a, FILE *out, FILE *err) {
+    vh_run run;
+    vh_run_options opts = {.recipe_path = a->recipe, .sets = a->sets, .num_sets = a->num_sets,
+                           .out = err}; /* stdout carries only the JSON */
+    int code = command_open_run(&run, &opts, err);
+    if (code != VH_EXIT_OK) return code;
+    vh_diag d = {{0}};
+    vh_status st = eval_command(&run, a->checkpoint, out, &d);
+    run_close(&run);
+    if (st != VH_STATUS_OK) fprintf(err, "vithost: %s\n", d.text);
+    return command_exit_code(st);
 }

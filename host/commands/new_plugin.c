@@ -3,10 +3,11 @@
  * Writes DIR (default ./NAME) with a plugin project that builds and trains
  * as written: CMakeLists.txt (find_package(vithost)), NAME.c (a complete
  * plugin of the role, each call's contract in a comment), NAME.yaml (the
- * main job with the role's section swapped for NAME) and README.md. The
- * texts are templates embedded in the executable (cmake/templates/); @NAME@,
- * @ROLE@ and @VERSION@ are replaced. Nothing is overwritten: when any of the
- * four files exists, nothing is written.
+ * main job with the role's section swapped for NAME), README.md and, where
+ * the role has a test template (optim), test_NAME.c: unit tests in vithost's
+ * test host, run by ctest. The texts are templates embedded in the
+ * executable (cmake/templates/); @NAME@, @ROLE@ and @VERSION@ are replaced.
+ * Nothing is overwritten: when any of the files exists, nothing is written.
  */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include "new_plugin.h"
@@ -175,88 +176,120 @@ static char *installed_prefix(void) {
     return realpath(probe, NULL);
 }
 
-int new_plugin_command(int argc, char **argv, FILE *out, FILE *err) {
+/* ROLE NAME [DIR] checked; 0, or an exit code with the message written. */
+static int parse_args(int argc, char **argv, FILE *err, const char **role, const char **name,
+                      const char **dir) {
     if (argc < 2 || argc > 3) {
         fputs("vithost: usage: vithost new-plugin ROLE NAME [DIR]  (ROLE: model, precision, "
               "sharding, optim or data; DIR defaults to ./NAME)\n",
               err);
         return VH_EXIT_USAGE;
     }
-    const char *role = argv[0], *name = argv[1], *dir = argc == 3 ? argv[2] : argv[1];
+    *role = argv[0], *name = argv[1], *dir = argc == 3 ? argv[2] : argv[1];
     int r = 0;
-    while (r < NUM_ROLES && strcmp(roles[r], role) != 0) r++;
+    while (r < NUM_ROLES && strcmp(roles[r], *role) != 0) r++;
     if (r == NUM_ROLES) {
         fprintf(err, "vithost: new-plugin: unknown role '%s'; the roles are model, precision, "
                      "sharding, optim and data\n",
-                role);
+                *role);
         return VH_EXIT_USAGE;
     }
-    if (!name_is_valid(name)) {
+    if (!name_is_valid(*name)) {
         fprintf(err, "vithost: new-plugin: '%s' is not a plugin name: use a lower-case letter "
                      "then lower-case letters, digits, '_' or '-' (at most %d), e.g. my_%s\n",
-                name, MAX_NAME, role);
+                *name, MAX_NAME, *role);
         return VH_EXIT_USAGE;
     }
+    return VH_EXIT_OK;
+}
 
-    char c_file[MAX_NAME + 3], yaml_file[MAX_NAME + 6], c_tpl[16];
-    snprintf(c_file, sizeof c_file, "%s.c", name);
-    snprintf(yaml_file, sizeof yaml_file, "%s.yaml", name);
+/* The project's files: CMakeLists.txt, NAME.c, NAME.yaml, README.md, and
+ * test_NAME.c where the role has a test template (test_ROLE.c). */
+enum { MAX_FILES = 5 };
+typedef struct project {
+    char names[MAX_FILES][MAX_NAME + 16];
+    char *texts[MAX_FILES];
+    int count;
+} project;
+
+/* Fills p; an exit code on failure (p's texts freed by the caller). */
+static int make_project(project *p, const char *role, const char *name, FILE *err) {
+    char c_tpl[32], test_tpl[40];
     snprintf(c_tpl, sizeof c_tpl, "%s.c", role);
-    const char *files[4] = {"CMakeLists.txt", c_file, yaml_file, "README.md"};
-    const char *tpls[4] = {template_text("CMakeLists.txt"), template_text(c_tpl), NULL,
-                           template_text("README.md")};
+    snprintf(test_tpl, sizeof test_tpl, "test_%s.c", role);
+    const char *tpls[MAX_FILES] = {template_text("CMakeLists.txt"), template_text(c_tpl), NULL,
+                                   template_text("README.md"), template_text(test_tpl)};
     const char *main_job = template_text("recipe.yaml");
     if (!tpls[0] || !tpls[1] || !tpls[3] || !main_job) {
         fputs("vithost: new-plugin: this vithost was built without its templates\n", err);
         return VH_EXIT_RUN_FAILED;
     }
-    char *texts[4] = {substitute(tpls[0], name, role), substitute(tpls[1], name, role),
-                      make_recipe(main_job, role, name), substitute(tpls[3], name, role)};
-    int code = VH_EXIT_OK;
-    for (int i = 0; i < 4; i++)
-        if (!texts[i]) {
+    p->count = tpls[4] ? 5 : 4;
+    snprintf(p->names[0], sizeof p->names[0], "CMakeLists.txt");
+    snprintf(p->names[1], sizeof p->names[1], "%s.c", name);
+    snprintf(p->names[2], sizeof p->names[2], "%s.yaml", name);
+    snprintf(p->names[3], sizeof p->names[3], "README.md");
+    snprintf(p->names[4], sizeof p->names[4], "test_%s.c", name);
+    for (int i = 0; i < p->count; i++) {
+        p->texts[i] = i == 2 ? make_recipe(main_job, role, name) : substitute(tpls[i], name, role);
+        if (!p->texts[i]) {
             fputs("vithost: new-plugin: out of memory\n", err);
-            code = VH_EXIT_RUN_FAILED;
-            goto done;
+            return VH_EXIT_RUN_FAILED;
         }
+    }
+    return VH_EXIT_OK;
+}
 
+/* Writes p into dir, none of whose files may exist yet. */
+static int write_project(const project *p, const char *dir, FILE *out, FILE *err) {
     char path[PATH_MAX];
-    for (int i = 0; i < 4; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    for (int i = 0; i < p->count; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, p->names[i]);
         if (access(path, F_OK) == 0) {
             fprintf(err, "vithost: new-plugin: %s exists; nothing was written (choose another "
                          "DIR, or remove it)\n",
                     path);
-            code = VH_EXIT_USAGE;
-            goto done;
+            return VH_EXIT_USAGE;
         }
     }
     if (make_dirs(dir) != 0) {
         fprintf(err, "vithost: new-plugin: cannot create %s: %s\n", dir, strerror(errno));
-        code = VH_EXIT_RUN_FAILED;
-        goto done;
+        return VH_EXIT_RUN_FAILED;
     }
-    for (int i = 0; i < 4; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    for (int i = 0; i < p->count; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, p->names[i]);
         FILE *f = fopen(path, "wx"); /* C11: fails rather than overwrite */
-        int ok = f && fputs(texts[i], f) >= 0;
+        int ok = f && fputs(p->texts[i], f) >= 0;
         if (f && fclose(f) != 0) ok = 0;
         if (!ok) {
             fprintf(err, "vithost: new-plugin: cannot write %s: %s\n", path, strerror(errno));
-            code = VH_EXIT_RUN_FAILED;
-            goto done;
+            return VH_EXIT_RUN_FAILED;
         }
         fprintf(out, "wrote %s\n", path);
     }
-    char *prefix = installed_prefix();
-    fprintf(out,
-            "\nbuild it and train the main job with it:\n"
-            "  cmake -S %s -B %s/build -DCMAKE_PREFIX_PATH=%s\n"
-            "  cmake --build %s/build\n"
-            "  cd %s && VITHOST_PLUGIN_PATH=$PWD/build vithost run %s --set run.steps=20\n",
-            dir, dir, prefix ? prefix : "<vithost install prefix>", dir, dir, yaml_file);
-    free(prefix);
-done:
-    for (int i = 0; i < 4; i++) free(texts[i]);
+    return VH_EXIT_OK;
+}
+
+int new_plugin_command(int argc, char **argv, FILE *out, FILE *err) {
+    const char *role, *name, *dir;
+    int code = parse_args(argc, argv, err, &role, &name, &dir);
+    if (code != VH_EXIT_OK) return code;
+    project p = {.count = 0};
+    code = make_project(&p, role, name, err);
+    if (code == VH_EXIT_OK) code = write_project(&p, dir, out, err);
+    if (code == VH_EXIT_OK) {
+        char *prefix = installed_prefix();
+        fprintf(out,
+                "\nbuild it and train the main job with it:\n"
+                "  cmake -S %s -B %s/build -DCMAKE_PREFIX_PATH=%s\n"
+                "  cmake --build %s/build\n"
+                "  cd %s && VITHOST_PLUGIN_PATH=$PWD/build vithost run %s --set run.steps=20\n",
+                dir, dir, prefix ? prefix : "<vithost install prefix>", dir, dir, p.names[2]);
+        if (p.count > 4)
+            fprintf(out, "and run its unit tests (%s, on the SDK's test host):\n"
+                         "  ctest --test-dir %s/build\n", p.names[4], dir);
+        free(prefix);
+    }
+    for (int i = 0; i < MAX_FILES; i++) free(p.texts[i]);
     return code;
 }

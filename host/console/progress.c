@@ -1,5 +1,5 @@
 /* progress.c - throughput windows and the terminal's redrawn line (see
- * progress.h). The lines that stay are printed by the loop. */
+ * progress.h). The lines that stay are report.c's. */
 #define _POSIX_C_SOURCE 200809L
 #include "progress.h"
 

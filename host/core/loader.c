@@ -262,34 +262,33 @@ static vh_status check_header(const char *path, const desc_header *hp, size_t sy
     return VH_STATUS_OK;
 }
 
-/* Checks the descriptor at `sym` (exported by `path`, `sym_size` bytes or 0
- * when unknown). Reads the header before anything else, then only the
- * members the plugin's struct_size covers. */
-static vh_status check_descriptor(const char *path, const void *sym, size_t sym_size,
-                                  int expected_role, vh_diag *d) {
-    desc_header h;
-    memcpy(&h, sym, sizeof h);
-    vh_status hst = check_header(path, &h, sym_size, d);
-    if (hst != VH_STATUS_OK) return hst;
-    if (h.struct_size < VH_DESCRIPTOR_MIN_SIZE)
+/* The sizes the header claims: at least every ABI 2 member, and no more
+ * than the exported symbol holds. */
+static vh_status check_descriptor_size(const char *path, const desc_header *h, size_t sym_size,
+                                       vh_diag *d) {
+    if (h->struct_size < VH_DESCRIPTOR_MIN_SIZE)
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s has a broken descriptor: struct_size is %u bytes, smaller than "
                         "the %u bytes every ABI %d descriptor has (define it with "
                         "VH_PLUGIN_DEFINE and rebuild)",
-                        path, (unsigned)h.struct_size, (unsigned)VH_DESCRIPTOR_MIN_SIZE,
+                        path, (unsigned)h->struct_size, (unsigned)VH_DESCRIPTOR_MIN_SIZE,
                         VH_ABI_MAJOR);
-    if (sym_size != 0 && sym_size < h.struct_size)
+    if (sym_size != 0 && sym_size < h->struct_size)
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s has a broken descriptor: its symbol '%s' is %zu bytes but "
                         "claims %u (define it with VH_PLUGIN_DEFINE and rebuild)",
-                        path, VH_PLUGIN_SYMBOL, sym_size, (unsigned)h.struct_size);
+                        path, VH_PLUGIN_SYMBOL, sym_size, (unsigned)h->struct_size);
+    return VH_STATUS_OK;
+}
 
-    /* The header says ABI 2.x and a descriptor holding every member up to
-     * get_extension: those are there. The role is read as an int: the plugin
-     * may hold any value. */
-    const vh_plugin_descriptor *desc = sym;
+/* The role, read as an int (the plugin may hold any value), and its
+ * vtable: there, large enough for the role's required calls, and of the
+ * size its own first member says. */
+static vh_status check_role_vtable(const char *path, const vh_plugin_descriptor *desc,
+                                   int *role_out, vh_diag *d) {
     int role;
     memcpy(&role, &desc->role, sizeof role);
+    *role_out = role;
     if (role < 0 || role >= VH_HOST_ROLE_COUNT)
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s declares an unknown role %d (this vithost knows roles 0 to %d: "
@@ -297,7 +296,6 @@ static vh_status check_descriptor(const char *path, const void *sym, size_t sym_
                         "against this SDK)",
                         path, role, VH_HOST_ROLE_COUNT - 1);
     const char *role_name = vh_role_name((vh_role)role);
-
     if (!desc->vtable)
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s declares a '%s' plugin without a vtable (pass the "
@@ -324,7 +322,12 @@ static vh_status check_descriptor(const char *path, const void *sym, size_t sym_
                         "sizeof the vtable)",
                         path, role_name, (unsigned)vt_struct_size,
                         (unsigned)desc->vtable_size);
+    return VH_STATUS_OK;
+}
 
+/* Name, version, description and a well-formed config schema. */
+static vh_status check_identity(const char *path, const vh_plugin_descriptor *desc,
+                                vh_diag *d) {
     if (!desc->name)
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s declares no plugin name (give one in VH_PLUGIN_DEFINE)", path);
@@ -349,15 +352,19 @@ static vh_status check_descriptor(const char *path, const void *sym, size_t sym_
                         "%s (plugin '%s') has no config schema (a plugin without options "
                         "passes an array holding only the {NULL} end entry)",
                         path, desc->name);
-
     char owner[PATH_MAX + 128];
     snprintf(owner, sizeof owner, "plugin '%s' (%s)", desc->name, path);
     vh_status st = config_check_schema(desc->schema, owner, d);
-    if (st != VH_STATUS_OK) {
-        if (d && !strstr(d->text, path)) diag_prefix(d, "%s: ", path);
-        return st;
-    }
+    if (st != VH_STATUS_OK && d && !strstr(d->text, path)) diag_prefix(d, "%s: ", path);
+    return st;
+}
 
+/* Every required call of the role is set, and the role is the one the
+ * recipe's section needs (expected_role < 0: any). */
+static vh_status check_calls(const char *path, const vh_plugin_descriptor *desc, int role,
+                             int expected_role, vh_diag *d) {
+    const char *role_name = vh_role_name((vh_role)role);
+    const char *type_name = vtable_info((vh_role)role)->type_name;
     const vh_vtable_member *missing =
         vtable_missing_required((vh_role)role, desc->vtable, desc->vtable_size);
     if (missing && missing->alternative)
@@ -365,13 +372,12 @@ static vh_status check_descriptor(const char *path, const void *sym, size_t sym_
                         "%s: %s plugin '%s' has neither '%s' nor '%s' (the %s role needs one; "
                         "set it in the plugin's %s)",
                         path, role_name, desc->name, missing->name, missing->alternative,
-                        role_name, vt->type_name);
+                        role_name, type_name);
     if (missing)
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s: %s plugin '%s' has no '%s' (a required call of the %s role; "
                         "set it in the plugin's %s)",
-                        path, role_name, desc->name, missing->name, role_name, vt->type_name);
-
+                        path, role_name, desc->name, missing->name, role_name, type_name);
     if (expected_role >= 0 && role != expected_role) {
         const char *want = vh_role_name((vh_role)expected_role);
         return diag_set(d, VH_STATUS_ERR_CONFIG,
@@ -382,18 +388,31 @@ static vh_status check_descriptor(const char *path, const void *sym, size_t sym_
     return VH_STATUS_OK;
 }
 
-/* loader_open; `warn`: say on stderr when others can write the file or its
- * folder (scans put that in their report instead). */
-static vh_status open_plugin(vh_plugin *out, const char *path, int expected_role, int warn,
-                             vh_diag *d) {
-    if (!out) return diag_set(d, VH_STATUS_ERR_INVALID_ARG, "loader_open: out is NULL");
-    memset(out, 0, sizeof *out);
-    if (!path || !*path)
-        return diag_set(d, VH_STATUS_ERR_INVALID_ARG, "loader_open: no plugin path given");
-    if (expected_role >= VH_HOST_ROLE_COUNT)
-        return diag_set(d, VH_STATUS_ERR_INVALID_ARG,
-                        "loader_open: expected role %d is not a role", expected_role);
+/* Checks the descriptor at `sym` (exported by `path`, `sym_size` bytes or 0
+ * when unknown). Reads the header before anything else, then only the
+ * members the plugin's struct_size covers: once the header says ABI 2.x
+ * and a descriptor holding every member up to get_extension, those are
+ * there. */
+static vh_status check_descriptor(const char *path, const void *sym, size_t sym_size,
+                                  int expected_role, vh_diag *d) {
+    desc_header h;
+    memcpy(&h, sym, sizeof h);
+    vh_status st = check_header(path, &h, sym_size, d);
+    if (st == VH_STATUS_OK) st = check_descriptor_size(path, &h, sym_size, d);
+    if (st != VH_STATUS_OK) return st;
+    const vh_plugin_descriptor *desc = sym;
+    int role = -1;
+    st = check_role_vtable(path, desc, &role, d);
+    if (st == VH_STATUS_OK) st = check_identity(path, desc, d);
+    if (st == VH_STATUS_OK) st = check_calls(path, desc, role, expected_role, d);
+    return st;
+}
 
+/* What can be known of the file before any of its code runs: that it is
+ * a regular file and a shared object for this machine, whether others can
+ * write it (`warn`: said on stderr; scans put that in their report
+ * instead), and the versions its descriptor header declares. */
+static vh_status check_file(const char *path, int warn, vh_diag *d) {
     struct stat st;
     if (stat(path, &st) != 0) {
         if (errno == ENOENT || errno == ENOTDIR)
@@ -409,7 +428,6 @@ static vh_status open_plugin(vh_plugin *out, const char *path, int expected_role
                         "plugin file %s is not a regular file (give the path of a plugin's "
                         ".so file)",
                         path);
-
     vh_status est = check_elf(path, d);
     if (est != VH_STATUS_OK) return est;
     if (warn) {
@@ -417,7 +435,6 @@ static vh_status open_plugin(vh_plugin *out, const char *path, int expected_role
         if (writable_by_others(path, &st, why, sizeof why))
             fprintf(stderr, "vithost: warning: %s\n", why);
     }
-
     /* The versions first, from the file: a plugin the host refuses never
      * runs a line of its code, not even a constructor. A file whose symbol
      * cannot be read this way is left for dlopen and dlsym to judge. */
@@ -425,51 +442,39 @@ static vh_status open_plugin(vh_plugin *out, const char *path, int expected_role
     memset(&early, 0, sizeof early);
     size_t early_size = 0;
     if (elf_read_symbol(path, VH_PLUGIN_SYMBOL, &early, sizeof early, &early_size) &&
-        early_size > 0) {
-        vh_status hst = check_header(path, &early, early_size, d);
-        if (hst != VH_STATUS_OK) return hst;
-    }
+        early_size > 0)
+        return check_header(path, &early, early_size, d);
+    return VH_STATUS_OK;
+}
 
+/* dlopen, with dlerror's reason in the message. */
+static vh_status load_file(const char *path, void **handle, vh_diag *d) {
     /* dlopen searches the library path for a name without '/': make a bare
      * file name relative to the current directory, as the user meant. */
     char *dl_path = strchr(path, '/') ? strdup(path) : path_join(".", path);
     if (!dl_path) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory opening %s", path);
-
     dlerror();
-    void *handle = dlopen(dl_path, RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
+    *handle = dlopen(dl_path, RTLD_NOW | RTLD_LOCAL);
+    vh_status st = VH_STATUS_OK;
+    if (!*handle) {
         const char *err = dlerror();
         if (!err) err = "unknown dlopen error";
         /* dlerror usually starts with the file name; it is in the message already. */
         size_t pl = strlen(dl_path);
         if (strncmp(err, dl_path, pl) == 0 && strncmp(err + pl, ": ", 2) == 0) err += pl + 2;
-        diag_set(d, VH_STATUS_ERR_FORMAT,
-                 "%s is not a loadable shared object: %s (it must be a vithost plugin "
-                 "built for this machine, with the libraries it needs installed)",
-                 path, err);
-        free(dl_path);
-        return VH_STATUS_ERR_FORMAT;
+        st = diag_set(d, VH_STATUS_ERR_FORMAT,
+                      "%s is not a loadable shared object: %s (it must be a vithost plugin "
+                      "built for this machine, with the libraries it needs installed)",
+                      path, err);
     }
     free(dl_path);
+    return st;
+}
 
-    dlerror();
-    const void *sym = dlsym(handle, VH_PLUGIN_SYMBOL);
-    if (!sym) {
-        dlclose(handle);
-        return diag_set(d, VH_STATUS_ERR_FORMAT,
-                        "%s is not a vithost plugin: it does not export the symbol '%s' "
-                        "(define it with VH_PLUGIN_DEFINE)",
-                        path, VH_PLUGIN_SYMBOL);
-    }
-
-    vh_status status =
-        check_descriptor(path, sym, exported_symbol_size(sym), expected_role, d);
-    if (status != VH_STATUS_OK) {
-        dlclose(handle);
-        return status;
-    }
-    /* The host's copies: the descriptor as this host's struct (members past
-     * the plugin's struct_size zero), pointing at the upgraded vtable. */
+/* The host's copies: the descriptor as this host's struct (members past
+ * the plugin's struct_size zero), pointing at the upgraded vtable. */
+static vh_status keep_copies(vh_plugin *out, const char *path, void *handle, const void *sym,
+                             vh_diag *d) {
     const vh_plugin_descriptor *plugin_desc = sym;
     vh_plugin_descriptor *desc = calloc(1, sizeof *desc);
     void *vtable = NULL;
@@ -484,7 +489,6 @@ static vh_status open_plugin(vh_plugin *out, const char *path, int expected_role
         free(vtable);
         free(out->path);
         out->path = NULL;
-        dlclose(handle);
         return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory opening %s", path);
     }
     out->plugin_struct_size = plugin_desc->struct_size;
@@ -496,6 +500,34 @@ static vh_status open_plugin(vh_plugin *out, const char *path, int expected_role
     out->handle = handle;
     out->desc = desc;
     return VH_STATUS_OK;
+}
+
+/* loader_open; `warn`: see check_file. */
+static vh_status open_plugin(vh_plugin *out, const char *path, int expected_role, int warn,
+                             vh_diag *d) {
+    if (!out) return diag_set(d, VH_STATUS_ERR_INVALID_ARG, "loader_open: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!path || !*path)
+        return diag_set(d, VH_STATUS_ERR_INVALID_ARG, "loader_open: no plugin path given");
+    if (expected_role >= VH_HOST_ROLE_COUNT)
+        return diag_set(d, VH_STATUS_ERR_INVALID_ARG,
+                        "loader_open: expected role %d is not a role", expected_role);
+    void *handle = NULL;
+    vh_status st = check_file(path, warn, d);
+    if (st == VH_STATUS_OK) st = load_file(path, &handle, d);
+    if (st != VH_STATUS_OK) return st;
+    dlerror();
+    const void *sym = dlsym(handle, VH_PLUGIN_SYMBOL);
+    if (!sym)
+        st = diag_set(d, VH_STATUS_ERR_FORMAT,
+                      "%s is not a vithost plugin: it does not export the symbol '%s' "
+                      "(define it with VH_PLUGIN_DEFINE)",
+                      path, VH_PLUGIN_SYMBOL);
+    if (st == VH_STATUS_OK)
+        st = check_descriptor(path, sym, exported_symbol_size(sym), expected_role, d);
+    if (st == VH_STATUS_OK) st = keep_copies(out, path, handle, sym, d);
+    if (st != VH_STATUS_OK) dlclose(handle);
+    return st;
 }
 
 vh_status loader_open(vh_plugin *out, const char *path, int expected_role, vh_diag *d) {

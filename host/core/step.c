@@ -8,7 +8,8 @@
  *   precision.unscale_and_check (found-inf agreed across ranks)
  *   precision.grad_sum_sq (when the plugin has it: the global gradient norm
  *                          its pass computed, handed to the optimizer)
- *   optim.step on the local slices (skipped on overflow), sharding.refresh
+ *   optim.update (ABI 2.1; optim.step for a 2.0 optimizer) on the local
+ *                        slices (skipped on overflow), sharding.refresh
  *   precision.update
  *
  * The batch comes from session_next_batch (data.next, copied to the device).
@@ -30,7 +31,7 @@ const char vh_step_order[] =
     "data.next, sharding.zero_grads, model.forward (sharding.gather/release per unit), "
     "precision.loss_scale, model.backward (sharding.gather/grads/reduce/release per unit, "
     "reversed), sharding.wait, precision.unscale_and_check, precision.grad_sum_sq (if it "
-    "has it), optim.step (skipped on overflow), sharding.refresh, precision.update";
+    "has it), optim.update or optim.step (skipped on overflow), sharding.refresh, precision.update";
 
 #define CALL(s, role, call, expr)                                                   \
     do {                                                                            \

@@ -1,6 +1,6 @@
-/* train_loop.c - `vithost run`: the loop of epochs and steps around
- * session_step, with evaluation, the progress and memory lines, metrics,
- * checkpoints, resume and a clean stop (see train_loop.h). */
+/* train_loop.c - the schedule of `vithost run`: epochs and steps around
+ * session_step, evaluations, metrics, checkpoints, resume and a clean stop
+ * (see train_loop.h). What it prints is console/'s (banner.h, report.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "train_loop.h"
 
@@ -10,10 +10,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "banner.h"
 #include "checkpoint.h"
 #include "comm_stats.h"
 #include "flops_probe.h"
 #include "progress.h"
+#include "report.h"
 #include "run_folder.h"
 #include "session.h"
 #include "signals.h"
@@ -71,12 +73,7 @@ static vh_status run_eval(loop_state *ls, int inside_pass, vh_diag *d) {
     progress_pause(&ls->prog, t0);
     if (st != VH_STATUS_OK) return st;
     ls->last_eval_step = s->step;
-    progress_clear(&ls->prog);
-    fprintf(s->out,
-            "eval  step %lld epoch %lld: top1 %.2f%% top5 %.2f%% loss %.4f (%lld images)\n",
-            (long long)s->step, (long long)s->epoch, 100.0 * ls->last_eval.top1,
-            100.0 * ls->last_eval.top5, ls->last_eval.loss, (long long)ls->last_eval.samples);
-    fflush(s->out);
+    report_eval(&ls->prog, s->step, s->epoch, &ls->last_eval);
     metrics_eval(&s->metrics, s->step, s->epoch, ls->last_eval.top1, ls->last_eval.top5,
                  ls->last_eval.loss, ls->last_eval.samples);
     return VH_STATUS_OK;
@@ -87,9 +84,7 @@ static vh_status save_checkpoint(loop_state *ls, vh_diag *d) {
     vh_status st = checkpoint_save(ls->s, ls->dir, ls->keep, d);
     progress_pause(&ls->prog, t0);
     if (st == VH_STATUS_OK) {
-        progress_clear(&ls->prog);
-        fprintf(ls->s->out, "vithost: checkpoint %s/checkpoints/step-%08lld (%.2f s)\n",
-                ls->dir, (long long)ls->s->step, progress_now() - t0);
+        report_checkpoint(&ls->prog, ls->dir, ls->s->step, progress_now() - t0);
         memcpy(ls->prev_ckpt, ls->last_ckpt, sizeof ls->prev_ckpt);
         ls->prev_ckpt_step = ls->last_ckpt_step;
         snprintf(ls->last_ckpt, sizeof ls->last_ckpt, "%s/checkpoints/step-%08lld", ls->dir,
@@ -99,7 +94,7 @@ static vh_status save_checkpoint(loop_state *ls, vh_diag *d) {
     return st;
 }
 
-/* ---- progress lines ---------------------------------------------------------- */
+/* ---- the record of a step ------------------------------------------------------ */
 
 /* The step's line in metrics.jsonl; returns what it wrote. */
 static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int skipped) {
@@ -123,22 +118,8 @@ static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int 
 }
 
 static void log_step(loop_state *ls, float loss, double lr, int skipped) {
-    vh_session *s = ls->s;
     vh_train_metrics m = metrics_line(ls, loss, lr, skipped);
-    progress_clear(&ls->prog);
-    fprintf(s->out,
-            "train step %lld/%lld epoch %lld: loss %.4f lr %.3g img/s %.1f TFLOP/s %.4f",
-            (long long)s->step, (long long)ls->total, (long long)s->epoch, (double)loss, lr,
-            m.img_per_s, m.tflops);
-    if (ls->peak_tflops > 0) fprintf(s->out, " MFU %.1f%%", 100.0 * m.mfu);
-    if (ls->world > 1)
-        fprintf(s->out, " | %d ranks, %.1f img/s each, comm %.2f MiB/step, waited %.1f ms/step",
-                (int)ls->world, m.img_per_s_per_rank, m.comm_bytes_per_step / 1048576.0,
-                m.comm_wait_ms_per_step);
-    char scale[64];
-    progress_scale_text(scale, sizeof scale, &ls->scale);
-    fprintf(s->out, "%s%s\n", scale, skipped ? " (step skipped: overflow)" : "");
-    fflush(s->out);
+    report_step(&ls->prog, &m, ls->total, ls->peak_tflops > 0, &ls->scale);
     progress_restart_window(&ls->prog);
     ls->window_comm_bytes = ls->window_comm_wait = 0.0;
     ls->window_steps = 0;
@@ -152,51 +133,6 @@ static void note_scale(loop_state *ls, int skipped) {
     /* (not traced: a getter, and --trace shows the step's calls only) */
     ls->scale.loss_scale = s->precision->loss_scale(s->self[VH_ROLE_PRECISION]);
     if (ls->scale.loss_scale != 1.0 || ls->scale.skipped_steps > 0) ls->scale.show = 1;
-}
-
-/* "12.3 MiB" */
-static void bytes_text(char *buf, size_t len, int64_t bytes) {
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024.0 && u < 4) v /= 1024.0, u++;
-    snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, units[u]);
-}
-
-/* One line: the parameter count and, when the sharding plugin says, the
- * bytes this rank holds for each kind of buffer. */
-static vh_status print_memory(vh_session *s, vh_diag *d) {
-    vh_sharding_memory m = {.struct_size = sizeof m};
-    if (s->sharding->memory) {
-        session_trace(s, "sharding.memory");
-        vh_status st = s->sharding->memory(s->self[VH_ROLE_SHARDING], &m);
-        if (st != VH_STATUS_OK)
-            return session_plugin_error(s, VH_ROLE_SHARDING, st, "sharding.memory", d);
-    }
-    fprintf(s->out, "vithost: %lld parameters", (long long)s->table->numel);
-    if (s->sharding->memory) {
-        char p[32], g[32], ma[32], o[32], c[32];
-        bytes_text(p, sizeof p, m.params);
-        bytes_text(g, sizeof g, m.grads);
-        bytes_text(ma, sizeof ma, m.masters);
-        bytes_text(o, sizeof o, m.optim_state);
-        bytes_text(c, sizeof c, m.comm_buffers);
-        fprintf(s->out, "; on this rank: params %s, grads %s, masters %s, optimizer state %s",
-                p, g, ma, o);
-        if (m.comm_buffers) fprintf(s->out, ", comm buffers %s", c);
-    }
-    int64_t act = 0;
-    if (s->model->activation_bytes) {
-        session_trace(s, "model.activation_bytes");
-        vh_status st = s->model->activation_bytes(s->self[VH_ROLE_MODEL], &act);
-        if (st != VH_STATUS_OK)
-            return session_plugin_error(s, VH_ROLE_MODEL, st, "model.activation_bytes", d);
-        char a[32];
-        bytes_text(a, sizeof a, act);
-        fprintf(s->out, ", activations %s", a);
-    }
-    fputc('\n', s->out);
-    return VH_STATUS_OK;
 }
 
 /* ---- the loop ------------------------------------------------------------------ */
@@ -221,6 +157,80 @@ static vh_status diverged(const loop_state *ls, float loss, vh_diag *d) {
                                        : "no checkpoint was written before it");
 }
 
+/* One step: the next batch (*has 0: the pass is done), session_step, and
+ * the step's share of the throughput and communication window. */
+static vh_status run_step(loop_state *ls, double *lr, const float **dev_loss, int *skipped,
+                          int *has, vh_diag *d) {
+    vh_session *s = ls->s;
+    vh_batch host_batch, batch;
+    vh_status st = session_next_batch(s, &host_batch, &batch, has, d);
+    if (st != VH_STATUS_OK || !*has) return st;
+    vh_comm_stats *cs = &s->run->comm_stats;
+    comm_stats_reset(cs);
+    st = session_step(s, &batch, s->step, dev_loss, lr, skipped, d);
+    if (st != VH_STATUS_OK) return st;
+    s->step++;
+    ls->steps_this_run++;
+    /* Every rank trained a full batch of its own (the sampler's rule). */
+    ls->prog.window_images += batch.size * ls->world;
+    ls->window_comm_bytes += cs->bytes;
+    ls->window_comm_wait += cs->wait_seconds;
+    ls->window_steps++;
+    note_scale(ls, *skipped);
+    return VH_STATUS_OK;
+}
+
+/* What the step just taken needs besides its gradients. */
+typedef struct step_needs {
+    int log, draw, skipped, evals, saves, stop_after;
+} step_needs;
+
+static step_needs needs_of(const loop_state *ls, int skipped) {
+    int64_t step = ls->s->step;
+    step_needs n = {.skipped = skipped};
+    n.log = step % ls->log_every == 0 || step == ls->total;
+    n.draw = !n.log && progress_due(&ls->prog, step, ls->total);
+    n.evals = ls->eval_every_steps > 0 && step % ls->eval_every_steps == 0;
+    n.saves = ls->checkpoint_every > 0 && step % ls->checkpoint_every == 0;
+    n.stop_after = ls->stop_after > 0 && ls->steps_this_run >= ls->stop_after;
+    return n;
+}
+
+/* The loss as a number, on the steps that need one (see train_epoch). */
+static vh_status read_loss(loop_state *ls, const step_needs *n, const float *dev_loss,
+                           float *loss, vh_diag *d) {
+    vh_session *s = ls->s;
+    if (!(n->log || n->draw || n->skipped || n->evals || n->saves || n->stop_after))
+        return VH_STATUS_OK;
+    vh_status st = s->run->device->synchronize(s->run->device->device);
+    if (st == VH_STATUS_OK) st = session_read_loss(s, dev_loss, loss, d);
+    if (st != VH_STATUS_OK) return st;
+    if (!isfinite(*loss) && !n->skipped) return diverged(ls, *loss, d);
+    /* A logged loss is the global batch's: the mean of the ranks' (equal
+     * batches). Log steps are the same on every rank; the progress bar's
+     * draws are not, so they show this rank's. */
+    if (n->log && ls->world > 1) {
+        double mean = (double)*loss;
+        st = session_reduce_scalars(s, &mean, 1, VH_REDUCE_OP_AVG, d);
+        if (st != VH_STATUS_OK) return st;
+        *loss = (float)mean;
+        if (!isfinite(*loss) && !n->skipped) return diverged(ls, *loss, d);
+    }
+    return VH_STATUS_OK;
+}
+
+/* Whether the run stops after this step: --stop-after, or a signal. A
+ * signal may reach one rank only: with many, every rank stops at the same
+ * (log) step, or the others would wait for it in a collective. */
+static vh_status stop_here(loop_state *ls, const step_needs *n, int *stop, vh_diag *d) {
+    *stop = n->stop_after || (ls->world == 1 && signals_stop_requested());
+    if (ls->world == 1 || !n->log) return VH_STATUS_OK;
+    double any = *stop || signals_stop_requested();
+    vh_status st = session_reduce_scalars(ls->s, &any, 1, VH_REDUCE_OP_MAX, d);
+    *stop = any != 0.0;
+    return st;
+}
+
 /* Trains one epoch's pass (or the rest of it, after a resume). The step
  * runs without a host round trip: the loss stays on the device and the
  * device is synchronised only on steps that need a number — log lines,
@@ -242,72 +252,25 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
         s->epoch_in_progress = 1;
     }
     while (s->step < ls->total) {
-        vh_batch host_batch, batch;
-        int has = 0, skipped = 0;
+        int has = 0, skipped = 0, stop = 0;
         const float *dev_loss = NULL;
-        vh_status st = session_next_batch(s, &host_batch, &batch, &has, d);
+        vh_status st = run_step(ls, lr, &dev_loss, &skipped, &has, d);
+        if (st != VH_STATUS_OK || !has) return st;
+        step_needs n = needs_of(ls, skipped);
+        st = read_loss(ls, &n, dev_loss, loss, d);
         if (st != VH_STATUS_OK) return st;
-        if (!has) break;
-        vh_comm_stats *cs = &s->run->comm_stats;
-        comm_stats_reset(cs);
-        st = session_step(s, &batch, s->step, &dev_loss, lr, &skipped, d);
-        if (st != VH_STATUS_OK) return st;
-        s->step++;
-        ls->steps_this_run++;
-        /* Every rank trained a full batch of its own (the sampler's rule). */
-        ls->prog.window_images += batch.size * ls->world;
-        ls->window_comm_bytes += cs->bytes;
-        ls->window_comm_wait += cs->wait_seconds;
-        ls->window_steps++;
-        note_scale(ls, skipped);
-        int log = s->step % ls->log_every == 0 || s->step == ls->total;
-        int draw = !log && progress_due(&ls->prog, s->step, ls->total);
-        /* Every skipped step gets a metrics line (the precision plugin has
-         * said it on the log), so the file counts every skip up to any
-         * checkpoint and a resumed run continues the count. */
-        int evals = ls->eval_every_steps > 0 && s->step % ls->eval_every_steps == 0;
-        int saves = ls->checkpoint_every > 0 && s->step % ls->checkpoint_every == 0;
-        int stop_after = ls->stop_after > 0 && ls->steps_this_run >= ls->stop_after;
-        if (log || draw || skipped || evals || saves || stop_after) {
-            st = s->run->device->synchronize(s->run->device->device);
-            if (st == VH_STATUS_OK) st = session_read_loss(s, dev_loss, loss, d);
-            if (st != VH_STATUS_OK) return st;
-            if (!isfinite(*loss) && !skipped) return diverged(ls, *loss, d);
-        }
-        if (log || draw || skipped) {
-            /* A logged loss is the global batch's: the mean of the ranks'
-             * (equal batches). Log steps are the same on every rank; the
-             * progress bar's draws are not, so they show this rank's. */
-            if (log && ls->world > 1) {
-                double mean = (double)*loss;
-                st = session_reduce_scalars(s, &mean, 1, VH_REDUCE_OP_AVG, d);
-                if (st != VH_STATUS_OK) return st;
-                *loss = (float)mean;
-            }
-            if (!isfinite(*loss) && !skipped) return diverged(ls, *loss, d);
-        }
-        if (log) {
+        if (n.log) {
             log_step(ls, *loss, *lr, skipped);
         } else {
+            /* Every skipped step gets a metrics line (the precision plugin
+             * has said it on the log), so the file counts every skip up to
+             * any checkpoint and a resumed run continues the count. */
             if (skipped) metrics_line(ls, *loss, *lr, skipped);
-            if (draw) progress_draw(&ls->prog, s->step, ls->total, *loss, &ls->scale);
+            if (n.draw) progress_draw(&ls->prog, s->step, ls->total, *loss, &ls->scale);
         }
-        if (evals) {
-            st = run_eval(ls, 1, d);
-            if (st != VH_STATUS_OK) return st;
-        }
-        int stop = stop_after || (ls->world == 1 && signals_stop_requested());
-        if (ls->world > 1 && log) {
-            /* A signal may reach one rank only: every rank stops at the same
-             * (log) step, or the others would wait for it in a collective. */
-            double any = stop || signals_stop_requested();
-            st = session_reduce_scalars(s, &any, 1, VH_REDUCE_OP_MAX, d);
-            if (st != VH_STATUS_OK) return st;
-            stop = any != 0.0;
-        }
-        if ((ls->checkpoint_every > 0 && s->step % ls->checkpoint_every == 0 &&
-             s->step < ls->total) ||
-            stop) {
+        if (n.evals && (st = run_eval(ls, 1, d)) != VH_STATUS_OK) return st;
+        if ((st = stop_here(ls, &n, &stop, d)) != VH_STATUS_OK) return st;
+        if ((n.saves && s->step < ls->total) || stop) {
             st = save_checkpoint(ls, d);
             if (st != VH_STATUS_OK) return st;
         }
@@ -342,14 +305,8 @@ static vh_status train_loop(loop_state *ls, vh_diag *d) {
     if (ls->steps_this_run > 0 && !isfinite(loss)) return diverged(ls, loss, d);
     vh_status st = save_checkpoint(ls, d);
     if (st != VH_STATUS_OK) return st;
-    progress_clear(&ls->prog);
-    fprintf(s->out, "vithost: finished %lld steps", (long long)s->step);
-    if (isfinite(loss)) fprintf(s->out, "; final loss %.4f", (double)loss);
-    if (ls->last_eval_step == s->step)
-        fprintf(s->out, "; eval top1 %.2f%%", 100.0 * ls->last_eval.top1);
-    fprintf(s->out, "; peak memory %.1f MiB; run folder %s\n",
-            (double)metrics_peak_rss_bytes() / 1048576.0, ls->dir);
-    fflush(s->out);
+    report_finished(&ls->prog, s->step, loss, ls->last_eval_step == s->step ? &ls->last_eval : NULL,
+                    ls->dir);
     return VH_STATUS_OK;
 }
 
@@ -419,66 +376,11 @@ static vh_status starting_weights(vh_session *s, const char *dir, int resume, ch
     return weights_load_model(s, initial, VH_WEIGHTS_MODE_PRETRAINED, d);
 }
 
-/* The lines a run starts with; the memory line asks the sharding plugin. */
-static vh_status print_banner(const loop_state *ls, const vh_train_options *o, const char *ckpt,
-                              vh_diag *d) {
-    vh_session *s = ls->s;
-    fprintf(s->out, "vithost: run folder %s\n", ls->dir);
-    if (o->resume)
-        fprintf(s->out, "vithost: resuming from %s (step %lld, epoch %lld)\n", ckpt,
-                (long long)s->step, (long long)s->epoch);
-    fprintf(s->out,
-            "vithost: training %lld steps (%lld epochs of %lld steps, batch %lld) on %s; ",
-            (long long)ls->total, (long long)ls->epochs, (long long)ls->steps_per_epoch,
-            (long long)s->batch_size * ls->world, s->run->device->name);
-    if (ls->world > 1)
-        fprintf(s->out, "%d ranks (%s) of batch %lld each; ", (int)ls->world,
-                s->run->comm.backend ? s->run->comm.backend : "?", (long long)s->batch_size);
-    if (ls->flops > 0) fprintf(s->out, "%.3g GFLOP per image", ls->flops / 1e9);
-    else fprintf(s->out, "FLOPs per image unknown (the model does not count them)");
-    if (ls->peak_tflops > 0) fprintf(s->out, "; device peak %.1f GFLOP/s", ls->peak_tflops * 1e3);
-    fputc('\n', s->out);
-    vh_status st = print_memory(s, d);
-    if (st != VH_STATUS_OK) return st;
-    fprintf(s->out, "vithost: each step calls, in order: %s\n", vh_step_order);
-    fflush(s->out);
-    return VH_STATUS_OK;
-}
-
-/* Appends word to buf, in single quotes when a shell would change it. */
-static void append_quoted(char *buf, size_t len, const char *word) {
-    size_t used = strlen(buf);
-    int plain = word[0] != '\0' &&
-                word[strspn(word, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                  "0123456789_-+=.,/:@%")] == '\0';
-    if (plain) {
-        snprintf(buf + used, len - used, " %s", word);
-        return;
-    }
-    used += (size_t)snprintf(buf + used, len - used, " '");
-    for (const char *c = word; *c && used + 5 < len; c++) {
-        if (*c == '\'') used += (size_t)snprintf(buf + used, len - used, "'\\''");
-        else buf[used++] = *c, buf[used] = '\0';
-    }
-    if (used < len) snprintf(buf + used, len - used, "'");
-}
-
-/* The command that continues this run as it was started: its recipe, every
- * --set (a resumed run without them would be another run) and its folder,
- * quoted for a shell. */
-static void resume_command(const vh_run *run, const char *dir, char *buf, size_t len) {
-    snprintf(buf, len, "vithost run");
-    append_quoted(buf, len, run->recipe.file);
-    for (int i = 0; i < run->opts.num_sets; i++) {
-        size_t used = strlen(buf);
-        snprintf(buf + used, len - used, " --set");
-        append_quoted(buf, len, run->opts.sets[i]);
-    }
-    size_t used = strlen(buf);
-    snprintf(buf + used, len - used, " --out");
-    append_quoted(buf, len, dir);
-    used = strlen(buf);
-    snprintf(buf + used, len - used, " --resume");
+static vh_status print_banner(const loop_state *ls, const char *ckpt, vh_diag *d) {
+    vh_banner b = {.dir = ls->dir, .resumed_from = ckpt[0] ? ckpt : NULL, .total = ls->total,
+                   .epochs = ls->epochs, .steps_per_epoch = ls->steps_per_epoch,
+                   .world = ls->world, .flops = ls->flops, .peak_tflops = ls->peak_tflops};
+    return banner_print(ls->s, &b, d);
 }
 
 vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
@@ -517,17 +419,11 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
         /* Handlers first: once the banner is out, a signal stops cleanly. */
         vh_signals_saved saved;
         signals_catch_stop(&saved);
-        st = print_banner(&ls, o, ckpt, d);
+        st = print_banner(&ls, ckpt, d);
         if (st == VH_STATUS_OK) st = train_loop(&ls, d);
         signals_restore(&saved);
-        if (st == VH_STATUS_ERR_INTERRUPTED) {
-            progress_clear(&ls.prog);
-            char again[3000];
-            resume_command(run, dir, again, sizeof again);
-            diag_set(d, st, "stopped at step %lld (%s) with a checkpoint; continue with: %s",
-                     (long long)s.step, signals_stop_requested() ? "signal" : "--stop-after",
-                     again);
-        }
+        if (st == VH_STATUS_ERR_INTERRUPTED)
+            report_stopped(&ls.prog, run, dir, s.step, signals_stop_requested(), d);
     }
     run_fail_all_ranks(run, st, d->text);
     session_close(&s);

@@ -1,6 +1,6 @@
-/* train_loop.h - `vithost run`: epochs of training steps with evaluation,
- * progress lines, metrics, checkpoints, resume, and a clean stop on a
- * signal or --stop-after. */
+/* train_loop.h - the training schedule behind `vithost run`: epochs of
+ * training steps with evaluations, metrics, checkpoints, resume, and a
+ * clean stop on a signal or --stop-after. Its lines are console/'s. */
 #ifndef VITHOST_HOST_TRAIN_LOOP_H
 #define VITHOST_HOST_TRAIN_LOOP_H
 

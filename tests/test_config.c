@@ -504,6 +504,119 @@ static void test_set_errors(void **state) {
                                    "'model'; did you mean 'depth'?");
 }
 
+/* ---- shared keys and swapping a plugin -------------------------------------------- */
+
+/* An optimizer of its own keys only, as lion (the shared ones are merged). */
+static const vh_config_key lionish[] = {
+    {"beta1", VH_CONFIG_TYPE_FLOAT, "0.9", "interpolation", NULL, 0, 1, 0},
+    {"note", VH_CONFIG_TYPE_STRING, "", "a label", NULL, 0, 0, 0},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
+};
+
+static vh_status resolve_optim(fixture *f, const vh_config_key *own) {
+    config_free(&f->c);
+    return config_resolve_merged(&f->c, &f->r, "optim", own, vh_optim_shared_keys, "plugin",
+                                 &f->d);
+}
+
+static const char mta_recipe[] = "optim:\n"
+                                 "  plugin: mta\n"
+                                 "  lr: 2.0e-3\n"
+                                 "  algo: adamw\n"
+                                 "  note: \"a, b\"\n"
+                                 "  beta2: 0.95\n"
+                                 "  warmup_steps: 200\n";
+
+/* --set optim.plugin=lion keeps the shared keys; the file's keys the new
+ * plugin does not take are refused by name, with the one-line replace. */
+static void test_swap_refuses_left_keys(void **state) {
+    fixture *f = *state;
+    load(f, mta_recipe);
+    assert_int_equal(recipe_apply_set(&f->r, "optim.plugin=lion", &f->d), VH_STATUS_OK);
+    assert_int_equal(resolve_optim(f, lionish), VH_STATUS_ERR_CONFIG);
+    assert_prefix(f->d.text, "recipe.yaml:4:3: key 'algo' of section 'optim' was written for "
+                             "plugin 'mta'; plugin 'lion' (--set optim.plugin=lion) does not "
+                             "take it (nor 'beta2')\n      algo: adamw\n      ^\n");
+    assert_contains(f->d.text, "\nreplace the section whole instead, in one line (the keys "
+                               "lion takes kept):\n    --set 'optim={plugin: lion, lr: 2.0e-3, "
+                               "note: \"a, b\", warmup_steps: 200}'");
+    /* the line it shows does what it says */
+    assert_int_equal(recipe_apply_set(&f->r,
+                                      "optim={plugin: lion, lr: 2.0e-3, note: \"a, b\", "
+                                      "warmup_steps: 200}",
+                                      &f->d),
+                     VH_STATUS_OK);
+    assert_int_equal(resolve_optim(f, lionish), VH_STATUS_OK);
+    assert_true(entry(f, "lr")->as.f == 2.0e-3);
+    assert_int_equal(entry(f, "lr")->origin.source, VH_CONFIG_SOURCE_SET);
+    assert_int_equal(entry(f, "warmup_steps")->as.i, 200);
+    assert_string_equal(entry(f, "note")->text, "a, b");
+    assert_int_equal(entry(f, "beta1")->origin.source, VH_CONFIG_SOURCE_DEFAULT);
+    /* a key --set itself adds is an ordinary unknown key */
+    load(f, "optim:\n  plugin: mta\n  lr: 0.1\n");
+    assert_int_equal(recipe_apply_set(&f->r, "optim.plugin=lion", &f->d), VH_STATUS_OK);
+    assert_int_equal(recipe_apply_set(&f->r, "optim.algo=sgd", &f->d), VH_STATUS_OK);
+    assert_int_equal(resolve_optim(f, lionish), VH_STATUS_ERR_CONFIG);
+    assert_prefix(f->d.text, "--set optim.algo=sgd: unknown key 'algo' in section 'optim'");
+}
+
+static void test_swap_keeps_shared_keys(void **state) {
+    fixture *f = *state;
+    load(f, "optim:\n  plugin: mta\n  lr: 2.0e-3\n  schedule: step\n  warmup_steps: 200\n"
+            "  clip_grad_norm: 1.0\n");
+    assert_int_equal(recipe_apply_set(&f->r, "optim.plugin=lion", &f->d), VH_STATUS_OK);
+    assert_int_equal(resolve_optim(f, lionish), VH_STATUS_OK);
+    assert_true(entry(f, "lr")->as.f == 2.0e-3);
+    assert_int_equal(entry(f, "lr")->origin.source, VH_CONFIG_SOURCE_RECIPE);
+    assert_int_equal(entry(f, "lr")->origin.line, 3);
+    assert_string_equal(entry(f, "schedule")->text, "step");
+    assert_int_equal(entry(f, "warmup_steps")->as.i, 200);
+    assert_true(entry(f, "clip_grad_norm")->as.f == 1.0);
+    assert_true(entry(f, "min_lr")->as.f == 0.0); /* the SDK's default */
+    assert_int_equal(entry(f, "min_lr")->origin.source, VH_CONFIG_SOURCE_DEFAULT);
+    /* the shared keys are checked as the plugin's are */
+    assert_int_equal(recipe_apply_set(&f->r, "optim.schedule=linear", &f->d), VH_STATUS_OK);
+    assert_int_equal(resolve_optim(f, lionish), VH_STATUS_ERR_CONFIG);
+    assert_contains(f->d.text, "'linear' is not one of cosine|step|constant");
+}
+
+/* A shared key the plugin declares itself stays the plugin's (a 2.0
+ * optimizer's lr keeps its default and range); the rest are merged once. */
+static void test_merge_keeps_plugin_keys(void **state) {
+    fixture *f = *state;
+    static const vh_config_key own[] = {
+        {"lr", VH_CONFIG_TYPE_FLOAT, "0.1", "learning rate, > 0", NULL, 0, 10, 0},
+        {"momentum", VH_CONFIG_TYPE_FLOAT, "0", "momentum", NULL, 0, 1, 0},
+        {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
+    };
+    load(f, "optim:\n  plugin: sgd\n  lr: 5\n");
+    assert_int_equal(resolve_optim(f, own), VH_STATUS_OK);
+    assert_non_null(f->c.merged);
+    assert_ptr_equal(entry(f, "lr")->key->doc, own[0].doc);
+    assert_string_equal(entry(f, "lr")->key->default_value, "0.1");
+    assert_true(entry(f, "lr")->as.f == 5.0); /* in the plugin's [0, 10], not the SDK's */
+    int shared = 0, lr = 0;
+    for (const vh_config_key *k = vh_optim_shared_keys; k->key; k++) shared++;
+    for (int i = 0; i < f->c.count; i++) lr += strcmp(f->c.entries[i].key->key, "lr") == 0;
+    assert_int_equal(lr, 1);
+    assert_int_equal(f->c.count, shared + 2 - 1);
+    assert_non_null(entry(f, "warmup_steps"));
+    /* shared NULL: the plugin's schema alone */
+    config_free(&f->c);
+    assert_int_equal(config_resolve_merged(&f->c, &f->r, "optim", own, NULL, "plugin", &f->d),
+                     VH_STATUS_OK);
+    assert_int_equal(f->c.count, 2);
+    assert_null(f->c.merged);
+    /* who gets shared keys: optimizers of ABI 2.1 and later */
+    vh_plugin_descriptor desc = {.role = VH_ROLE_OPTIM, .abi_major = 2, .abi_minor = 1};
+    assert_ptr_equal(config_shared_keys(&desc), vh_optim_shared_keys);
+    desc.abi_minor = 0;
+    assert_null(config_shared_keys(&desc));
+    desc.abi_minor = 1;
+    desc.role = VH_ROLE_MODEL;
+    assert_null(config_shared_keys(&desc));
+}
+
 /* ---- broken schemas ---------------------------------------------------------------- */
 
 static void test_check_schema_good(void **state) {
@@ -645,6 +758,9 @@ int main(int argc, char **argv) {
         T(test_required_missing_no_section),
         T(test_set_values),
         T(test_set_errors),
+        T(test_swap_refuses_left_keys),
+        T(test_swap_keeps_shared_keys),
+        T(test_merge_keeps_plugin_keys),
         T(test_check_schema_good),
         T(test_check_schema_bad),
         T(test_resolve_bad_default),

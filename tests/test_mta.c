@@ -1,9 +1,12 @@
-/* test_mta.c - the mta optimizer plugin: AdamW, SGD, LAMB, schedules,
- * clipping, scalar state and per-tensor norms over ranks.
+/* test_mta.c - the mta optimizer plugin: AdamW, SGD, LAMB, the SDK's
+ * schedules (vh_optim_schedule.h), clipping, scalar state and per-tensor
+ * norms over ranks.
  *
  * The plugin is loaded as vithost loads it (a recipe naming `optim: {plugin:
  * mta}` and the test plugins for the other roles) and driven through its
- * vtable on slices the test builds itself. References:
+ * vtable on slices the test builds itself, each update with the args the
+ * host gives (the rate from the SDK's schedule of the section's shared
+ * keys). References:
  *   - PyTorch: tests/fixtures/mta_reference.h, written by
  *     tests/reference/make_adamw_reference.py (AdamW with a schedule, SGD with
  *     Nesterov, SGD with clipping);
@@ -40,6 +43,7 @@ typedef struct opt {
     const vh_optim_vtable *vt;
     vh_host *host;
     void *self;
+    vh_optim_schedule sched; /* the shared keys, as the host reads them */
 } opt;
 
 static vh_status open_run(vh_run *run, const char *optim, vh_diag *d) {
@@ -55,8 +59,11 @@ static vh_status open_run(vh_run *run, const char *optim, vh_diag *d) {
 
 static const char *opt_error(opt *o) { return o->run.hosts[VH_ROLE_OPTIM].error; }
 
-/* Opens the run and returns create's status (the message in opt_error). */
-static vh_status opt_try_open(opt *o, const char *optim, int64_t total_steps) {
+/* Opens the run, reads the shared keys' schedule as the host does and
+ * returns create's status (the message in opt_error). `setup` NULL: one
+ * with total_steps and nothing else. */
+static vh_status opt_try_open_with(opt *o, const char *optim, int64_t total_steps,
+                                   const vh_optim_setup *setup) {
     memset(o, 0, sizeof *o);
     vh_diag d = {{0}};
     if (open_run(&o->run, optim, &d) != VH_STATUS_OK) {
@@ -67,8 +74,15 @@ static vh_status opt_try_open(opt *o, const char *optim, int64_t total_steps) {
     assert_string_equal(desc->name, "mta");
     o->vt = desc->vtable;
     o->host = &o->run.hosts[VH_ROLE_OPTIM].pub;
-    vh_optim_setup setup = {.struct_size = sizeof setup, .total_steps = total_steps};
-    return o->vt->create(o->host, &setup, &o->self);
+    o->sched.struct_size = sizeof o->sched;
+    vh_status st = vh_optim_schedule_read(o->host, total_steps, &o->sched);
+    if (st != VH_STATUS_OK) return st;
+    vh_optim_setup plain = {.struct_size = sizeof plain, .total_steps = total_steps};
+    return o->vt->create(o->host, setup ? setup : &plain, &o->self);
+}
+
+static vh_status opt_try_open(opt *o, const char *optim, int64_t total_steps) {
+    return opt_try_open_with(o, optim, total_steps, NULL);
 }
 
 static void opt_open(opt *o, const char *optim, int64_t total_steps) {
@@ -82,9 +96,17 @@ static void opt_close(opt *o) {
     run_close(&o->run);
 }
 
+/* One update as the host makes it: the schedule's rate, weight decay and
+ * clipping limit for `step` in the args. */
+static vh_status opt_update(opt *o, const vh_param_slices *slices, int64_t step, double *lr) {
+    vh_optim_step_args a = {.struct_size = sizeof a, .slices = slices, .step = step};
+    vh_optim_schedule_args(&o->sched, step, &a);
+    return o->vt->update(o->self, &a, lr);
+}
+
 static double opt_step(opt *o, const vh_param_slices *slices, int64_t step) {
     double lr = -1.0;
-    vh_status st = o->vt->step(o->self, slices, step, &lr);
+    vh_status st = opt_update(o, slices, step, &lr);
     if (st != VH_STATUS_OK) fail_msg("step %lld: %s", (long long)step, opt_error(o));
     return lr;
 }
@@ -309,12 +331,15 @@ static void ref_step(const ref_cfg *c, ref_tensor *rs, const tensor *ts, int cou
 
 /* ---- the schema ------------------------------------------------------------ */
 
+/* mta's schema has the algorithm's keys; the shared ones (the SDK's) are in
+ * its section all the same, merged by the host, and mta declares none. */
 static void test_schema_documents_every_key(void **state) {
     (void)state;
-    static const char *const keys[] = {
-        "algo", "lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "nesterov",
-        "clip_grad_norm", "schedule", "warmup_steps", "warmup_init_lr", "min_lr", "step_size",
-        "step_gamma", "always_adapt"};
+    static const char *const keys[] = {"algo",     "beta1",    "beta2",       "eps",
+                                       "momentum", "nesterov", "always_adapt"};
+    static const char *const shared[] = {"lr",      "weight_decay",   "schedule",
+                                         "warmup_steps", "warmup_init_lr", "min_lr",
+                                         "step_size",    "step_gamma",     "clip_grad_norm"};
     opt o;
     opt_open(&o, "{plugin: mta}", 100);
     const vh_config_key *schema = o.run.plugins[VH_ROLE_OPTIM].desc->schema;
@@ -325,6 +350,14 @@ static void test_schema_documents_every_key(void **state) {
         assert_non_null(k->doc);
         assert_true(strlen(k->doc) > 10);
         assert_non_null(k->default_value);
+    }
+    for (const vh_config_key *k = schema; k->key; k++)
+        if (vh_optim_shared_key(k->key)) fail_msg("mta declares shared key '%s'", k->key);
+    for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++) {
+        const vh_config_entry *e = config_find(&o.run.configs[VH_ROLE_OPTIM], shared[i]);
+        if (!e) fail_msg("the optim section lacks shared key '%s'", shared[i]);
+        assert_true(vh_optim_shared_key(shared[i]));
+        assert_true(e->key->doc && strlen(e->key->doc) > 10 && e->key->default_value);
     }
     /* defaults: adamw (2 slots), lr 1e-3 at step 0 with cosine and no warm-up */
     assert_int_equal(o.vt->state_slots(o.self), 2);
@@ -451,7 +484,10 @@ static void test_adamw_against_textbook(void **state) {
                            &c, 4, 8, NULL);
 }
 
-/* PyTorch's AdamW, 5 steps, weight decay on w, warm-up + cosine. */
+/* PyTorch's AdamW, 5 steps, weight decay on w, warm-up + cosine. The
+ * reference's schedule is timm's cosine over T - W intervals (its last step
+ * is still above min_lr); the SDK's cosine spans T - W - 1, so over one step
+ * more it gives the reference's rates. */
 static void test_adamw_matches_torch(void **state) {
     (void)state;
     assert_int_equal(MTA_REF_VERSION, 1);
@@ -464,7 +500,7 @@ static void test_adamw_matches_torch(void **state) {
     list_add(&l, &b, 0, 1, 0, MTA_REF_NB);
     list_add(&l, &w, 0, 0, 4, MTA_REF_NW - 4);
     opt o;
-    opt_open(&o, MTA_REF_ADAMW_OPTIM, MTA_REF_STEPS);
+    opt_open(&o, MTA_REF_ADAMW_OPTIM, MTA_REF_STEPS + 1);
     for (int s = 0; s < MTA_REF_STEPS; s++) {
         memcpy(w.g, mta_ref_gw[s], sizeof mta_ref_gw[s]);
         memcpy(b.g, mta_ref_gb[s], sizeof mta_ref_gb[s]);
@@ -688,24 +724,52 @@ static void check_schedule(const char *optim, int64_t total, const lr_point *pts
 static void test_schedule_cosine(void **state) {
     (void)state;
     const double pi = 3.14159265358979323846;
-    /* warm-up 10 from 0.01 to 0.1, cosine over steps 10..110 down to 0.001 */
+    /* warm-up 10 from 0.01 to 0.1, cosine over steps 10..109 (99 intervals)
+     * down to 0.001 at step 109, the run's last */
     const lr_point pts[] = {
         {0, 0.01},
         {1, 0.01 + 0.009},
         {5, 0.01 + 5 * 0.009},
         {9, 0.01 + 9 * 0.009},
-        {10, 0.1},                                      /* end of warm-up: the peak */
-        {35, 0.001 + 0.5 * 0.099 * (1 + cos(pi / 4))},  /* a quarter of the cosine */
-        {60, 0.001 + 0.5 * 0.099},                      /* half-way */
-        {109, 0.001 + 0.5 * 0.099 * (1 + cos(pi * 99 / 100))},
+        {10, 0.1},                                          /* end of warm-up: the peak */
+        {43, 0.001 + 0.5 * 0.099 * (1 + cos(pi / 3))},      /* a third of the cosine */
+        {60, 0.001 + 0.5 * 0.099 * (1 + cos(pi * 50 / 99))},
+        {108, 0.001 + 0.5 * 0.099 * (1 + cos(pi * 98 / 99))},
+        {109, 0.001},                                       /* the last step: min_lr */
         {110, 0.001},
         {500, 0.001},
     };
     check_schedule("{plugin: mta, lr: 0.1, warmup_steps: 10, warmup_init_lr: 0.01, min_lr: 0.001}",
                    110, pts, sizeof pts / sizeof pts[0]);
-    /* no warm-up: step 0 uses lr */
-    const lr_point cold[] = {{0, 0.1}, {50, 0.05}, {100, 0.0}};
+    /* no warm-up: step 0 uses lr, step 99 of 100 min_lr (0) */
+    const lr_point cold[] = {{0, 0.1}, {33, 0.05 * (1 + cos(pi / 3))}, {99, 0.0}};
     check_schedule("{plugin: mta, lr: 0.1}", 100, cold, sizeof cold / sizeof cold[0]);
+}
+
+/* The SDK's cosine: the first step after warm-up uses lr and the run's last
+ * step (total_steps - 1) min_lr, both exactly, whatever the lengths. */
+static void test_schedule_cosine_ends_at_min_lr(void **state) {
+    (void)state;
+    static const struct {
+        int64_t total, warmup;
+        double lr, min_lr;
+    } runs[] = {{110, 10, 0.1, 0.001}, {100, 0, 2e-3, 0}, {7, 2, 0.02, 1e-4},
+                {2, 0, 0.3, 0.03},    {9375, 200, 2e-3, 5e-6}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        vh_optim_schedule s = {.struct_size = sizeof s, .kind = VH_SCHEDULE_KIND_COSINE,
+                               .lr = runs[i].lr, .min_lr = runs[i].min_lr,
+                               .warmup_steps = runs[i].warmup, .total_steps = runs[i].total};
+        const int64_t last = runs[i].total - 1, w = runs[i].warmup;
+        if (vh_optim_schedule_lr(&s, last) != runs[i].min_lr)
+            fail_msg("run %zu: lr(%lld) = %.17g, not min_lr %.17g", i, (long long)last,
+                     vh_optim_schedule_lr(&s, last), runs[i].min_lr);
+        if (vh_optim_schedule_lr(&s, w) != runs[i].lr)
+            fail_msg("run %zu: lr(%lld) = %.17g, not lr %.17g", i, (long long)w,
+                     vh_optim_schedule_lr(&s, w), runs[i].lr);
+        /* strictly falling in between */
+        for (int64_t t = w + 1; t <= last; t++)
+            assert_true(vh_optim_schedule_lr(&s, t) < vh_optim_schedule_lr(&s, t - 1));
+    }
 }
 
 static void test_schedule_step_and_constant(void **state) {
@@ -781,7 +845,7 @@ static void test_clipping_refuses_nonfinite_norm(void **state) {
     opt o;
     opt_open(&o, "{plugin: mta, clip_grad_norm: 1.0}", 10);
     double lr = -1;
-    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_NUMERIC);
+    assert_int_equal(opt_update(&o, &l.view, 0, &lr), VH_STATUS_ERR_NUMERIC);
     assert_non_null(strstr(opt_error(&o), "gradient norm"));
     opt_close(&o);
     tensor_free(&p);
@@ -1206,28 +1270,94 @@ static void *rank_main(void *arg) {
     for (int64_t s = 0; s < RANK_STEPS && j->status == VH_STATUS_OK; s++) {
         fill_own_grads(j, s);
         double lr;
-        j->status = j->o->vt->step(j->o->self, j->slices, s, &lr);
+        j->status = opt_update(j->o, j->slices, s, &lr);
         j->calls_after[s] = *j->calls;
     }
     return NULL;
 }
 
+/* The two-rank tensors' table: unit 0 holds X and Y, unit 1 Z, unit 2 a
+ * parameter no slice has and W. Only the counts matter for the numbering. */
+static const vh_param_desc two_params[2];
+static const vh_unit_desc two_units[3] = {
+    {"u0", two_params, 2, 0}, {"u1", two_params, 1, 0}, {"u2", two_params, 2, 0}};
+static const vh_param_table two_table = {two_units, 3, 0};
+
+static const int64_t two_sizes[] = {12, 5, 4, 3};
+static const uint32_t two_flags[] = {VH_PARAM_FLAG_DECAY, 0, VH_PARAM_FLAG_DECAY,
+                                     VH_PARAM_FLAG_DECAY};
+
+static void two_tensors_init(tensor *t) {
+    for (int k = 0; k < 4; k++) {
+        tensor_init(&t[k], two_sizes[k], two_flags[k], NULL);
+        for (int64_t i = 0; i < two_sizes[k]; i++) t[k].p[i] = grad_value(5, k, i);
+    }
+}
+
+/* Two ranks (threads over a fake world) update `two`, each its own slices,
+ * mta created with `table` (NULL: none); calls[r][s]: the collectives rank r
+ * made by the end of step s. */
+/* Rank 0: X[0, 7) and Y; rank 1: X[7, 12), Z and W (a list of wide items). */
+static void two_rank_lists(slice_list mine[2], tensor *two) {
+    list_init(&mine[0], 0);
+    list_init(&mine[1], 1);
+    list_add(&mine[0], &two[0], 0, 0, 0, 7);
+    list_add(&mine[0], &two[1], 0, 1, 0, 5);
+    list_add(&mine[1], &two[0], 0, 0, 7, 5);
+    list_add(&mine[1], &two[2], 1, 0, 0, 4);
+    list_add(&mine[1], &two[3], 2, 1, 0, 3);
+}
+
+/* A world of two fake ranks over the runs of `o` (calls counted in w). */
+static void join_world(opt *o, fake_world *w, int rank) {
+    o->run.comm.ops = &fake_ops;
+    o->run.comm.impl = w;
+    o->run.comm.rank = rank;
+    o->run.comm.world_size = 2;
+    o->run.comm.backend = "fake";
+}
+
+static void run_two_ranks(const char *optim, const vh_param_table *table, tensor *two,
+                          int calls[2][RANK_STEPS]) {
+    slice_list mine[2];
+    two_rank_lists(mine, two);
+    fake_world world;
+    memset(&world, 0, sizeof world);
+    pthread_barrier_init(&world.barrier, NULL, 2);
+    opt ranks[2];
+    rank_job jobs[2];
+    pthread_t threads[2];
+    const vh_optim_setup setup = {.struct_size = sizeof setup, .total_steps = 10, .table = table};
+    for (int r = 0; r < 2; r++) {
+        if (opt_try_open_with(&ranks[r], optim, 10, &setup) != VH_STATUS_OK)
+            fail_msg("create: %s", opt_error(&ranks[r]));
+        join_world(&ranks[r], &world, r);
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        jobs[r] = (rank_job){.o = &ranks[r], .slices = &mine[r].view, .t = two, .ntensors = 4,
+                             .calls = &world.calls[r]};
+    }
+    for (int r = 0; r < 2; r++) pthread_create(&threads[r], NULL, rank_main, &jobs[r]);
+    for (int r = 0; r < 2; r++) pthread_join(threads[r], NULL);
+    pthread_barrier_destroy(&world.barrier);
+    for (int r = 0; r < 2; r++) {
+        if (jobs[r].status != VH_STATUS_OK) fail_msg("rank %d: %s", r, opt_error(&ranks[r]));
+        opt_close(&ranks[r]);
+        memcpy(calls[r], jobs[r].calls_after, sizeof jobs[r].calls_after);
+    }
+    assert_false(world.mismatch);
+}
+
 /* Tensors X (12, decay) split 7 | 5 over ranks 0 | 1, Y (5, no decay) on rank 0
  * only, Z (4, decay) and W (3, decay, unit 2 param 1) on rank 1 only. LAMB and
- * clipping on two ranks give what one rank holding every slice gives. */
+ * clipping on two ranks give what one rank holding every slice gives, the
+ * tensors numbered by agreement (no table) or by the parameter table. */
 static void test_two_ranks_agree_with_one(void **state) {
     (void)state;
     const char *optim = "{plugin: mta, algo: lamb, lr: 0.01, weight_decay: 0.1, "
                         "clip_grad_norm: 0.5, schedule: constant}";
-    static const int64_t sizes[] = {12, 5, 4, 3};
-    static const uint32_t flags[] = {VH_PARAM_FLAG_DECAY, 0, VH_PARAM_FLAG_DECAY,
-                                     VH_PARAM_FLAG_DECAY};
     /* one rank: every slice */
     tensor one[4];
-    for (int k = 0; k < 4; k++) {
-        tensor_init(&one[k], sizes[k], flags[k], NULL);
-        for (int64_t i = 0; i < sizes[k]; i++) one[k].p[i] = grad_value(5, k, i);
-    }
+    two_tensors_init(one);
     slice_list all;
     list_init(&all, 0);
     list_add(&all, &one[0], 0, 0, 0, 7);
@@ -1242,63 +1372,24 @@ static void test_two_ranks_agree_with_one(void **state) {
         opt_step(&o, &all.view, s);
     }
     opt_close(&o);
-
-    /* two ranks share the tensors; each updates its own slices */
-    tensor two[4];
-    for (int k = 0; k < 4; k++) {
-        tensor_init(&two[k], sizes[k], flags[k], NULL);
-        for (int64_t i = 0; i < sizes[k]; i++) two[k].p[i] = grad_value(5, k, i);
+    for (int with_table = 0; with_table < 2; with_table++) {
+        tensor two[4];
+        two_tensors_init(two);
+        int calls[2][RANK_STEPS];
+        run_two_ranks(optim, with_table ? &two_table : NULL, two, calls);
+        /* step 0: the tensor numbering (2 MAX, without a table only), clip
+         * norm, tensor norms; then 2 a step */
+        for (int r = 0; r < 2; r++)
+            for (int s = 0; s < RANK_STEPS; s++)
+                assert_int_equal(calls[r][s], (with_table ? 2 : 4) + 2 * s);
+        for (int k = 0; k < 4; k++) {
+            char name[48];
+            snprintf(name, sizeof name, "tensor %d (table: %d)", k, with_table);
+            assert_true(close_to_f(name, two[k].p, one[k].p, two_sizes[k], 1e-6));
+            tensor_free(&two[k]);
+        }
     }
-    slice_list mine[2];
-    list_init(&mine[0], 0);
-    list_init(&mine[1], 1);
-    list_add(&mine[0], &two[0], 0, 0, 0, 7);
-    list_add(&mine[0], &two[1], 0, 1, 0, 5);
-    list_add(&mine[1], &two[0], 0, 0, 7, 5);
-    list_add(&mine[1], &two[2], 1, 0, 0, 4);
-    list_add(&mine[1], &two[3], 2, 1, 0, 3);
-
-    fake_world world;
-    memset(&world, 0, sizeof world);
-    pthread_barrier_init(&world.barrier, NULL, 2);
-    opt ranks[2];
-    rank_job jobs[2];
-    pthread_t threads[2];
-    for (int r = 0; r < 2; r++) {
-        opt_open(&ranks[r], optim, 10);
-        ranks[r].run.comm.ops = &fake_ops;
-        ranks[r].run.comm.impl = &world;
-        ranks[r].run.comm.rank = r;
-        ranks[r].run.comm.world_size = 2;
-        ranks[r].run.comm.backend = "fake";
-        memset(&jobs[r], 0, sizeof jobs[r]);
-        jobs[r].o = &ranks[r];
-        jobs[r].slices = &mine[r].view;
-        jobs[r].t = two;
-        jobs[r].ntensors = 4;
-        jobs[r].calls = &world.calls[r];
-    }
-    for (int r = 0; r < 2; r++) pthread_create(&threads[r], NULL, rank_main, &jobs[r]);
-    for (int r = 0; r < 2; r++) pthread_join(threads[r], NULL);
-    pthread_barrier_destroy(&world.barrier);
-    for (int r = 0; r < 2; r++) {
-        if (jobs[r].status != VH_STATUS_OK) fail_msg("rank %d: %s", r, opt_error(&ranks[r]));
-        opt_close(&ranks[r]);
-    }
-    assert_false(world.mismatch);
-    /* step 0: tensor numbering (2 MAX), clip norm, tensor norms; then 2 a step */
-    for (int r = 0; r < 2; r++) {
-        assert_int_equal(jobs[r].calls_after[0], 4);
-        assert_int_equal(jobs[r].calls_after[1], 6);
-        assert_int_equal(jobs[r].calls_after[2], 8);
-    }
-    for (int k = 0; k < 4; k++) {
-        char name[32];
-        snprintf(name, sizeof name, "tensor %d", k);
-        assert_true(close_to_f(name, two[k].p, one[k].p, sizes[k], 1e-6));
-        tensor_free(&one[k]);
-        tensor_free(&two[k]);
-    }
+    for (int k = 0; k < 4; k++) tensor_free(&one[k]);
 }
 
 /* Replicas (DDP: every rank holds every slice, vh_param_slices.replicated):
@@ -1352,11 +1443,118 @@ static void test_replicated_slices_need_no_collective(void **state) {
     opt_close(&r);
 }
 
+/* ---- the SDK's sums over slices (vh_optim_schedule.h) ------------------------------ */
+
+typedef struct sums_job {
+    opt *o;
+    const vh_param_slices *slices;
+    double per_param[5], total;
+    vh_status status;
+} sums_job;
+
+static void *sums_main(void *arg) {
+    sums_job *j = arg;
+    j->status = vh_slices_sum_sq_per_param(j->o->host, j->slices, &two_table,
+                                           VH_SLICE_BUFFER_GRAD, j->per_param);
+    if (j->status == VH_STATUS_OK)
+        j->status = vh_slices_sum_sq(j->o->host, j->slices, VH_SLICE_BUFFER_MASTER, &j->total);
+    return NULL;
+}
+
+/* Per-parameter sums of squares over two ranks that hold different slices
+ * (FSDP) are the whole tensors' sums on both ranks, in one collective per
+ * call; the table numbers the parameters the same on every rank. */
+static void test_sdk_slice_sums(void **state) {
+    (void)state;
+    assert_int_equal(vh_param_table_tensors(&two_table), 5);
+    assert_int_equal(vh_param_table_index(&two_table, 0, 1), 1);
+    assert_int_equal(vh_param_table_index(&two_table, 2, 1), 4);
+    assert_int_equal(vh_param_table_index(&two_table, 1, 1), -1);
+    assert_int_equal(vh_param_table_index(&two_table, 3, 0), -1);
+    tensor t[4];
+    two_tensors_init(t);
+    fill_grads(t, 4, 7);
+    static const int param_of[4] = {0, 1, 2, 4};
+    double want[5] = {0}, want_total = 0.0;
+    for (int k = 0; k < 4; k++)
+        for (int64_t i = 0; i < t[k].n; i++) {
+            want[param_of[k]] += (double)t[k].g[i] * t[k].g[i];
+            want_total += (double)t[k].p[i] * t[k].p[i];
+        }
+    slice_list mine[2];
+    two_rank_lists(mine, t);
+    fake_world world;
+    memset(&world, 0, sizeof world);
+    pthread_barrier_init(&world.barrier, NULL, 2);
+    opt ranks[2];
+    sums_job jobs[2];
+    pthread_t threads[2];
+    for (int r = 0; r < 2; r++) {
+        opt_open(&ranks[r], "{plugin: mta}", 10);
+        join_world(&ranks[r], &world, r);
+        jobs[r] = (sums_job){.o = &ranks[r], .slices = &mine[r].view};
+    }
+    for (int r = 0; r < 2; r++) pthread_create(&threads[r], NULL, sums_main, &jobs[r]);
+    for (int r = 0; r < 2; r++) pthread_join(threads[r], NULL);
+    pthread_barrier_destroy(&world.barrier);
+    for (int r = 0; r < 2; r++) {
+        if (jobs[r].status != VH_STATUS_OK) fail_msg("rank %d: %s", r, opt_error(&ranks[r]));
+        assert_int_equal(world.calls[r], 2);
+        for (int k = 0; k < 5; k++)
+            assert_true(fabs(jobs[r].per_param[k] - want[k]) <= 1e-12 * want[k]);
+        assert_true(fabs(jobs[r].total - want_total) <= 1e-12 * want_total);
+        opt_close(&ranks[r]);
+    }
+    assert_false(world.mismatch);
+    for (int k = 0; k < 4; k++) tensor_free(&t[k]);
+}
+
+/* Replicated slices (DDP) sum locally, with no collective; 16-bit buffers
+ * are read as their values; other dtypes and slices outside the table are
+ * refused by name. */
+static void test_sdk_slice_sums_local(void **state) {
+    (void)state;
+    opt o;
+    opt_open(&o, "{plugin: mta}", 10);
+    fake_world world;
+    memset(&world, 0, sizeof world);
+    pthread_barrier_init(&world.barrier, NULL, 1); /* no peer: a collective would fail */
+    join_world(&o, &world, 0);
+    uint16_t h[3] = {vh_f32_to_f16(1.0f), vh_f32_to_f16(-2.0f), vh_f32_to_f16(0.5f)};
+    float m[3] = {3, 0, 4};
+    vh_param_slice sl = {.unit = 1, .count = 3, .master = m, .grad = h,
+                         .grad_dtype = VH_DTYPE_F16};
+    vh_param_slices l = {.items = &sl, .count = 1, .item_size = sizeof sl, .replicated = 1};
+    double sum = 0.0, per[5];
+    assert_int_equal(vh_slices_sum_sq(o.host, &l, VH_SLICE_BUFFER_GRAD, &sum), VH_STATUS_OK);
+    assert_true(sum == 5.25);
+    assert_int_equal(vh_slices_sum_sq_per_param(o.host, &l, &two_table, VH_SLICE_BUFFER_MASTER,
+                                                 per),
+                     VH_STATUS_OK);
+    assert_true(per[2] == 25.0 && per[0] == 0.0 && per[4] == 0.0);
+    double two[2] = {1.0, 2.0};
+    assert_int_equal(vh_slices_reduce_sums(o.host, &l, two, 2), VH_STATUS_OK);
+    assert_true(two[0] == 1.0 && two[1] == 2.0);
+    assert_int_equal(world.calls[0], 0);
+    sl.grad_dtype = VH_DTYPE_I32;
+    assert_int_equal(vh_slices_sum_sq(o.host, &l, VH_SLICE_BUFFER_GRAD, &sum),
+                     VH_STATUS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(opt_error(&o), "i32"));
+    sl.param = 1; /* unit 1 has one parameter */
+    assert_int_equal(vh_slices_sum_sq_per_param(o.host, &l, &two_table, VH_SLICE_BUFFER_MASTER,
+                                                 per),
+                     VH_STATUS_ERR_INVALID_ARG);
+    assert_non_null(strstr(opt_error(&o), "not in the parameter table"));
+    pthread_barrier_destroy(&world.barrier);
+    opt_close(&o);
+}
+
 /* ---- bad input ------------------------------------------------------------------ */
 
 static void test_bad_configs(void **state) {
     (void)state;
-    /* what the plugin checks at create: config_fail naming the key */
+    /* what create checks (the plugin; min_lr and step_gamma: the SDK's
+     * schedule, read as the host reads it): config_fail naming the key */
     static const struct {
         const char *optim, *expect;
     } at_create[] = {
@@ -1411,49 +1609,86 @@ static void test_bad_slices_and_steps(void **state) {
     slice_list l;
     list_init(&l, 0);
     list_add(&l, &t, 0, 0, 0, 4);
-    assert_int_equal(o.vt->step(o.self, &l.view, -1, &lr), VH_STATUS_ERR_INVALID_ARG);
+    assert_int_equal(opt_update(&o, &l.view, -1, &lr), VH_STATUS_ERR_INVALID_ARG);
     vh_param_slice *s = vh_param_slices_at(&l.view, 0);
     s->grad = NULL;
-    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
+    assert_int_equal(opt_update(&o, &l.view, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
     assert_non_null(strstr(opt_error(&o), "gradient"));
     s->grad = t.g;
     s->state[1] = NULL;
-    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
+    assert_int_equal(opt_update(&o, &l.view, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
     assert_non_null(strstr(opt_error(&o), "state"));
     s->state[1] = t.s[1];
     /* Growth rule: a producer built against ABI 2.0 (items of 2.0's size,
      * smaller than this SDK's sizeof) is accepted; only a list smaller than
      * 2.0's slice is refused. */
     l.view.item_size = (uint32_t)VH_PARAM_SLICE_SIZE_2_0;
-    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_OK);
+    assert_int_equal(opt_update(&o, &l.view, 0, &lr), VH_STATUS_OK);
     l.view.item_size = (uint32_t)VH_PARAM_SLICE_SIZE_2_0 - 4;
-    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
+    assert_int_equal(opt_update(&o, &l.view, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
     assert_non_null(strstr(opt_error(&o), "smaller than ABI 2.0"));
     l.view.item_size = sizeof(vh_param_slice);
-    assert_int_equal(o.vt->step(o.self, NULL, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
+    assert_int_equal(opt_update(&o, NULL, 0, &lr), VH_STATUS_ERR_INVALID_ARG);
     /* dtypes the kernels cannot update (f16/bf16 masters and gradients go
      * through f32 views: tests/test_precision_policies.c) are refused,
      * naming dtype and parameter, before anything is touched */
     s->unit = 3;
     s->param = 1;
     s->master_dtype = VH_DTYPE_I32;
-    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_UNSUPPORTED);
+    assert_int_equal(opt_update(&o, &l.view, 0, &lr), VH_STATUS_ERR_UNSUPPORTED);
     assert_non_null(strstr(opt_error(&o), "master values in i32"));
     assert_non_null(strstr(opt_error(&o), "unit 3, param 1"));
     s->master_dtype = VH_DTYPE_F32;
     s->grad_dtype = VH_DTYPE_U8;
-    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_UNSUPPORTED);
+    assert_int_equal(opt_update(&o, &l.view, 0, &lr), VH_STATUS_ERR_UNSUPPORTED);
     assert_non_null(strstr(opt_error(&o), "gradient in u8"));
     s->grad_dtype = VH_DTYPE_F32;
     s->state_dtype = VH_DTYPE_BF16;
-    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_ERR_UNSUPPORTED);
+    assert_int_equal(opt_update(&o, &l.view, 0, &lr), VH_STATUS_ERR_UNSUPPORTED);
     assert_non_null(strstr(opt_error(&o), "optimizer state in bf16"));
     s->state_dtype = VH_DTYPE_F32;
     /* nothing was updated by the refused calls */
     for (int i = 0; i < 4; i++) assert_true(t.p[i] == 0.0f);
-    assert_int_equal(o.vt->step(o.self, &l.view, 0, &lr), VH_STATUS_OK);
+    assert_int_equal(opt_update(&o, &l.view, 0, &lr), VH_STATUS_OK);
     opt_close(&o);
     tensor_free(&t);
+}
+
+/* The policy comes with the setup (ABI 2.1): state or masters mta cannot
+ * update are refused at create, naming the dtype, not at the first step;
+ * 16-bit masters and gradients (full FP16) are taken. */
+static void test_policy_refused_at_create(void **state) {
+    (void)state;
+    static const struct {
+        int32_t master, grad, state;
+        const char *optim, *expect; /* NULL: accepted */
+    } cases[] = {
+        {VH_DTYPE_F32, VH_DTYPE_F32, VH_DTYPE_F32, "{plugin: mta}", NULL},
+        {VH_DTYPE_F16, VH_DTYPE_F16, VH_DTYPE_F32, "{plugin: mta, algo: lamb}", NULL},
+        {VH_DTYPE_F32, VH_DTYPE_F32, VH_DTYPE_BF16, "{plugin: mta}", "optimizer state in bf16"},
+        /* sgd without momentum keeps no state: its dtype does not matter */
+        {VH_DTYPE_F32, VH_DTYPE_F32, VH_DTYPE_BF16, "{plugin: mta, algo: sgd, momentum: 0}",
+         NULL},
+        {VH_DTYPE_I32, VH_DTYPE_F32, VH_DTYPE_F32, "{plugin: mta}", "master values in i32"},
+        {VH_DTYPE_F32, VH_DTYPE_U8, VH_DTYPE_F32, "{plugin: mta}", "gradients in u8"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        vh_precision_policy p = {.struct_size = sizeof p, .master_dtype = cases[i].master,
+                                 .grad_dtype = cases[i].grad, .state_dtype = cases[i].state,
+                                 .param_dtype = cases[i].master, .master_weights = 1};
+        vh_optim_setup setup = {.struct_size = sizeof setup, .total_steps = 10, .policy = &p};
+        opt o;
+        vh_status st = opt_try_open_with(&o, cases[i].optim, 10, &setup);
+        if (!cases[i].expect && st != VH_STATUS_OK)
+            fail_msg("case %zu refused: %s", i, opt_error(&o));
+        if (cases[i].expect) {
+            assert_int_equal(st, VH_STATUS_ERR_UNSUPPORTED);
+            assert_null(o.self);
+            if (!strstr(opt_error(&o), cases[i].expect))
+                fail_msg("case %zu: '%s' lacks '%s'", i, opt_error(&o), cases[i].expect);
+        }
+        opt_close(&o);
+    }
 }
 
 /* A setup of an older minor (here: only struct_size) reads as total_steps 0:
@@ -1481,6 +1716,52 @@ static void test_older_setup_reads_defaults(void **state) {
     tensor_free(&t);
 }
 
+/* ---- swapping the optimizer: one line ------------------------------------------ */
+
+static vh_status open_with_sets(vh_run *run, const char *optim, const char *const *sets,
+                                int num_sets, vh_diag *d) {
+    char recipe[1024];
+    snprintf(recipe, sizeof recipe,
+             "optim: %s\nmodel: {plugin: test_model}\nprecision: {plugin: test_precision}\n"
+             "sharding: {plugin: test_sharding}\ndata: {plugin: test_data}\n",
+             optim);
+    setenv("VITHOST_PLUGIN_PATH", VH_TEST_PLUGIN_DIR, 1);
+    vh_run_options opts = {.out = stdout, .sets = sets, .num_sets = num_sets};
+    return run_open_text(run, "mta.yaml", recipe, &opts, d);
+}
+
+/* `--set optim.plugin=test_optim` on an mta recipe keeps the shared keys
+ * (test_optim is a 2.1 optimizer that declares lr itself: its own lr wins),
+ * and refuses an mta key left in the file with the one-line replace. */
+static void test_swap_to_another_optimizer(void **state) {
+    (void)state;
+    const char *const swap[] = {"optim.plugin=test_optim"};
+    vh_run run;
+    vh_diag d = {{0}};
+    assert_int_equal(open_with_sets(&run, "{plugin: mta, lr: 0.05, warmup_steps: 3, beta2: 0.95}",
+                                    swap, 1, &d),
+                     VH_STATUS_ERR_CONFIG);
+    run_close(&run);
+    if (!strstr(d.text, "key 'beta2' of section 'optim' was written for plugin 'mta'; plugin "
+                        "'test_optim' (--set optim.plugin=test_optim) does not take it") ||
+        !strstr(d.text, "--set 'optim={plugin: test_optim, lr: 0.05, warmup_steps: 3}'"))
+        fail_msg("%s", d.text);
+    const char *const whole[] = {"optim={plugin: test_optim, lr: 0.05, warmup_steps: 3}"};
+    for (int k = 0; k < 2; k++) {
+        vh_status st = k ? open_with_sets(&run, "{plugin: mta, beta2: 0.95}", whole, 1, &d)
+                         : open_with_sets(&run, "{plugin: mta, lr: 0.05, warmup_steps: 3}",
+                                          swap, 1, &d);
+        if (st != VH_STATUS_OK) fail_msg("%s", d.text);
+        const vh_section_config *c = &run.configs[VH_ROLE_OPTIM];
+        assert_string_equal(run.plugins[VH_ROLE_OPTIM].desc->name, "test_optim");
+        assert_int_equal(config_find(c, "warmup_steps")->as.i, 3);
+        assert_true(config_find(c, "lr")->as.f == 0.05);
+        assert_string_equal(config_find(c, "lr")->key->default_value, "0.1"); /* its own */
+        assert_string_equal(config_find(c, "schedule")->text, "cosine"); /* the SDK's */
+        run_close(&run);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "--digest") == 0) return print_digest();
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* tools/tsan.sh: one group only */
@@ -1497,6 +1778,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_lamb_trust_ratio_by_hand),
         cmocka_unit_test(test_lamb_against_textbook),
         cmocka_unit_test(test_schedule_cosine),
+        cmocka_unit_test(test_schedule_cosine_ends_at_min_lr),
         cmocka_unit_test(test_schedule_step_and_constant),
         cmocka_unit_test(test_clipping_above_and_below),
         cmocka_unit_test(test_clipping_refuses_nonfinite_norm),
@@ -1507,9 +1789,13 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_skipped_step_keeps_bias_correction),
         cmocka_unit_test(test_two_ranks_agree_with_one),
         cmocka_unit_test(test_replicated_slices_need_no_collective),
+        cmocka_unit_test(test_sdk_slice_sums),
+        cmocka_unit_test(test_sdk_slice_sums_local),
         cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_bad_slices_and_steps),
         cmocka_unit_test(test_older_setup_reads_defaults),
+        cmocka_unit_test(test_policy_refused_at_create),
+        cmocka_unit_test(test_swap_to_another_optimizer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

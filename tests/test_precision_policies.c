@@ -454,22 +454,34 @@ static void fx_backward(fx *f, int step, int32_t inf_unit, int64_t inf_elem) {
     assert_int_equal(f->sh->wait(f->ddp), VH_STATUS_OK);
 }
 
-/* The host's step after backward (host/step.c): check, step or skip,
- * refresh, update. Returns found_inf. */
+/* An optimizer update as the host makes it (host/core/step.c): the rate,
+ * weight decay and clipping limit of the optim section's shared keys for
+ * args->step (total: the run's steps); slices and the gradient sum are the
+ * caller's. */
+static vh_status host_update(vh_host *host, const vh_optim_vtable *vt, void *self,
+                             vh_optim_step_args *args, int64_t total) {
+    vh_optim_schedule sched = {.struct_size = sizeof sched};
+    vh_status st = vh_optim_schedule_read(host, total, &sched);
+    if (st != VH_STATUS_OK) return st;
+    args->struct_size = sizeof *args;
+    vh_optim_schedule_args(&sched, args->step, args);
+    return vt->update(self, args, NULL);
+}
+
+/* The host's step after backward (host/step.c): check, update or skip,
+ * refresh, precision update. Returns found_inf. */
 static int fx_finish_step(fx *f) {
     int found = -1;
     if (f->pr->unscale_and_check(f->prec, &f->slices, &found) != VH_STATUS_OK)
         fail_msg("unscale_and_check: %s", error_of(f, VH_ROLE_PRECISION));
-    f->slices.has_grad_sum_sq = 0;
     if (!found) {
         double sq = 0.0;
         int has = 0;
         assert_int_equal(f->pr->grad_sum_sq(f->prec, &sq, &has), VH_STATUS_OK);
-        f->slices.has_grad_sum_sq = has;
-        f->slices.grad_sum_sq = sq;
-        double lr = 0.0;
-        if (f->op->step(f->mta, &f->slices, f->step, &lr) != VH_STATUS_OK)
-            fail_msg("mta step: %s", error_of(f, VH_ROLE_OPTIM));
+        vh_optim_step_args a = {.slices = &f->slices, .step = f->step,
+                                .has_grad_sum_sq = has, .grad_sum_sq = sq};
+        if (host_update(host_of(f, VH_ROLE_OPTIM), f->op, f->mta, &a, 100) != VH_STATUS_OK)
+            fail_msg("mta update: %s", error_of(f, VH_ROLE_OPTIM));
         assert_int_equal(f->sh->refresh(f->ddp), VH_STATUS_OK);
     }
     assert_int_equal(f->pr->update(f->prec, found), VH_STATUS_OK);
@@ -642,9 +654,10 @@ static void check_skip(const char *precision) {
     assert_int_equal(has, 1);
     assert_true(fabs(sq - want_sq) <= 1e-6 * want_sq);
     /* the rest of the host's step (the check already ran) */
-    f.slices.has_grad_sum_sq = 1;
-    f.slices.grad_sum_sq = sq;
-    assert_int_equal(f.op->step(f.mta, &f.slices, 0, NULL), VH_STATUS_OK);
+    vh_optim_step_args a = {.slices = &f.slices, .step = 0, .has_grad_sum_sq = 1,
+                            .grad_sum_sq = sq};
+    assert_int_equal(host_update(host_of(&f, VH_ROLE_OPTIM), f.op, f.mta, &a, 100),
+                     VH_STATUS_OK);
     assert_int_equal(f.sh->refresh(f.ddp), VH_STATUS_OK);
     assert_int_equal(f.pr->update(f.prec, 0), VH_STATUS_OK);
     f.step = 1;
@@ -825,7 +838,9 @@ static void test_fp16_updates_f16_weights(void **state) {
         }
         vh_param_slices rl = {.items = rs, .count = N, .item_size = sizeof rs[0],
                               .replicated = 1};
-        assert_int_equal(f.op->step(ref, &rl, step, NULL), VH_STATUS_OK);
+        vh_optim_step_args a = {.slices = &rl, .step = step};
+        assert_int_equal(host_update(host_of(&f, VH_ROLE_OPTIM), f.op, ref, &a, 100),
+                         VH_STATUS_OK);
         for (int32_t i = 0; i < N; i++) {
             const vh_param_slice *sl = vh_param_slices_at(&f.slices, i);
             for (int64_t k = 0; k < sl->count; k++) {
@@ -850,6 +865,11 @@ typedef struct mta_run {
     const vh_optim_vtable *vt;
     void *self;
 } mta_run;
+
+/* mta's update on the run's 50 steps, with these args' slices and sum. */
+static vh_status mta_update(mta_run *o, vh_optim_step_args a) {
+    return host_update(&o->run.hosts[VH_ROLE_OPTIM].pub, o->vt, o->self, &a, 50);
+}
 
 static void mta_open(mta_run *o, const char *keys) {
     memset(o, 0, sizeof *o);
@@ -916,9 +936,11 @@ static void check_half_slices(const char *keys, vh_dtype master, vh_dtype grad) 
                 rg[t][i] = grad == VH_DTYPE_F16 ? vh_f16_to_f32(hg[t][i])
                                                 : vh_bf16_to_f32(hg[t][i]);
             }
-        if (half.vt->step(half.self, &hl, step, NULL) != VH_STATUS_OK)
+        vh_optim_step_args ha = {.slices = &hl, .step = step};
+        if (mta_update(&half, ha) != VH_STATUS_OK)
             fail_msg("%s: %s", keys, half.run.hosts[VH_ROLE_OPTIM].error);
-        assert_int_equal(ref.vt->step(ref.self, &rl, step, NULL), VH_STATUS_OK);
+        assert_int_equal(mta_update(&ref, (vh_optim_step_args){.slices = &rl, .step = step}),
+                         VH_STATUS_OK);
         for (int t = 0; t < 2; t++) {
             for (int64_t i = 0; i < n[t]; i++) {
                 uint16_t want = master == VH_DTYPE_F16 ? vh_f32_to_f16(rp[t][i])
@@ -965,11 +987,13 @@ static void test_mta_refuses_dtypes(void **state) {
     vh_param_slice sl = {.count = 4, .master = p, .grad = g, .state = {s0, s1},
                          .state_dtype = VH_DTYPE_F16};
     vh_param_slices l = {.items = &sl, .count = 1, .item_size = sizeof sl, .replicated = 1};
-    assert_int_equal(o.vt->step(o.self, &l, 0, NULL), VH_STATUS_ERR_UNSUPPORTED);
+    assert_int_equal(mta_update(&o, (vh_optim_step_args){.slices = &l}),
+                     VH_STATUS_ERR_UNSUPPORTED);
     assert_non_null(strstr(o.run.hosts[VH_ROLE_OPTIM].error, "optimizer state in f16"));
     sl.state_dtype = VH_DTYPE_F32;
     sl.master_dtype = VH_DTYPE_I32;
-    assert_int_equal(o.vt->step(o.self, &l, 0, NULL), VH_STATUS_ERR_UNSUPPORTED);
+    assert_int_equal(mta_update(&o, (vh_optim_step_args){.slices = &l}),
+                     VH_STATUS_ERR_UNSUPPORTED);
     assert_non_null(strstr(o.run.hosts[VH_ROLE_OPTIM].error, "master values in i32"));
     mta_close(&o);
 }
@@ -992,9 +1016,10 @@ static void test_mta_clip_uses_grad_sum_sq(void **state) {
         mta_run o;
         mta_open(&o, "clip_grad_norm: 1.0, algo: sgd, momentum: 0");
         vh_param_slices l = {.items = &sl[r], .count = 1, .item_size = sizeof sl[r],
-                             .replicated = 1, .has_grad_sum_sq = r > 0,
-                             .grad_sum_sq = r == 1 ? 25.0 : 100.0};
-        assert_int_equal(o.vt->step(o.self, &l, 0, NULL), VH_STATUS_OK);
+                             .replicated = 1};
+        vh_optim_step_args a = {.slices = &l, .has_grad_sum_sq = r > 0,
+                                .grad_sum_sq = r == 1 ? 25.0 : 100.0};
+        assert_int_equal(mta_update(&o, a), VH_STATUS_OK);
         mta_close(&o);
     }
     assert_memory_equal(p[0], p[1], sizeof p[0]);

@@ -730,6 +730,81 @@ static void test_set_errors(void **state) {
     assert_int_equal(recipe_find_section(&f->r, "model")->count, 3);
 }
 
+/* `--set section={...}` replaces a section whole: the flow mapping's values,
+ * in its order, as --set values; the file's values are gone. */
+static void test_set_whole_section(void **state) {
+    fixture *f = *state;
+    assert_int_equal(load(f, good_text), VH_STATUS_OK);
+    assert_int_equal(recipe_apply_set(&f->r, "model={plugin: mlp, hidden: 6e-3, name: 'a, b'}",
+                                      &f->d),
+                     VH_STATUS_OK);
+    const vh_recipe_section *model = recipe_find_section(&f->r, "model");
+    assert_int_equal(model->count, 3);
+    assert_string_equal(model->values[0].key, "plugin");
+    assert_string_equal(model->values[0].text, "mlp");
+    assert_string_equal(model->values[1].text, "6e-3");
+    assert_string_equal(model->values[2].text, "a, b");
+    for (int i = 0; i < model->count; i++) {
+        assert_int_equal(model->values[i].origin.source, VH_CONFIG_SOURCE_SET);
+        assert_null(model->values[i].origin.file);
+        assert_int_equal(model->values[i].key_line, 0);
+    }
+    assert_int_equal(model->line, 0); /* no longer the file's section */
+    assert_null(recipe_find_value(model, "dim"));
+    /* a section the file lacks is created; an empty mapping empties one */
+    assert_int_equal(recipe_apply_set(&f->r, "optim={plugin: lion}", &f->d), VH_STATUS_OK);
+    assert_string_equal(value_of(&f->r, "optim", "plugin")->text, "lion");
+    assert_int_equal(recipe_apply_set(&f->r, "run= {}", &f->d), VH_STATUS_OK);
+    assert_int_equal(recipe_find_section(&f->r, "run")->count, 0);
+    /* later --set values go on from the replaced section */
+    assert_int_equal(recipe_apply_set(&f->r, "model.dim=8", &f->d), VH_STATUS_OK);
+    assert_int_equal(recipe_find_section(&f->r, "model")->count, 4);
+}
+
+static void test_set_whole_section_errors(void **state) {
+    fixture *f = *state;
+    static const struct {
+        const char *assignment, *message;
+    } cases[] = {
+        {"model=mlp", "--set model=mlp: expected section.key=value, or model={key: value, ...} "
+                      "(a YAML flow mapping) to replace the section whole"},
+        {"modle={plugin: mlp}", "--set modle={plugin: mlp}: unknown section 'modle'; did you "
+                                "mean 'model'?"},
+        {"model={plugin: [a]}", "--set model={plugin: [a]}:1:17: model.plugin: expected a "
+                                "single value, found a sequence"},
+        {"model={dim: 1, dim: 2}", "--set model={dim: 1, dim: 2}:1:17: duplicate key 'dim' in "
+                                   "section 'model'"},
+        {"model={dim: 1", "--set model={dim: 1:"},
+        {"model={dim: *x}", "--set model={dim: *x}:1:14: anchors and aliases"},
+    };
+    assert_int_equal(load(f, good_text), VH_STATUS_OK);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(recipe_apply_set(&f->r, cases[i].assignment, &f->d),
+                         VH_STATUS_ERR_CONFIG);
+        assert_prefix(f->d.text, cases[i].message);
+    }
+    /* nothing was replaced by the failures */
+    assert_int_equal(recipe_find_section(&f->r, "model")->count, 3);
+    assert_int_equal(recipe_find_section(&f->r, "model")->line, 4);
+}
+
+/* A --set that replaces a file's value keeps the file's text (the plugin a
+ * section's other keys were written for); a second --set keeps the first. */
+static void test_set_keeps_replaced_text(void **state) {
+    fixture *f = *state;
+    assert_int_equal(load(f, good_text), VH_STATUS_OK);
+    assert_null(value_of(&f->r, "model", "plugin")->replaced);
+    assert_int_equal(recipe_apply_set(&f->r, "model.plugin=mlp", &f->d), VH_STATUS_OK);
+    assert_string_equal(value_of(&f->r, "model", "plugin")->replaced, "vit");
+    assert_int_equal(recipe_apply_set(&f->r, "model.plugin=other", &f->d), VH_STATUS_OK);
+    assert_string_equal(value_of(&f->r, "model", "plugin")->replaced, "vit");
+    assert_string_equal(value_of(&f->r, "model", "plugin")->text, "other");
+    /* a value --set added replaced nothing */
+    assert_int_equal(recipe_apply_set(&f->r, "model.depth=2", &f->d), VH_STATUS_OK);
+    assert_int_equal(recipe_apply_set(&f->r, "model.depth=3", &f->d), VH_STATUS_OK);
+    assert_null(value_of(&f->r, "model", "depth")->replaced);
+}
+
 /* ---- recipe_diag_value ------------------------------------------------------------ */
 
 static void test_diag_value(void **state) {
@@ -849,6 +924,9 @@ int main(int argc, char **argv) {
         T(test_set_appends),
         T(test_set_on_empty_recipe),
         T(test_set_errors),
+        T(test_set_whole_section),
+        T(test_set_whole_section_errors),
+        T(test_set_keeps_replaced_text),
         T(test_diag_value),
         T(test_section_names),
         T(test_edit_distance),

@@ -6,9 +6,13 @@
  * are copied out first):
  *   - the installed tree has its parts and runs from a copy elsewhere
  *     (relative RPATHs and plugin path);
- *   - `pkg-config --cflags --libs vithost` compiles a plugin;
+ *   - `pkg-config --cflags --libs vithost` compiles a plugin, and
+ *     `vithost-testhost` its generated unit test, which passes;
  *   - `vithost new-plugin ROLE NAME DIR` for every role builds with CMake
- *     (warnings as errors) and trains 3 steps of the main job;
+ *     (warnings as errors) and trains 3 steps of the main job; the optim
+ *     project, configured without a build type, compiles Release (-O2/-O3)
+ *     with -std=c11, links libm, and its unit test (vithost's test host)
+ *     passes under ctest;
  *   - examples/ builds, and each of its five plugins trains 3 steps of its
  *     recipe (the main job with that role swapped).
  * Every plugin is loaded by name through VITHOST_PLUGIN_PATH. Without the
@@ -142,7 +146,9 @@ static void test_installed_tree_is_relocatable(void **state) {
     static const char *const parts[] = {
         "bin/vithost", "include/vithost/vithost.h", "lib/libvhsdk.so",
         "lib/cmake/vithost/vithostConfig.cmake", "lib/cmake/vithost/vithostConfigVersion.cmake",
-        "lib/pkgconfig/vithost.pc", "lib/vithost/plugins/vit.so", "lib/vithost/plugins/mta.so"};
+        "lib/pkgconfig/vithost.pc", "lib/vithost/plugins/vit.so", "lib/vithost/plugins/mta.so",
+        "include/vithost/vh_testhost.h", "lib/libvhtesthost.so",
+        "lib/pkgconfig/vithost-testhost.pc"};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         if (!exists(prefix, parts[i])) fail_msg("the install lacks %s/%s", prefix, parts[i]);
     assert_int_equal(sh("cp -a %s %s/moved", prefix, tmp), 0);
@@ -161,10 +167,18 @@ static void test_pkg_config(void **state) {
     (void)state;
     if (sh("command -v pkg-config") != 0) skip();
     assert_int_equal(sh("cd %s && %s/bin/vithost new-plugin optim pc_optim pc", tmp, prefix), 0);
-    assert_int_equal(sh("cd %s/pc && PKG_CONFIG_PATH=%s/lib/pkgconfig %s -std=c11 -Wall -Wextra "
-                        "-Werror -shared -fPIC -fvisibility=hidden pc_optim.c -o pc_optim.so "
-                        "$(PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags --libs vithost)",
+    assert_int_equal(sh("cd %s/pc && PKG_CONFIG_PATH=%s/lib/pkgconfig %s -std=c11 -O2 -Wall "
+                        "-Wextra -Werror -shared -fPIC -fvisibility=hidden pc_optim.c -o "
+                        "pc_optim.so $(PKG_CONFIG_PATH=%s/lib/pkgconfig pkg-config --cflags "
+                        "--libs vithost)",
                         tmp, prefix, VH_TEST_CC, prefix),
+                     0);
+    /* The generated unit test, through the test host's own .pc. */
+    assert_int_equal(sh("cd %s/pc && %s -std=c11 -O2 -Wall -Wextra -Werror test_pc_optim.c -o "
+                        "test_pc_optim -Wl,-rpath,%s/lib $(PKG_CONFIG_PATH=%s/lib/pkgconfig "
+                        "pkg-config --cflags --libs vithost-testhost) && ./test_pc_optim "
+                        "./pc_optim.so",
+                        tmp, VH_TEST_CC, prefix, prefix),
                      0);
     char dir[PATHLEN];
     snprintf(dir, sizeof dir, "%s/pc", tmp);
@@ -173,13 +187,36 @@ static void test_pkg_config(void **state) {
                      0);
 }
 
-/* cmake -S dir -B dir/build against the prefix only, warnings as errors. */
-static void cmake_build(const char *dir) {
+/* cmake -S dir -B dir/build against the prefix only, warnings as errors;
+ * build_type NULL: none given (the package's default). The build's command
+ * lines go to dir/build-lines.txt. */
+static void cmake_build(const char *dir, const char *build_type) {
+    char type[64] = "";
+    if (build_type) snprintf(type, sizeof type, "-DCMAKE_BUILD_TYPE=%s", build_type);
     assert_int_equal(sh("%s -S %s -B %s/build -DCMAKE_PREFIX_PATH=%s -DCMAKE_C_COMPILER=%s "
-                        "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_COMPILE_WARNING_AS_ERROR=ON",
-                        VH_TEST_CMAKE, dir, dir, prefix, VH_TEST_CC),
+                        "%s -DCMAKE_COMPILE_WARNING_AS_ERROR=ON",
+                        VH_TEST_CMAKE, dir, dir, prefix, VH_TEST_CC, type),
                      0);
-    assert_int_equal(sh("%s --build %s/build -j2", VH_TEST_CMAKE, dir), 0);
+    assert_int_equal(sh("%s --build %s/build -j2 --verbose > %s/build-lines.txt 2>&1 || "
+                        "(cat %s/build-lines.txt; exit 1)",
+                        VH_TEST_CMAKE, dir, dir, dir),
+                     0);
+}
+
+/* A project configured without a build type builds Release: the plugin's
+ * compile line has -O2 or -O3 and -std=c11 (the docs' dialect), its link
+ * line libm. */
+static void assert_optimised(const char *dir, const char *name) {
+    assert_int_equal(sh("grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' %s/build/CMakeCache.txt",
+                        dir),
+                     0);
+    assert_int_equal(sh("grep -E -- ' -c [^ ]*/%s\\.c' %s/build-lines.txt "
+                        "| grep -E -- ' -O[23]( |$)' | grep -q -- ' -std=c11 '",
+                        name, dir),
+                     0);
+    assert_int_equal(sh("grep -E -- '-o [^ ]*%s\\.so ' %s/build-lines.txt | grep -q -- ' -lm'",
+                        name, dir),
+                     0);
 }
 
 static void new_plugin_trains(const char *role) {
@@ -189,7 +226,16 @@ static void new_plugin_trains(const char *role) {
     assert_int_equal(sh("%s/bin/vithost new-plugin %s %s %s", prefix, role, name, dir), 0);
     static const char *const files[] = {"CMakeLists.txt", "README.md"};
     for (int i = 0; i < 2; i++) assert_true(exists(dir, files[i]));
-    cmake_build(dir);
+    const int is_optim = strcmp(role, "optim") == 0;
+    cmake_build(dir, is_optim ? NULL : "RelWithDebInfo");
+    if (is_optim) {
+        /* Release by default, and the generated unit test passes. */
+        assert_optimised(dir, name);
+        char test[96];
+        snprintf(test, sizeof test, "test_%s.c", name);
+        if (!exists(dir, test)) fail_msg("new-plugin optim wrote no %s/%s", dir, test);
+        assert_int_equal(sh("%s --test-dir %s/build --output-on-failure", VH_TEST_CTEST, dir), 0);
+    }
     char so[PATHLEN];
     snprintf(so, sizeof so, "build/%s.so", name);
     assert_true(exists(dir, so));
@@ -224,7 +270,8 @@ static void test_examples_build_and_train(void **state) {
     char src[PATHLEN], plugins[2 * PATHLEN], recipe[2 * PATHLEN], csv[PATHLEN], extra[3 * PATHLEN];
     snprintf(src, sizeof src, "%s/examples", tmp);
     assert_int_equal(sh("cp -r %s %s", VH_TEST_EXAMPLES_DIR, src), 0);
-    cmake_build(src);
+    cmake_build(src, NULL);
+    assert_optimised(src, "lion");
     snprintf(plugins, sizeof plugins, "%s/build", src);
     static const char *const recipes[][2] = {
         {"lion", "optim/lion/lion.yaml"},

@@ -326,6 +326,89 @@ static vh_status resolve_default(vh_config_entry *e, const vh_recipe *recipe,
                              k->doc ? k->doc : config_type_name(k->type));
 }
 
+/* The file's plugin when --set named another for this section (the file's
+ * keys were written for it); NULL otherwise. */
+static const char *swapped_from(const vh_recipe_section *s) {
+    const vh_recipe_value *p = recipe_find_value(s, "plugin");
+    if (!p || p->origin.source != VH_CONFIG_SOURCE_SET || !p->replaced) return NULL;
+    return strcmp(p->replaced, p->text) != 0 ? p->replaced : NULL;
+}
+
+/* Appends to buf (a shell word in single quotes) one flow-mapping value:
+ * plain when YAML reads it back as written, else double-quoted. */
+static void append_flow_value(char *buf, size_t len, const char *text) {
+    size_t used = strlen(buf);
+    int plain = text[0] && !strpbrk(text, ",:{}[]#&*!|>'\"%@` \t\\") && text[0] != '-' &&
+                text[0] != '?';
+    if (!plain && used + 1 < len) buf[used++] = '"';
+    for (const char *c = text; *c && used + 6 < len; c++) {
+        if (*c == '\'') { /* out of the shell's quotes and back */
+            memcpy(buf + used, "'\\''", 4);
+            used += 4;
+            continue;
+        }
+        if (*c == '"' || *c == '\\') buf[used++] = '\\';
+        buf[used++] = *c;
+    }
+    if (!plain && used + 1 < len) buf[used++] = '"';
+    buf[used] = '\0';
+}
+
+/* --set 'section={plugin: NAME, key: value, ...}' with the section's values
+ * the plugin's schema takes, in their order. */
+static void replace_line(const vh_recipe_section *s, const vh_config_key *schema, char *buf,
+                         size_t len) {
+    const vh_recipe_value *p = recipe_find_value(s, "plugin");
+    snprintf(buf, len, "--set '%s={plugin: ", s->name);
+    append_flow_value(buf, len, p ? p->text : "NAME");
+    for (int i = 0; i < s->count; i++) {
+        const vh_recipe_value *v = &s->values[i];
+        if (v == p || schema_index(schema, v->key) < 0) continue;
+        size_t used = strlen(buf);
+        if (used + strlen(v->key) + 8 >= len) break;
+        snprintf(buf + used, len - used, ", %s: ", v->key);
+        append_flow_value(buf, len, v->text);
+    }
+    size_t used = strlen(buf);
+    snprintf(buf + used, len - used, "}'");
+}
+
+/* A plugin swapped by --set meets keys the file wrote for the old one: name
+ * every such key, point at the first, show the one-line whole replace. */
+static vh_status left_keys(const vh_recipe *recipe, const vh_recipe_section *s,
+                           const vh_config_key *schema, const char *skip_key, vh_diag *d) {
+    const vh_recipe_value *first = NULL;
+    char others[512] = "";
+    for (int i = 0; i < s->count; i++) {
+        const vh_recipe_value *v = &s->values[i];
+        if (is_skipped(v->key, skip_key) || schema_index(schema, v->key) >= 0 ||
+            v->origin.source == VH_CONFIG_SOURCE_SET)
+            continue;
+        if (!first) {
+            first = v;
+            continue;
+        }
+        size_t used = strlen(others);
+        snprintf(others + used, sizeof others - used, "%s'%s'", used ? ", " : " (nor ", v->key);
+    }
+    if (others[0]) strncat(others, ")", sizeof others - strlen(others) - 1);
+    const vh_recipe_value *p = recipe_find_value(s, "plugin");
+    vh_status st = recipe_diag_value(recipe, s, first, 1, d, VH_STATUS_ERR_CONFIG,
+                                     "key '%s' of section '%s' was written for plugin '%s'; "
+                                     "plugin '%s' (--set %s.plugin=%s) does not take it%s",
+                                     first->key, s->name, p->replaced, p->text, s->name, p->text,
+                                     others);
+    if (!d) return st;
+    char line[1024];
+    replace_line(s, schema, line, sizeof line);
+    size_t used = strlen(d->text);
+    snprintf(d->text + used, sizeof d->text - used,
+             "\nreplace the section whole instead, in one line (the keys %s takes kept):\n"
+             "    %s",
+             p->text, line);
+    return st;
+}
+
 static vh_status resolve_all(vh_section_config *c, const vh_recipe *recipe,
                              const vh_recipe_section *s, const vh_config_key *schema,
                              const char *skip_key, vh_diag *d) {
@@ -333,6 +416,8 @@ static vh_status resolve_all(vh_section_config *c, const vh_recipe *recipe,
         const vh_recipe_value *v = &s->values[i];
         if (is_skipped(v->key, skip_key)) continue;
         int k = schema_index(schema, v->key);
+        if (k < 0 && v->origin.source != VH_CONFIG_SOURCE_SET && swapped_from(s))
+            return left_keys(recipe, s, schema, skip_key, d);
         if (k < 0) return unknown_key(recipe, s, v, schema, skip_key, d);
         vh_status st = resolve_value(&c->entries[k], recipe, s, v, d);
         if (st != VH_STATUS_OK) return st;
@@ -372,12 +457,46 @@ vh_status config_resolve(vh_section_config *out, const vh_recipe *recipe,
     return VH_STATUS_OK;
 }
 
+/* shared keys the schema lacks, then the schema; NULL-ended, malloc'd. */
+static vh_config_key *merge_schemas(const vh_config_key *schema, const vh_config_key *shared) {
+    int n = schema_count(schema), m = schema_count(shared), at = 0;
+    vh_config_key *out = calloc((size_t)(n + m + 1), sizeof *out);
+    if (!out) return NULL;
+    for (int i = 0; i < m; i++)
+        if (schema_index(schema, shared[i].key) < 0) out[at++] = shared[i];
+    for (int i = 0; i < n; i++) out[at++] = schema[i];
+    return out; /* calloc: out[at] is the NULL key */
+}
+
+vh_status config_resolve_merged(vh_section_config *out, const vh_recipe *recipe,
+                                const char *section, const vh_config_key *schema,
+                                const vh_config_key *shared, const char *skip_key,
+                                vh_diag *d) {
+    if (!shared) return config_resolve(out, recipe, section, schema, skip_key, d);
+    if (out) memset(out, 0, sizeof *out);
+    vh_config_key *merged = merge_schemas(schema, shared);
+    if (!merged) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
+    vh_status st = config_resolve(out, recipe, section, merged, skip_key, d);
+    if (st != VH_STATUS_OK || !out) {
+        free(merged);
+        return st;
+    }
+    out->merged = merged;
+    return VH_STATUS_OK;
+}
+
 void config_free(vh_section_config *c) {
     if (!c) return;
     for (int i = 0; c->entries && i < c->count; i++) free(c->entries[i].text);
     free(c->entries);
     free(c->section);
+    free(c->merged);
     memset(c, 0, sizeof *c);
+}
+
+const vh_config_key *config_shared_keys(const vh_plugin_descriptor *desc) {
+    if (desc && desc->role == VH_ROLE_OPTIM && desc->abi_minor >= 1) return vh_optim_shared_keys;
+    return NULL;
 }
 
 const vh_config_entry *config_find(const vh_section_config *c, const char *key) {

@@ -144,6 +144,7 @@ void recipe_free(vh_recipe *r) {
         for (int j = 0; j < s->count; j++) {
             free(s->values[j].key);
             free(s->values[j].text);
+            free(s->values[j].replaced);
         }
         free(s->values);
         free(s->name);
@@ -726,7 +727,8 @@ static vh_status set_section_error(vh_diag *d, const char *assignment,
                      section);
 }
 
-/* Stores value under section.key: replaces or appends, origin SET. */
+/* Stores value under section.key: replaces or appends, origin SET. The
+ * file's text it replaces is kept (vh_recipe_value.replaced). */
 static vh_status set_value(vh_recipe *r, const char *section, const char *key,
                            const char *value, vh_diag *d) {
     vh_recipe_section *s = find_section_mut(r, section);
@@ -736,7 +738,10 @@ static vh_status set_value(vh_recipe *r, const char *section, const char *key,
     if (v) {
         char *copy = strdup(value);
         if (!copy) return diag_set(d, VH_STATUS_ERR_NOMEM, "--set: out of memory");
-        free(v->text);
+        if (v->origin.source == VH_CONFIG_SOURCE_RECIPE && !v->replaced)
+            v->replaced = v->text;
+        else
+            free(v->text);
         v->text = copy;
     } else if (!(v = add_value(s, key, value))) {
         return diag_set(d, VH_STATUS_ERR_NOMEM, "--set: out of memory");
@@ -744,6 +749,58 @@ static vh_status set_value(vh_recipe *r, const char *section, const char *key,
     v->origin = (vh_config_origin){VH_CONFIG_SOURCE_SET, NULL, 0, 0};
     v->key_line = v->key_column = 0;
     return VH_STATUS_OK;
+}
+
+/* Moves src's values into dst (whose own are freed), as --set values. */
+static void take_values(vh_recipe_section *dst, vh_recipe_section *src) {
+    for (int j = 0; j < dst->count; j++) {
+        free(dst->values[j].key);
+        free(dst->values[j].text);
+        free(dst->values[j].replaced);
+    }
+    free(dst->values);
+    dst->values = src->values;
+    dst->count = src->count;
+    src->values = NULL;
+    src->count = 0;
+    for (int j = 0; j < dst->count; j++) {
+        dst->values[j].origin = (vh_config_origin){VH_CONFIG_SOURCE_SET, NULL, 0, 0};
+        dst->values[j].key_line = dst->values[j].key_column = 0;
+    }
+    dst->line = dst->column = 0; /* no longer the file's section */
+}
+
+/* `section={key: value, ...}`: the value read as the section of a recipe
+ * of its own (the same checks as a file's), then put in place of the
+ * recipe's section. */
+static vh_status set_section(vh_recipe *r, const char *assignment, const char *section,
+                             const char *value, vh_diag *d) {
+    if (value[strspn(value, " ")] != '{')
+        return set_error(d, assignment,
+                         "expected section.key=value, or %s={key: value, ...} (a YAML flow "
+                         "mapping) to replace the section whole",
+                         section);
+    size_t len = strlen(section) + strlen(value) + 4;
+    char *text = malloc(len), *name = malloc(strlen(assignment) + 7);
+    if (!text || !name) {
+        free(text);
+        free(name);
+        return diag_set(d, VH_STATUS_ERR_NOMEM, "--set: out of memory");
+    }
+    snprintf(text, len, "%s: %s\n", section, value);
+    sprintf(name, "--set %s", assignment);
+    vh_recipe one;
+    vh_status st = recipe_load_string(&one, name, text, strlen(text), d);
+    free(text);
+    free(name);
+    if (st != VH_STATUS_OK) return st;
+    vh_recipe_section *s = find_section_mut(r, section);
+    if (!s && !(s = add_section(r, section, 0, 0)))
+        st = diag_set(d, VH_STATUS_ERR_NOMEM, "--set: out of memory");
+    else
+        take_values(s, &one.sections[0]);
+    recipe_free(&one);
+    return st;
 }
 
 vh_status recipe_apply_set(vh_recipe *r, const char *assignment, vh_diag *d) {
@@ -754,24 +811,31 @@ vh_status recipe_apply_set(vh_recipe *r, const char *assignment, vh_diag *d) {
         return set_error(d, assignment, "expected section.key=value (no '=')");
     size_t lhs_len = (size_t)(eq - assignment);
     const char *dot = memchr(assignment, '.', lhs_len);
-    if (lhs_len == 0 || !dot)
+    /* A bare word before '=' is a whole section only when it names one (or
+     * the value is a mapping: then a misspelt section is worth naming). */
+    int whole = !dot && lhs_len > 0 && eq[1 + strspn(eq + 1, " ")] == '{';
+    for (const char *const *n = vh_recipe_section_names; !dot && !whole && *n; n++)
+        whole = strlen(*n) == lhs_len && strncmp(*n, assignment, lhs_len) == 0;
+    if (lhs_len == 0 || (!dot && !whole))
         return set_error(d, assignment,
                          "expected section.key=value (no section.key before '=')");
-    size_t section_len = (size_t)(dot - assignment);
-    size_t key_len = lhs_len - section_len - 1;
+    size_t section_len = dot ? (size_t)(dot - assignment) : lhs_len;
+    size_t key_len = dot ? lhs_len - section_len - 1 : 0;
     if (section_len == 0) return set_error(d, assignment, "the section name is empty");
-    if (key_len == 0) return set_error(d, assignment, "the key name is empty");
+    if (dot && key_len == 0) return set_error(d, assignment, "the key name is empty");
     if (eq[1] == '\0')
         return set_error(d, assignment,
                          "the value is empty (leave the key out to use its default)");
 
     char *section = strndup(assignment, section_len);
-    char *key = strndup(dot + 1, key_len);
+    char *key = dot ? strndup(dot + 1, key_len) : NULL;
     vh_status st;
-    if (!section || !key)
+    if (!section || (dot && !key))
         st = diag_set(d, VH_STATUS_ERR_NOMEM, "--set: out of memory");
     else if (!is_known_section(section))
         st = set_section_error(d, assignment, section);
+    else if (!dot)
+        st = set_section(r, assignment, section, eq + 1, d);
     else
         st = set_value(r, section, key, eq + 1, d);
     free(section);

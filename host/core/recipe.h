@@ -29,6 +29,9 @@ typedef struct vh_recipe_value {
     char *text;              /* the scalar as written (unquoted) */
     vh_config_origin origin; /* RECIPE with line/column of the value, or SET */
     int key_line, key_column;
+    /* The file's text a --set replaced (NULL when none did): for `plugin`,
+     * the plugin the file's other keys were written for. */
+    char *replaced;
 } vh_recipe_value;
 
 typedef struct vh_recipe_section {
@@ -57,8 +60,13 @@ vh_status recipe_load_string(vh_recipe *out, const char *name, const char *text,
                              size_t len, vh_diag *d);
 void recipe_free(vh_recipe *r);
 
-/* Applies one `--set section.key=value`; the section must be a known one
- * (created if the file lacked it); replaces a value or appends it. */
+/* Applies one --set; the section must be a known one (created if the file
+ * lacked it):
+ *   section.key=value             replaces one value or appends it;
+ *   section={key: value, ...}     replaces the whole section: a YAML flow
+ *                                 mapping of scalars, as a section in the
+ *                                 file (`--set 'optim={plugin: lion, lr: 6e-3}'`).
+ * Values keep origin SET. */
 vh_status recipe_apply_set(vh_recipe *r, const char *assignment, vh_diag *d);
 
 const vh_recipe_section *recipe_find_section(const vh_recipe *r, const char *name);

@@ -58,12 +58,11 @@ static vh_status open_role(vh_run *run, vh_role role, vh_diag *d) {
                         "    %s: { plugin: NAME }\n(`vithost plugins` lists what is installed)",
                         run->recipe.file, section_name, section_name);
     const vh_recipe_value *v = recipe_find_value(s, "plugin");
-    if (!v)
-        return diag_set_at(d, VH_STATUS_ERR_CONFIG, run->recipe.file, run->recipe.source,
-                           run->recipe.source_len, s->line, s->column,
-                           "section '%s' names no plugin; add `plugin: NAME` "
-                           "(`vithost plugins` lists what is installed)",
-                           section_name);
+    if (!v) /* at the section in the file, or at the file (a whole-section --set) */
+        return recipe_diag_value(&run->recipe, s, NULL, 0, d, VH_STATUS_ERR_CONFIG,
+                                 "section '%s' names no plugin; add `plugin: NAME` "
+                                 "(`vithost plugins` lists what is installed)",
+                                 section_name);
     vh_diag why;
     vh_status st = loader_resolve(&run->plugins[role], &run->path, v->text, role, &why);
     if (st != VH_STATUS_OK) {
@@ -72,8 +71,8 @@ static vh_status open_role(vh_run *run, vh_role role, vh_diag *d) {
                                  why.text);
     }
     const vh_plugin_descriptor *desc = run->plugins[role].desc;
-    st = config_resolve(&run->configs[role], &run->recipe, section_name, desc->schema, "plugin",
-                        d);
+    st = config_resolve_merged(&run->configs[role], &run->recipe, section_name, desc->schema,
+                               config_shared_keys(desc), "plugin", d);
     if (st != VH_STATUS_OK) return st;
     host_impl_init(&run->hosts[role], run, role, &run->configs[role]);
     return VH_STATUS_OK;

@@ -82,6 +82,24 @@ static void set_hooks(vh_session *s) {
 
 /* ---- creating the plugins -------------------------------------------------- */
 
+/* The run's steps (run.steps, else epochs of the data's steps per epoch) and,
+ * for an optimizer that takes the shared keys, the schedule they give. */
+static vh_status read_schedule(vh_session *s, int64_t *total, vh_diag *d) {
+    vh_run *run = s->run;
+    int64_t steps_per_epoch = s->info.train_size / run->comm.world_size / s->batch_size;
+    *total = run_config_int(run, "steps");
+    if (*total == 0) *total = steps_per_epoch * run_config_int(run, "epochs");
+    s->has_schedule = config_shared_keys(run->plugins[VH_ROLE_OPTIM].desc) != NULL;
+    if (!s->has_schedule) return VH_STATUS_OK;
+    vh_host *h = &run->hosts[VH_ROLE_OPTIM].pub;
+    s->schedule.struct_size = sizeof s->schedule;
+    vh_status st = vh_optim_schedule_read(h, *total, &s->schedule);
+    if (st != VH_STATUS_OK)
+        return diag_set(d, st, "%s", run->hosts[VH_ROLE_OPTIM].error);
+    vh_optim_schedule_warn(h, &s->schedule);
+    return VH_STATUS_OK;
+}
+
 static vh_status create_plugins(vh_session *s, vh_diag *d) {
     vh_run *run = s->run;
     vh_host *h[VH_HOST_ROLE_COUNT];
@@ -120,10 +138,12 @@ static vh_status create_plugins(vh_session *s, vh_diag *d) {
                         "model plugin '%s' declared no parameter units",
                         run->plugins[VH_ROLE_MODEL].desc->name);
 
-    int64_t steps_per_epoch = s->info.train_size / run->comm.world_size / s->batch_size;
-    int64_t total = run_config_int(run, "steps");
-    if (total == 0) total = steps_per_epoch * run_config_int(run, "epochs");
-    vh_optim_setup os = {.struct_size = sizeof os, .total_steps = total};
+    int64_t total = 0;
+    vh_status st = read_schedule(s, &total, d);
+    if (st != VH_STATUS_OK) return st;
+    /* policy and table were set above, and live until session_close */
+    vh_optim_setup os = {.struct_size = sizeof os, .total_steps = total,
+                         .policy = &s->policy, .table = s->table};
     CALL(s, VH_ROLE_OPTIM, "optim.create",
          s->optim->create(h[VH_ROLE_OPTIM], &os, &s->self[VH_ROLE_OPTIM]));
     int32_t slots = s->optim->state_slots(s->self[VH_ROLE_OPTIM]);
@@ -290,7 +310,7 @@ vh_status session_reduce_scalars(vh_session *s, double *values, int n, vh_reduce
 }
 
 void session_optim_args(const vh_session *s, vh_optim_step_args *args) {
-    /* Filled from the optim section's shared keys (the SDK's schedule). */
-    (void)s;
-    (void)args;
+    /* Without shared keys (an optimizer of ABI 2.0 has none and only step)
+     * the members stay zero. */
+    if (s->has_schedule) vh_optim_schedule_args(&s->schedule, args->step, args);
 }

@@ -35,6 +35,10 @@ typedef struct vh_session {
     vh_unit_hooks hooks;
     vh_param_slices slices;
     int32_t state_slots;
+    /* The optim section's shared keys (vh_optim_schedule.h), read when the
+     * optimizer takes them (ABI 2.1: has_schedule); update's lr comes from it. */
+    vh_optim_schedule schedule;
+    int has_schedule;
     int64_t batch_size;
     /* Device copies of the batch when the device is not the CPU. */
     void *dev_images, *dev_labels;

@@ -1,9 +1,11 @@
 /* mta.c - the mta optimizer plugin: schema, configuration, scalar state.
  *
  * Multi-tensor-apply AdamW, SGD (momentum, Nesterov) and LAMB over the
- * slices the sharding plugin hands in, with an LR schedule (schedule.c) and
- * global-norm gradient clipping. The update itself is in step.c, its
- * element-wise kernels in algos.c.
+ * slices the sharding plugin hands in, with global-norm gradient clipping.
+ * The rate, weight decay and clipping limit are the SDK's shared keys
+ * (vh_optim_schedule.h): the host reads them and hands each update its
+ * numbers, so this schema holds the algorithm's keys only. The update
+ * itself is in step.c, its element-wise kernels in algos.c.
  */
 #include <math.h>
 #include <stdint.h>
@@ -13,17 +15,12 @@
 #include "vithost/vh_config.h"
 #include "vithost/vh_optim.h"
 #include "vithost/vh_plugin.h"
+#include "vithost/vh_precision.h"
 
 static const vh_config_key schema[] = {
     {"algo", VH_CONFIG_TYPE_ENUM, "adamw",
      "update rule: adamw (torch.optim.AdamW), sgd (torch.optim.SGD), lamb (apex FusedLAMB)",
      "adamw|sgd|lamb", 0, 0, 0},
-    {"lr", VH_CONFIG_TYPE_FLOAT, "1e-3", "peak learning rate, reached at the end of warm-up",
-     NULL, 0, 100, 0},
-    {"weight_decay", VH_CONFIG_TYPE_FLOAT, "0.05",
-     "weight decay of parameters flagged for decay: decoupled (p -= lr*wd*p) for adamw, "
-     "added to the gradient (L2) for sgd, added to the update for lamb",
-     NULL, 0, 1, 0},
     {"beta1", VH_CONFIG_TYPE_FLOAT, "0.9", "adamw, lamb: first-moment decay, in [0, 1)", NULL,
      0, 1, 0},
     {"beta2", VH_CONFIG_TYPE_FLOAT, "0.999", "adamw, lamb: second-moment decay, in [0, 1)",
@@ -37,22 +34,6 @@ static const vh_config_key schema[] = {
     {"always_adapt", VH_CONFIG_TYPE_BOOL, "false",
      "lamb: trust ratio on tensors without weight decay too (NVLAMB); off as apex and timm",
      NULL, 0, 0, 0},
-    {"clip_grad_norm", VH_CONFIG_TYPE_FLOAT, "0",
-     "clip the global gradient 2-norm (all ranks) to this value; 0 = off", NULL, 0, 1e9, 0},
-    {"schedule", VH_CONFIG_TYPE_ENUM, "cosine",
-     "learning rate after warm-up: cosine to min_lr at the last step, step (x step_gamma "
-     "every step_size steps), constant",
-     "cosine|step|constant", 0, 0, 0},
-    {"warmup_steps", VH_CONFIG_TYPE_INT, "0",
-     "linear warm-up steps from warmup_init_lr (step 0) to lr (step warmup_steps)", NULL, 0,
-     1e15, 0},
-    {"warmup_init_lr", VH_CONFIG_TYPE_FLOAT, "0", "learning rate of step 0 when warming up",
-     NULL, 0, 100, 0},
-    {"min_lr", VH_CONFIG_TYPE_FLOAT, "0", "cosine: final learning rate, <= lr", NULL, 0, 100,
-     0},
-    {"step_size", VH_CONFIG_TYPE_INT, "1000", "step: steps (after warm-up) between decays",
-     NULL, 1, 1e15, 0},
-    {"step_gamma", VH_CONFIG_TYPE_FLOAT, "0.1", "step: decay factor, in (0, 1]", NULL, 0, 1, 0},
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -79,10 +60,6 @@ static vh_status get_float(vh_host *host, const char *key, double *out) {
     vh_status st = host->api->config_float(host, key, out);
     return st == VH_STATUS_OK ? st : host->api->fail(host, st, "cannot read float key '%s'", key);
 }
-static vh_status get_int(vh_host *host, const char *key, int64_t *out) {
-    vh_status st = host->api->config_int(host, key, out);
-    return st == VH_STATUS_OK ? st : host->api->fail(host, st, "cannot read int key '%s'", key);
-}
 static vh_status get_bool(vh_host *host, const char *key, int *out) {
     vh_status st = host->api->config_bool(host, key, out);
     return st == VH_STATUS_OK ? st : host->api->fail(host, st, "cannot read bool key '%s'", key);
@@ -92,37 +69,24 @@ static vh_status get_string(vh_host *host, const char *key, const char **out) {
     return st == VH_STATUS_OK ? st : host->api->fail(host, st, "cannot read key '%s'", key);
 }
 
-static vh_status read_config(vh_host *host, mta_config *c, mta_schedule *s) {
-    const char *algo, *schedule;
+static vh_status read_config(vh_host *host, mta_config *c) {
+    const char *algo;
     vh_status st;
     if ((st = get_string(host, "algo", &algo)) != VH_STATUS_OK ||
-        (st = get_float(host, "lr", &s->lr)) != VH_STATUS_OK ||
-        (st = get_float(host, "weight_decay", &c->weight_decay)) != VH_STATUS_OK ||
         (st = get_float(host, "beta1", &c->beta1)) != VH_STATUS_OK ||
         (st = get_float(host, "beta2", &c->beta2)) != VH_STATUS_OK ||
         (st = get_float(host, "eps", &c->eps)) != VH_STATUS_OK ||
         (st = get_float(host, "momentum", &c->momentum)) != VH_STATUS_OK ||
         (st = get_bool(host, "nesterov", &c->nesterov)) != VH_STATUS_OK ||
-        (st = get_bool(host, "always_adapt", &c->always_adapt)) != VH_STATUS_OK ||
-        (st = get_float(host, "clip_grad_norm", &c->clip_grad_norm)) != VH_STATUS_OK ||
-        (st = get_string(host, "schedule", &schedule)) != VH_STATUS_OK ||
-        (st = get_int(host, "warmup_steps", &s->warmup_steps)) != VH_STATUS_OK ||
-        (st = get_float(host, "warmup_init_lr", &s->warmup_init_lr)) != VH_STATUS_OK ||
-        (st = get_float(host, "min_lr", &s->min_lr)) != VH_STATUS_OK ||
-        (st = get_int(host, "step_size", &s->step_size)) != VH_STATUS_OK ||
-        (st = get_float(host, "step_gamma", &s->step_gamma)) != VH_STATUS_OK)
+        (st = get_bool(host, "always_adapt", &c->always_adapt)) != VH_STATUS_OK)
         return st;
     if (!parse_algo(algo, &c->algo))
         return host->api->config_fail(host, "algo", "unknown algorithm '%s'", algo);
-    int kind = mta_schedule_kind_parse(schedule);
-    if (kind < 0)
-        return host->api->config_fail(host, "schedule", "unknown schedule '%s'", schedule);
-    s->kind = (mta_schedule_kind)kind;
     return VH_STATUS_OK;
 }
 
 /* What the schema's inclusive ranges cannot say. */
-static vh_status check_config(vh_host *host, const mta_config *c, const mta_schedule *s) {
+static vh_status check_config(vh_host *host, const mta_config *c) {
     if (!(c->beta1 < 1.0))
         return host->api->config_fail(host, "beta1", "%g is outside [0, 1)", c->beta1);
     if (!(c->beta2 < 1.0))
@@ -134,10 +98,6 @@ static vh_status check_config(vh_host *host, const mta_config *c, const mta_sche
     if (c->algo == MTA_ALGO_SGD && c->nesterov && c->momentum == 0.0)
         return host->api->config_fail(host, "nesterov",
                                       "Nesterov momentum needs momentum > 0 (momentum is 0)");
-    if (!(s->step_gamma > 0.0))
-        return host->api->config_fail(host, "step_gamma", "%g is outside (0, 1]", s->step_gamma);
-    if (s->kind == MTA_SCHEDULE_KIND_COSINE && s->min_lr > s->lr)
-        return host->api->config_fail(host, "min_lr", "%g is above lr %g", s->min_lr, s->lr);
     return VH_STATUS_OK;
 }
 
@@ -147,9 +107,9 @@ static int set_in_recipe(vh_host *host, const char *key) {
            o.source != VH_CONFIG_SOURCE_DEFAULT;
 }
 
-/* Keys the chosen algo or schedule does not read are allowed (swapping one
- * line must not break a recipe) but said. */
-static void warn_unused(vh_host *host, const mta_config *c, const mta_schedule *s) {
+/* Keys the chosen algo does not read are allowed (swapping one line must
+ * not break a recipe) but said; the shared keys are the host's to check. */
+static void warn_unused(vh_host *host, const mta_config *c) {
     static const struct {
         const char *key;
         unsigned algos; /* bit per mta_algo that reads it */
@@ -165,18 +125,13 @@ static void warn_unused(vh_host *host, const mta_config *c, const mta_schedule *
         if (!(by_algo[i].algos & (1u << c->algo)) && set_in_recipe(host, by_algo[i].key))
             host->api->log(host, VH_LOG_LEVEL_WARN, "%s is ignored by algo %s", by_algo[i].key,
                            mta_algo_name(c->algo));
-    if (s->kind != MTA_SCHEDULE_KIND_COSINE && set_in_recipe(host, "min_lr"))
-        host->api->log(host, VH_LOG_LEVEL_WARN, "min_lr is read by schedule cosine only");
-    if (s->kind != MTA_SCHEDULE_KIND_STEP)
-        for (int i = 0; i < 2; i++) {
-            const char *key = i ? "step_gamma" : "step_size";
-            if (set_in_recipe(host, key))
-                host->api->log(host, VH_LOG_LEVEL_WARN, "%s is read by schedule step only",
-                               key);
-        }
-    if (s->warmup_steps == 0 && set_in_recipe(host, "warmup_init_lr"))
-        host->api->log(host, VH_LOG_LEVEL_WARN, "warmup_init_lr is ignored without warmup_steps");
-    if (c->algo == MTA_ALGO_LAMB && c->weight_decay == 0.0 && !c->always_adapt)
+    /* weight_decay is a shared key: read here only for this hint (a host
+     * that does not merge the shared keys has none, and says nothing). */
+    double wd = -1.0;
+    if (host->api->config_has(host, "weight_decay") &&
+        host->api->config_float(host, "weight_decay", &wd) != VH_STATUS_OK)
+        wd = -1.0;
+    if (c->algo == MTA_ALGO_LAMB && wd == 0.0 && !c->always_adapt)
         host->api->log(host, VH_LOG_LEVEL_WARN,
                        "lamb with weight_decay 0 adapts no tensor (it is Adam); set "
                        "always_adapt for trust ratios without decay");
@@ -189,6 +144,33 @@ static int32_t slots_of(const mta_config *c) {
     case MTA_ALGO_SGD: return c->momentum > 0.0 ? 1 : 0;
     }
     return 0;
+}
+
+static int is_float(int32_t t) {
+    return t == VH_DTYPE_F32 || t == VH_DTYPE_F16 || t == VH_DTYPE_BF16;
+}
+
+/* The policy's dtypes against what the kernels take (step.c checks each
+ * slice again): refused here, at create, rather than at the first step. No
+ * policy (a caller without one): the slices alone decide. */
+static vh_status check_policy(vh_host *host, const vh_precision_policy *policy, int32_t slots) {
+    vh_precision_policy p;
+    memset(&p, 0, sizeof p);
+    if (!vh_struct_upgrade(&p, sizeof p, policy)) return VH_STATUS_OK;
+    const char *what = NULL;
+    int32_t dtype = VH_DTYPE_F32;
+    if (!is_float(p.master_dtype))
+        what = "master values", dtype = p.master_dtype;
+    else if (!is_float(p.grad_dtype))
+        what = "gradients", dtype = p.grad_dtype;
+    else if (slots > 0 && p.state_dtype != VH_DTYPE_F32)
+        what = "optimizer state", dtype = p.state_dtype;
+    if (!what) return VH_STATUS_OK;
+    return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
+                           "the precision policy keeps the %s in %s; mta updates masters and "
+                           "gradients in f32, f16 or bf16 and keeps its state in f32 (a policy "
+                           "with state_dtype f32)",
+                           what, vh_dtype_name((vh_dtype)dtype));
 }
 
 /* ---- vtable --------------------------------------------------------------- */
@@ -213,25 +195,19 @@ static vh_status mta_create(vh_host *host, const vh_optim_setup *setup, void **s
                                dev->name ? dev->name : "?");
 
     mta_config cfg;
-    mta_schedule sched;
     memset(&cfg, 0, sizeof cfg);
-    memset(&sched, 0, sizeof sched);
-    vh_status st = read_config(host, &cfg, &sched);
-    if (st == VH_STATUS_OK) st = check_config(host, &cfg, &sched);
+    vh_status st = read_config(host, &cfg);
+    if (st == VH_STATUS_OK) st = check_config(host, &cfg);
+    if (st == VH_STATUS_OK) st = check_policy(host, setup->policy, slots_of(&cfg));
     if (st != VH_STATUS_OK) return st;
-    sched.total_steps = setup->total_steps;
-    warn_unused(host, &cfg, &sched);
-    if (sched.kind == MTA_SCHEDULE_KIND_COSINE && sched.total_steps <= sched.warmup_steps)
-        host->api->log(host, VH_LOG_LEVEL_WARN,
-                       "the run has %lld steps and warms up for %lld: the cosine never starts",
-                       (long long)sched.total_steps, (long long)sched.warmup_steps);
+    warn_unused(host, &cfg);
 
     mta *o = host->api->alloc(host, sizeof *o);
     if (!o) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "no memory for the optimizer");
     memset(o, 0, sizeof *o);
     o->host = host;
     o->cfg = cfg;
-    o->schedule = sched;
+    o->table = setup->table;
     o->state_slots = slots_of(&cfg);
     o->last_step = -1;
     o->grad_norm = NAN;
@@ -252,10 +228,9 @@ static int32_t mta_state_slots(void *self) {
     return o ? o->state_slots : 0;
 }
 
-static vh_status mta_step_entry(void *self, const vh_param_slices *slices, int64_t step,
-                                double *lr_out) {
+static vh_status mta_update_entry(void *self, const vh_optim_step_args *args, double *lr_out) {
     if (!self) return VH_STATUS_ERR_INVALID_ARG;
-    return mta_step(self, slices, step, lr_out);
+    return mta_update(self, args, lr_out);
 }
 
 /* ---- scalar state --------------------------------------------------------
@@ -340,13 +315,13 @@ static const vh_optim_vtable vtable = {
     .create = mta_create,
     .destroy = mta_destroy,
     .state_slots = mta_state_slots,
-    .step = mta_step_entry,
+    .update = mta_update_entry,
     .state_size = mta_state_size,
     .state_save = mta_state_save,
     .state_load = mta_state_load,
 };
 
-VH_PLUGIN_DEFINE(VH_ROLE_OPTIM, "mta", "0.1.0",
-                 "multi-tensor-apply AdamW / SGD (momentum, Nesterov) / LAMB with LR schedules "
-                 "and global-norm clipping",
+VH_PLUGIN_DEFINE(VH_ROLE_OPTIM, "mta", "0.2.0",
+                 "multi-tensor-apply AdamW / SGD (momentum, Nesterov) / LAMB with global-norm "
+                 "clipping (rate and schedule: the SDK's shared keys)",
                  schema, vtable);

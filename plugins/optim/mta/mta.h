@@ -1,10 +1,14 @@
 /* mta.h - the mta optimizer instance, shared by its glue (mta.c) and its
  * step (step.c).
  *
+ * The learning rate, weight decay and clipping limit come with each update
+ * (vh_optim_step_args: the SDK's shared keys and schedule); mta's own keys
+ * are the algorithm's.
+ *
  * Two counters, two jobs:
- *   - the host's `step` argument (every training step, including those the
- *     precision plugin skipped on overflow) drives the LR schedule, like
- *     timm's num_updates;
+ *   - the host's `step` (every training step, including those the precision
+ *     plugin skipped on overflow) drives the LR schedule, like timm's
+ *     num_updates (the host computes the rate from it);
  *   - `updates` (updates actually applied, saved in the scalar state) drives
  *     Adam's bias correction (t = updates + 1), like torch's state["step"],
  *     which a skipped GradScaler step does not advance.
@@ -16,8 +20,8 @@
 
 #include <stdint.h>
 
-#include "schedule.h"
 #include "vithost/vh_host.h"
+#include "vithost/vh_optim.h"
 #include "vithost/vh_params.h"
 #include "worklist.h"
 
@@ -29,18 +33,21 @@ typedef enum mta_algo {
 
 typedef struct mta_config {
     mta_algo algo;
-    double weight_decay; /* on slices flagged VH_PARAM_FLAG_DECAY only */
     double beta1, beta2, eps; /* adamw, lamb */
     double momentum;          /* sgd */
     int nesterov;             /* sgd */
     int always_adapt;         /* lamb: trust ratio on no-decay tensors too */
-    double clip_grad_norm;    /* 0: off */
 } mta_config;
 
 typedef struct mta {
     vh_host *host;
     mta_config cfg;
-    mta_schedule schedule;
+    /* The parameter table (vh_optim_setup.table; NULL from a caller that has
+     * none): LAMB numbers its tensors by it, the same on every rank. */
+    const vh_param_table *table;
+    /* Of the update in progress, from its args. */
+    double weight_decay;   /* on slices flagged VH_PARAM_FLAG_DECAY only */
+    double clip_grad_norm; /* 0: off */
     int32_t state_slots;
     int64_t updates;   /* updates applied so far */
     int64_t last_step; /* the host's step of the last update; -1 before */
@@ -51,7 +58,7 @@ typedef struct mta {
 /* "adamw", "sgd", "lamb". */
 const char *mta_algo_name(mta_algo algo);
 
-/* One update of every slice (step.c). */
-vh_status mta_step(mta *o, const vh_param_slices *slices, int64_t step, double *lr_out);
+/* One update of every slice (step.c); args read through its struct_size. */
+vh_status mta_update(mta *o, const vh_optim_step_args *args, double *lr_out);
 
 #endif

@@ -1,9 +1,10 @@
 /* step.c - one multi-tensor apply: every local slice in one parallel pass.
  *
  *   1. validate the slice list, cut it into chunks (worklist.c)
- *   2. clipping (clip_grad_norm > 0): sum of squares of every grad chunk,
- *      one all-reduce, scale = min(1, max_norm / (norm + 1e-6)); or the sum
- *      the precision plugin's overflow pass computed (has_grad_sum_sq)
+ *   2. clipping (args->clip_grad_norm > 0): sum of squares of every grad
+ *      chunk, one all-reduce, scale = min(1, max_norm / (norm + 1e-6)); or
+ *      the sum the precision plugin's overflow pass computed
+ *      (args->has_grad_sum_sq)
  *   3. adamw, sgd: one pass over the chunks.
  *      lamb: a pass that updates the moments and sums ||p||^2 and ||u||^2
  *      per chunk, one all-reduce of the per-tensor sums, a pass that applies
@@ -20,7 +21,9 @@
  *
  * The all-reduces sum over ranks what the ranks' slices hold apart (FSDP
  * shards); when every rank holds every slice (vh_param_slices.replicated,
- * DDP) the local sums are the global ones and no collective runs.
+ * DDP) the local sums are the global ones and no collective runs: the
+ * SDK's vh_slices_reduce_sums holds that rule. The rate, weight decay and
+ * clipping limit are the update's args (the SDK's shared keys).
  */
 #include <math.h>
 #include <stddef.h>
@@ -31,6 +34,7 @@
 
 #include "algos.h"
 #include "mta.h"
+#include "vithost/vh_optim_schedule.h"
 #include "vithost/vh_types.h"
 
 /* Only run a parallel region when there is more than one chunk. */
@@ -147,35 +151,24 @@ static vh_status check_slices(mta *o, const vh_param_slices *slices, int *any_ha
     return VH_STATUS_OK;
 }
 
-/* The communicator the sums over slices need: none when every rank holds
- * the same full list (DDP replicas: vh_param_slices.replicated), since the
- * local sums are then already the global ones. */
+/* The communicator the tensor numbering is agreed over when there is no
+ * parameter table: none when every rank holds the same full list (DDP
+ * replicas: vh_param_slices.replicated). */
 static vh_comm *sum_comm(mta *o, const vh_param_slices *slices) {
     return slices->replicated ? NULL : o->host->api->comm(o->host);
-}
-
-static vh_status all_reduce_sum(mta *o, vh_comm *comm, double *buf, size_t count,
-                                const char *what) {
-    vh_host *host = o->host;
-    if (!comm || comm->world_size <= 1 || count == 0) return VH_STATUS_OK;
-    vh_status st = vh_comm_all_reduce(comm, buf, count, VH_DTYPE_F64, VH_REDUCE_OP_SUM);
-    if (st != VH_STATUS_OK)
-        return host->api->fail(host, st, "all-reduce of %s over %d ranks failed", what,
-                               (int)comm->world_size);
-    return VH_STATUS_OK;
 }
 
 /* torch.nn.utils.clip_grad_norm_ with the 2-norm: the global norm over every
  * rank's slices, then grads * min(1, max_norm / (norm + 1e-6)). When the
  * precision plugin's overflow pass summed the squares already
- * (vh_param_slices.has_grad_sum_sq: over every rank, fp32 sums per tensor)
- * that sum is the norm's and no pass or collective runs here; otherwise
- * the norm is summed in double (torch: fp32 per-tensor norms, then the
- * norm of those). */
-static vh_status clip_scale(mta *o, const vh_param_slices *slices, float *scale) {
+ * (args->has_grad_sum_sq: over every rank, fp32 sums per tensor) that sum
+ * is the norm's and no pass or collective runs here; otherwise the norm is
+ * summed in double (torch: fp32 per-tensor norms, then the norm of those). */
+static vh_status clip_scale(mta *o, const vh_optim_step_args *args, float *scale) {
+    const vh_param_slices *slices = args->slices;
     double sq = 0.0;
-    if (slices->has_grad_sum_sq) {
-        sq = slices->grad_sum_sq;
+    if (args->has_grad_sum_sq) {
+        sq = args->grad_sum_sq;
     } else {
         mta_worklist *w = &o->work;
         const mta_chunk *chunks = w->chunks;
@@ -188,8 +181,7 @@ static vh_status clip_scale(mta *o, const vh_param_slices *slices, float *scale)
                                       chunks[c].count);
         }
         for (int64_t c = 0; c < nc; c++) sq += part[c];
-        vh_status st =
-            all_reduce_sum(o, sum_comm(o, slices), &sq, 1, "the squared gradient norm");
+        vh_status st = vh_slices_reduce_sums(o->host, slices, &sq, 1);
         if (st != VH_STATUS_OK) return st;
     }
     const double norm = sqrt(sq);
@@ -199,8 +191,8 @@ static vh_status clip_scale(mta *o, const vh_param_slices *slices, float *scale)
         return host->api->fail(host, VH_STATUS_ERR_NUMERIC,
                                "the global gradient norm is %g; clipping cannot fix that", norm);
     host->api->log(host, VH_LOG_LEVEL_DEBUG, "gradient norm %.6g (clip at %g)", norm,
-                   o->cfg.clip_grad_norm);
-    const double coef = o->cfg.clip_grad_norm / (norm + 1e-6);
+                   o->clip_grad_norm);
+    const double coef = o->clip_grad_norm / (norm + 1e-6);
     *scale = coef < 1.0 ? (float)coef : 1.0f;
     return VH_STATUS_OK;
 }
@@ -232,7 +224,7 @@ static mta_adam_args adam_args(const mta *o, double lr, float grad_scale) {
 
 static void adamw_pass(mta *o, const vh_param_slices *slices, double lr, float grad_scale) {
     const mta_adam_args a = adam_args(o, lr, grad_scale);
-    const float decay = (float)(1.0 - lr * o->cfg.weight_decay);
+    const float decay = (float)(1.0 - lr * o->weight_decay);
     const mta_chunk *chunks = o->work.chunks;
     const int64_t nc = o->work.num_chunks;
 #pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
@@ -254,7 +246,7 @@ static void sgd_pass(mta *o, const vh_param_slices *slices, double lr, float gra
         .nesterov = o->cfg.nesterov,
         .fresh = o->updates == 0,
     };
-    const float wd = (float)o->cfg.weight_decay;
+    const float wd = (float)o->weight_decay;
     const int with_momentum = o->state_slots > 0;
     const mta_chunk *chunks = o->work.chunks;
     const int64_t nc = o->work.num_chunks;
@@ -281,11 +273,10 @@ static double trust_ratio(const double *sums, int adapt) {
 static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
                              float grad_scale) {
     mta_worklist *w = &o->work;
-    vh_comm *comm = sum_comm(o, slices);
-    vh_status st = mta_worklist_map_tensors(w, slices, comm);
+    vh_status st = mta_worklist_map_tensors(w, slices, o->table, sum_comm(o, slices));
     if (st != VH_STATUS_OK) return st;
     const mta_adam_args a = adam_args(o, lr, grad_scale);
-    const float wd = (float)o->cfg.weight_decay;
+    const float wd = (float)o->weight_decay;
     const mta_chunk *chunks = w->chunks;
     double *part = w->partials;
     const int64_t nc = w->num_chunks;
@@ -305,8 +296,8 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
         sums[0] += part[2 * c];
         sums[1] += part[2 * c + 1];
     }
-    st = all_reduce_sum(o, comm, w->tensor_sums, 2 * (size_t)w->num_tensors,
-                        "the per-tensor LAMB norms");
+    /* whole tensors over the ranks (FSDP); nothing to add under DDP */
+    st = vh_slices_reduce_sums(o->host, slices, w->tensor_sums, 2 * (size_t)w->num_tensors);
     if (st != VH_STATUS_OK) return st;
 
     const int always = o->cfg.always_adapt;
@@ -325,11 +316,8 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
     return VH_STATUS_OK;
 }
 
-vh_status mta_step(mta *o, const vh_param_slices *slices, int64_t step, double *lr_out) {
-    vh_host *host = o->host;
-    if (step < 0)
-        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "step %lld is negative",
-                               (long long)step);
+/* Checks the slices and builds the chunks (and 16-bit scratch). */
+static vh_status prepare(mta *o, const vh_param_slices *slices) {
     int any_half = 0;
     vh_status st = check_slices(o, slices, &any_half);
     if (st == VH_STATUS_OK) st = mta_worklist_build(&o->work, slices);
@@ -340,11 +328,27 @@ vh_status mta_step(mta *o, const vh_param_slices *slices, int64_t step, double *
 #else
     if (st == VH_STATUS_OK && any_half) st = mta_worklist_reserve_scratch(&o->work, 1);
 #endif
-    if (st != VH_STATUS_OK) return st;
+    return st;
+}
 
-    const double lr = mta_schedule_lr(&o->schedule, step);
+vh_status mta_update(mta *o, const vh_optim_step_args *args_in, double *lr_out) {
+    vh_host *host = o->host;
+    vh_optim_step_args args; /* members a newer host appends are not read */
+    if (!vh_struct_upgrade(&args, sizeof args, args_in))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "update: no args");
+    if (args.step < 0)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "step %lld is negative",
+                               (long long)args.step);
+    if (!(args.lr >= 0.0) || !isfinite(args.lr))
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "learning rate %g", args.lr);
+    vh_status st = prepare(o, args.slices);
+    if (st != VH_STATUS_OK) return st;
+    const vh_param_slices *slices = args.slices;
+    const double lr = args.lr;
+    o->weight_decay = args.weight_decay;
+    o->clip_grad_norm = args.clip_grad_norm;
     float grad_scale = 1.0f;
-    if (o->cfg.clip_grad_norm > 0.0 && (st = clip_scale(o, slices, &grad_scale)) != VH_STATUS_OK)
+    if (o->clip_grad_norm > 0.0 && (st = clip_scale(o, &args, &grad_scale)) != VH_STATUS_OK)
         return st;
 
     switch (o->cfg.algo) {
@@ -355,7 +359,7 @@ vh_status mta_step(mta *o, const vh_param_slices *slices, int64_t step, double *
         break;
     }
     o->updates++;
-    o->last_step = step;
+    o->last_step = args.step;
     if (lr_out) *lr_out = lr;
     return VH_STATUS_OK;
 }

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "vithost/vh_optim_schedule.h"
+
 void mta_worklist_init(mta_worklist *w, vh_host *host) {
     memset(w, 0, sizeof *w);
     w->host = host;
@@ -124,15 +126,37 @@ static vh_status agree_numbering(mta_worklist *w, const vh_param_slices *slices,
     return VH_STATUS_OK;
 }
 
+/* The table's numbering: no collective, the same on every rank. */
+static vh_status table_numbering(mta_worklist *w, const vh_param_table *table) {
+    int64_t total = vh_param_table_tensors(table);
+    if (total > INT32_MAX)
+        return w->host->api->fail(w->host, VH_STATUS_ERR_UNSUPPORTED,
+                                  "%lld parameter tensors: at most %d are supported",
+                                  (long long)total, (int)INT32_MAX);
+    w->num_tensors = total;
+    return VH_STATUS_OK;
+}
+
+/* The tensor of slice s: the table's index, or the agreed unit_first's. */
+static int64_t tensor_of(const mta_worklist *w, const vh_param_table *table,
+                         const vh_param_slice *sl) {
+    if (table) return vh_param_table_index(table, sl->unit, sl->param);
+    int64_t first = sl->unit < w->num_units ? w->unit_first[sl->unit] : -1;
+    int64_t end = sl->unit < w->num_units ? w->unit_first[sl->unit + 1] : -1;
+    return first < 0 || first + sl->param >= end ? -1 : first + sl->param;
+}
+
 vh_status mta_worklist_map_tensors(mta_worklist *w, const vh_param_slices *slices,
-                                   vh_comm *comm) {
+                                   const vh_param_table *table, vh_comm *comm) {
     vh_host *host = w->host;
     const int collective = comm && comm->world_size > 1;
     const int agreed = collective && w->agreed_items == slices->items &&
                        w->agreed_count == slices->count &&
                        w->agreed_item_size == slices->item_size;
-    vh_status st;
-    if (!agreed && (st = agree_numbering(w, slices, comm)) != VH_STATUS_OK) return st;
+    vh_status st = VH_STATUS_OK;
+    if (table) st = table_numbering(w, table);
+    else if (!agreed) st = agree_numbering(w, slices, comm);
+    if (st != VH_STATUS_OK) return st;
 
     st = reserve(host, (void **)&w->slice_tensor, &w->slice_tensor_cap, (size_t)slices->count,
                  sizeof *w->slice_tensor);
@@ -142,15 +166,15 @@ vh_status mta_worklist_map_tensors(mta_worklist *w, const vh_param_slices *slice
     if (st != VH_STATUS_OK) return st;
     for (int32_t s = 0; s < slices->count; s++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, s);
-        int64_t first = sl->unit < w->num_units ? w->unit_first[sl->unit] : -1;
-        int64_t end = sl->unit < w->num_units ? w->unit_first[sl->unit + 1] : -1;
-        if (first < 0 || first + sl->param >= end)
+        int64_t t = tensor_of(w, table, sl);
+        if (t < 0)
             return host->api->fail(host, VH_STATUS_ERR_INTERNAL,
-                                   "slice %d (unit %d, param %d) lies outside the tensor "
-                                   "numbering agreed for this slice list; the sharding plugin "
-                                   "must keep one slice list for the run",
-                                   (int)s, (int)sl->unit, (int)sl->param);
-        w->slice_tensor[s] = (int32_t)(first + sl->param);
+                                   "slice %d (unit %d, param %d) lies outside the %s; the "
+                                   "sharding plugin must keep one slice list for the run",
+                                   (int)s, (int)sl->unit, (int)sl->param,
+                                   table ? "parameter table"
+                                         : "tensor numbering agreed for this slice list");
+        w->slice_tensor[s] = (int32_t)t;
     }
     memset(w->tensor_sums, 0, 2 * (size_t)w->num_tensors * sizeof *w->tensor_sums);
     return VH_STATUS_OK;

@@ -4,7 +4,9 @@
  * parallel loop over the chunks balances big and small tensors alike. For the
  * per-tensor norms of LAMB, slices are also mapped to tensors: a tensor is a
  * (unit, param) pair, numbered the same way on every rank so that one
- * all-reduce of an array of per-tensor sums serves every tensor.
+ * all-reduce of an array of per-tensor sums serves every tensor. The
+ * numbering is the parameter table's (vh_param_table_index) when the
+ * optimizer has the table; without one it is agreed over the ranks.
  */
 #ifndef VH_MTA_WORKLIST_H
 #define VH_MTA_WORKLIST_H
@@ -62,11 +64,13 @@ vh_status mta_worklist_build(mta_worklist *w, const vh_param_slices *slices);
 /* Makes `scratch` hold two chunks for each of `threads` threads. */
 vh_status mta_worklist_reserve_scratch(mta_worklist *w, int threads);
 
-/* Numbers the tensors and fills slice_tensor; zeroes tensor_sums. With more
- * than one rank the numbering is agreed once per slice list (two small MAX
- * all-reduces); the sharding plugin keeps its list until destroy, so later
- * steps reuse it without a collective. Collective when world_size > 1. */
+/* Numbers the tensors and fills slice_tensor; zeroes tensor_sums. With a
+ * table the numbering is the table's, on every rank, and no collective
+ * runs. Without one, and with more than one rank, it is agreed once per
+ * slice list (two small MAX all-reduces over comm); the sharding plugin
+ * keeps its list until destroy, so later steps reuse it without a
+ * collective. Collective when there is no table and comm has world_size > 1. */
 vh_status mta_worklist_map_tensors(mta_worklist *w, const vh_param_slices *slices,
-                                   vh_comm *comm);
+                                   const vh_param_table *table, vh_comm *comm);
 
 #endif

@@ -11,6 +11,7 @@
 #include "vh_loss_scaler.h"
 #include "vh_model.h"
 #include "vh_optim.h"
+#include "vh_optim_schedule.h"
 #include "vh_params.h"
 #include "vh_plugin.h"
 #include "vh_precision.h"

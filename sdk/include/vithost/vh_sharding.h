@@ -3,7 +3,9 @@
  * The sharding plugin owns the flat buffers of the parameter table (compute
  * params, grads, fp32 master params, optimizer state) and the collectives
  * between them. The model reaches them only through vh_unit_hooks, which the
- * host builds from this vtable, at unit boundaries:
+ * host builds from this vtable (with tracing off, the hooks ARE this vtable's
+ * gather/release/grads/reduce with ctx = the plugin's self: keep their
+ * signatures equal to vh_unit_hooks'), at unit boundaries:
  *
  *   forward, per unit:           gather -> compute -> release
  *   backward, per unit reversed: gather -> grads -> compute -> reduce -> release
@@ -11,7 +13,8 @@
  * DDP keeps full replicas and all-reduces a unit's grads in `reduce` (which may
  * return before the collective is done; `wait` finishes them). FSDP keeps a
  * shard, all-gathers in `gather`, frees in `release`, reduce-scatters in
- * `reduce`.
+ * `reduce`. ZeRO-1 keeps replicas as DDP but shards the optimizer state and
+ * all-gathers the updated parameters in `refresh`.
  */
 #ifndef VITHOST_VH_SHARDING_H
 #define VITHOST_VH_SHARDING_H

@@ -7,6 +7,11 @@
 # with each plugin, loaded by name through VITHOST_PLUGIN_PATH by the
 # INSTALLED vithost.
 vh_add_test(test_sdk_install test_sdk_install.c)
+# A sanitized build installs an instrumented SDK: the plain programs the test
+# compiles against it (pkg-config, new-plugin unit tests) load libasan late.
+if(VH_SANITIZE)
+  target_compile_definitions(test_sdk_install PRIVATE VH_TEST_SANITIZED=1)
+endif()
 target_compile_definitions(test_sdk_install PRIVATE
   VH_TEST_CMAKE="${CMAKE_COMMAND}"
   VH_TEST_CTEST="${CMAKE_CTEST_COMMAND}"

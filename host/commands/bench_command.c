@@ -427,7 +427,7 @@ static vh_status bench_and_print(vh_run *run, const vh_bench_options *o, FILE *o
     }
     if (st != VH_STATUS_OK) {
         run_fail_all_ranks(run, st, d.text); /* of many ranks: does not return */
-        fprintf(err, "vithost: %s\n", d.text);
+        if (run->comm.rank == 0 || !run->failed_together) fprintf(err, "vithost: %s\n", d.text);
     }
     run->opts.out = stdout;
     if (quiet) fclose(quiet);

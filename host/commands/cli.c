@@ -60,7 +60,7 @@ static const char help_text[] =
     "  --stop-after STEPS        stop after STEPS steps with a checkpoint (resumable)\n"
     "  --trace                   print every plugin call of the run, in order\n"
     "  --checkpoint PATH         (eval) a run folder, a checkpoint folder or a .safetensors\n"
-    "  --describe NAME           (plugins) print one plugin's config schema\n"
+    "  --describe NAME           (plugins) print one plugin's config schema, or run's\n"
     "  -h, --help                this text\n"
     "  --version                 vithost and plugin ABI versions\n"
     "\n"

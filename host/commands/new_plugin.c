@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "outputs.h"
 
 #ifndef VITHOST_VERSION
 #define VITHOST_VERSION "0.0.0"
@@ -240,12 +241,18 @@ static int make_project(project *p, const char *role, const char *name, FILE *er
     return VH_EXIT_OK;
 }
 
-/* Writes p into dir, none of whose files may exist yet. */
+/* Writes p into dir, none of whose files may exist yet: checked before the
+ * first is written, with lstat (a link, even to nothing, is something). */
 static int write_project(const project *p, const char *dir, FILE *out, FILE *err) {
-    char path[PATH_MAX];
+    char path[PATH_MAX], msg[PATH_MAX + 200];
+    struct stat st;
+    if (output_dir_check(dir, msg, sizeof msg) != 0) {
+        fprintf(err, "vithost: new-plugin: %s\n", msg);
+        return VH_EXIT_USAGE;
+    }
     for (int i = 0; i < p->count; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, p->names[i]);
-        if (access(path, F_OK) == 0) {
+        if (lstat(path, &st) == 0) {
             fprintf(err, "vithost: new-plugin: %s exists; nothing was written (choose another "
                          "DIR, or remove it)\n",
                     path);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "outputs.h"
 #include "svg.h"
 
 int plot_json_number(const char *json, const char *key, double *out) {
@@ -42,7 +43,17 @@ typedef struct plot_run {
     series s[PANEL_COUNT];
 } plot_run;
 
+/* Beyond this a value is drawn at the edge: the spans, ticks and coordinates
+ * of a panel then stay finite (1e308 - -1e308 is not). */
+#define PLOT_LIMIT 1e300
+
+static double clamp(double v) {
+    return v > PLOT_LIMIT ? PLOT_LIMIT : v < -PLOT_LIMIT ? -PLOT_LIMIT : v;
+}
+
 static int series_add(series *s, double x, double y) {
+    x = clamp(x);
+    y = clamp(y);
     if (s->n == s->cap) {
         int cap = s->cap ? 2 * s->cap : 256;
         double *nx = realloc(s->x, (size_t)cap * sizeof *nx);
@@ -107,6 +118,13 @@ static int read_run(plot_run *r, const char *dir, FILE *err) {
     }
     free(line);
     fclose(f);
+    if (r->s[PANEL_LOSS].n + r->s[PANEL_TOP1].n + r->s[PANEL_IMG_S].n == 0) {
+        fprintf(err, "vithost plot: %s has no finite loss, eval_top1 or img_per_s in its %d "
+                     "line(s); nothing to plot, nothing was written (has the run logged a "
+                     "step yet? did every step give NaN?)\n",
+                path, lineno);
+        return -1;
+    }
     return 0;
 }
 
@@ -124,12 +142,22 @@ static void axis_range(const plot_run *runs, int n, int panel, int want_x, doubl
     }
     if (!(*lo <= *hi)) *lo = 0, *hi = 1; /* no points */
     if (!want_x && panel != PANEL_LOSS && *lo > 0) *lo = 0; /* accuracy, img/s from zero */
-    if (*hi - *lo < 1e-12) *hi = *lo + (fabs(*lo) > 0 ? fabs(*lo) * 0.1 : 1.0);
+    /* a span the doubles cannot split into ticks is drawn as a flat line */
+    double mag = fmax(fabs(*lo), fabs(*hi));
+    if (*hi - *lo < fmax(1e-12, 1e-9 * mag)) *hi = *lo + (mag > 0 ? mag * 0.1 : 1.0);
+}
+
+/* The number of ticks from lo to hi by step (counted, not accumulated:
+ * adding a step to a large value may not change it). */
+static int tick_count(double lo, double hi, double step) {
+    double n = floor((hi - lo) / step + 1e-6);
+    return n < 0 ? -1 : n > 50 ? 50 : (int)n; /* -1: none */
 }
 
 static void tick_label(char *buf, size_t len, double v) {
     double a = fabs(v);
-    if (a >= 1e4) snprintf(buf, len, "%.0fk", v / 1e3);
+    if (a >= 1e7) snprintf(buf, len, "%.3g", v);
+    else if (a >= 1e4) snprintf(buf, len, "%.0fk", v / 1e3);
     else if (a >= 10 || a == 0) snprintf(buf, len, "%.0f", v);
     else snprintf(buf, len, "%.3g", v);
 }
@@ -145,13 +173,16 @@ static void draw_panel(FILE *f, const plot_run *runs, int n, int panel, double x
     svg_text(f, x0 + w / 2, y0 - 10, "middle", 13, "font-weight=\"bold\"", "%s",
              panel_titles[panel]);
     char buf[32];
-    for (double y = ylo; y <= yhi + ystep * 1e-6; y += ystep) {
+    for (int k = 0, nk = tick_count(ylo, yhi, ystep); k <= nk; k++) {
+        double y = ylo + k * ystep;
         double py = y0 + h - h * (y - ylo) / (yhi - ylo);
         svg_line(f, x0, py, x0 + w, py, "#eeeeee", 1);
         tick_label(buf, sizeof buf, y);
         svg_text(f, x0 - 6, py + 4, "end", 10, NULL, "%s", buf);
     }
-    for (double x = ceil(xlo / xstep) * xstep; x <= xhi + xstep * 1e-6; x += xstep) {
+    double x1 = ceil(xlo / xstep) * xstep;
+    for (int k = 0, nk = tick_count(x1, xhi, xstep); k <= nk; k++) {
+        double x = x1 + k * xstep;
         double px = x0 + w * (x - xlo) / (xhi - xlo);
         svg_line(f, px, y0 + h, px, y0 + h + 4, "#333333", 1);
         tick_label(buf, sizeof buf, x);
@@ -195,7 +226,8 @@ static int write_plot(const char *path, const char *title, const plot_run *runs,
         svg_text(f, lx + 36, ly, "start", 12, NULL, "%s", runs[r].name);
     }
     svg_end(f);
-    return fclose(f);
+    int bad = ferror(f); /* a full disk: fprintf failed, fclose may not say so */
+    return fclose(f) != 0 || bad ? -1 : 0;
 }
 
 static const char plot_usage[] =
@@ -203,44 +235,75 @@ static const char plot_usage[] =
     "  draws the training loss, eval top-1 and img/s of each run folder's metrics.jsonl\n"
     "  against the step, overlaid in three panels, with the folders' names as legend.\n";
 
+/* The command line: the folders into dirs (n of them), -o and --title;
+ * -1 for --help, else an exit code. */
+static int parse_args(int argc, char **argv, const char **dirs, int *n, const char **path,
+                      const char **title, FILE *out, FILE *err) {
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(plot_usage, out);
+            return -1;
+        }
+        if (!strcmp(a, "-o") || !strcmp(a, "--out") || !strcmp(a, "--title")) {
+            if (i + 1 >= argc) {
+                fprintf(err, "vithost plot: %s needs a value\n%s", a, plot_usage);
+                return VH_EXIT_USAGE;
+            }
+            if (!strcmp(a, "--title")) *title = argv[++i];
+            else *path = argv[++i];
+        } else if (!strncmp(a, "--out=", 6)) {
+            *path = a + 6;
+        } else if (a[0] == '-') {
+            fprintf(err, "vithost plot: unknown option '%s'\n%s", a, plot_usage);
+            return VH_EXIT_USAGE;
+        } else {
+            dirs[(*n)++] = a;
+        }
+    }
+    if (!*path || *n == 0) {
+        fprintf(err, "vithost plot: needs %s\n%s", *n ? "-o FILE.svg" : "at least one RUN_DIR",
+                plot_usage);
+        return VH_EXIT_USAGE;
+    }
+    return VH_EXIT_OK;
+}
+
+/* -o may not name a run's metrics.jsonl (the input) nor a file that is not
+ * an SVG of vithost's: refused before anything is read. */
+static int check_target(const char *path, const char **dirs, int n, FILE *err) {
+    char (*inputs)[4200] = calloc((size_t)n, sizeof *inputs);
+    const char **names = calloc((size_t)n, sizeof *names);
+    int code = inputs && names ? VH_EXIT_OK : VH_EXIT_RUN_FAILED;
+    for (int i = 0; i < n && code == VH_EXIT_OK; i++) {
+        snprintf(inputs[i], sizeof inputs[i], "%s/metrics.jsonl", dirs[i]);
+        names[i] = inputs[i];
+    }
+    char msg[9000];
+    if (code == VH_EXIT_OK &&
+        output_file_check(path, names, n, output_is_vithost_svg, "an SVG", msg, sizeof msg)) {
+        fprintf(err, "vithost plot: -o %s\n", msg);
+        code = VH_EXIT_USAGE;
+    }
+    free(inputs);
+    free(names);
+    return code;
+}
+
 int plot_main(int argc, char **argv, FILE *out, FILE *err) {
     const char *path = NULL, *title = "vithost runs";
     const char **dirs = calloc((size_t)argc, sizeof *dirs);
     if (!dirs) return VH_EXIT_RUN_FAILED;
     int n = 0;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(plot_usage, out);
-            free(dirs);
-            return VH_EXIT_OK;
-        }
-        if (!strcmp(a, "-o") || !strcmp(a, "--out") || !strcmp(a, "--title")) {
-            if (i + 1 >= argc) {
-                fprintf(err, "vithost plot: %s needs a value\n%s", a, plot_usage);
-                free(dirs);
-                return VH_EXIT_USAGE;
-            }
-            if (!strcmp(a, "--title")) title = argv[++i];
-            else path = argv[++i];
-        } else if (!strncmp(a, "--out=", 6)) {
-            path = a + 6;
-        } else if (a[0] == '-') {
-            fprintf(err, "vithost plot: unknown option '%s'\n%s", a, plot_usage);
-            free(dirs);
-            return VH_EXIT_USAGE;
-        } else {
-            dirs[n++] = a;
-        }
-    }
-    if (!path || n == 0) {
-        fprintf(err, "vithost plot: needs %s\n%s", n ? "-o FILE.svg" : "at least one RUN_DIR",
-                plot_usage);
+    int code = parse_args(argc, argv, dirs, &n, &path, &title, out, err);
+    if (code == -1) code = VH_EXIT_OK, n = 0; /* --help */
+    else if (code == VH_EXIT_OK) code = check_target(path, dirs, n, err);
+    if (code != VH_EXIT_OK || n == 0) {
         free(dirs);
-        return VH_EXIT_USAGE;
+        return code;
     }
     plot_run *runs = calloc((size_t)n, sizeof *runs);
-    int code = runs ? VH_EXIT_OK : VH_EXIT_RUN_FAILED;
+    code = runs ? VH_EXIT_OK : VH_EXIT_RUN_FAILED;
     for (int i = 0; i < n && code == VH_EXIT_OK; i++)
         if (read_run(&runs[i], dirs[i], err) != 0) code = VH_EXIT_RUN_FAILED;
     if (code == VH_EXIT_OK) {

@@ -1,11 +1,13 @@
 /* plugins_command.c - `vithost plugins [--describe NAME]`: the plugins on
- * the search path by role, or one plugin's config schema. */
+ * the search path by role, or one plugin's config schema; `--describe run`
+ * the host's own section. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "command.h"
 #include "config.h"
 #include "loader.h"
+#include "runtime.h"
 #include "vtables.h"
 
 static void print_key(const vh_config_key *k, FILE *out) {
@@ -44,7 +46,20 @@ static void print_schema(const vh_plugin_descriptor *desc, FILE *out) {
         if (!declares(desc, k->key)) print_key(k, out);
 }
 
+/* The `run` section belongs to the host, not to a plugin: its keys are
+ * vh_run_schema's (runtime.c), printed like a plugin's. */
+static void print_run_schema(FILE *out) {
+    fputs("run (the host's own section: device, communicator, seed, how long to train, when "
+          "to evaluate, log and save)\n\nkeys of section 'run':\n",
+          out);
+    for (const vh_config_key *k = vh_run_schema; k->key; k++) print_key(k, out);
+}
+
 static int describe(const vh_plugin_path *path, const char *name, FILE *out, FILE *err) {
+    if (strcmp(name, "run") == 0) {
+        print_run_schema(out);
+        return VH_EXIT_OK;
+    }
     vh_plugin p;
     vh_diag d = {{0}};
     memset(&p, 0, sizeof p);
@@ -75,7 +90,8 @@ static void print_list(const vh_plugin_path *path, const vh_plugin_info *infos, 
         }
     }
     if (count == 0) fprintf(out, "(no plugins found)\n");
-    fprintf(out, "\n`vithost plugins --describe NAME` prints a plugin's config keys.\n");
+    fprintf(out, "\n`vithost plugins --describe NAME` prints a plugin's config keys; "
+                 "`--describe run` the run section's.\n");
 }
 
 static int list(const vh_plugin_path *path, FILE *out, FILE *err) {

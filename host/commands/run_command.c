@@ -14,9 +14,12 @@ int run_main(const cli_args *a, FILE *out, FILE *err) {
                            .stop_after = a->stop_after};
     vh_status st = train_run(&run, &to, &d);
     /* Of many ranks, rank 0 says how the run ended (the others stopped at
-     * the same step for the same reason). */
-    int say = run.comm.rank == 0 || st != VH_STATUS_ERR_INTERRUPTED;
-    run_close(&run);
+     * the same step for the same reason, or failed together). Before
+     * run_close: once the ranks have left MPI, a launcher ending the job
+     * after its own SIGTERM no longer forwards what they print. */
+    int say = run.comm.rank == 0 || (st != VH_STATUS_ERR_INTERRUPTED && !run.failed_together);
     if (st != VH_STATUS_OK && say) fprintf(err, "vithost: %s\n", d.text);
+    fflush(err);
+    run_close(&run);
     return command_exit_code(st);
 }

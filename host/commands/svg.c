@@ -5,9 +5,12 @@
 #include <math.h>
 #include <stdarg.h>
 
+#include "outputs.h"
+
 void svg_begin(FILE *f, double width, double height) {
     fprintf(f,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            OUTPUT_SVG_MARK " -->\n" /* an existing file may be replaced only with it */
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
             "viewBox=\"0 0 %.0f %.0f\" font-family=\"Helvetica, Arial, sans-serif\">\n",
             width, height, width, height);

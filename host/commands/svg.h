@@ -8,7 +8,8 @@
 
 #include "vithost/vh_host.h"
 
-/* <svg ...> with a white background, and </svg>. */
+/* <svg ...> with a white background, after the mark of vithost's files
+ * (OUTPUT_SVG_MARK, outputs.h); and </svg>. */
 void svg_begin(FILE *f, double width, double height);
 void svg_end(FILE *f);
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "outputs.h"
 #include "plot.h"
 #include "runtime.h"
 #include "svg.h"
@@ -349,11 +350,17 @@ static void run_row(sweep *w, int r, const char *exe, FILE *out) {
 
 /* ---- the files ------------------------------------------------------------ */
 
-/* The throughput rows are compared against: row 0, or the first that ran. */
-static double reference_img_s(const sweep *w) {
+/* The row the others are compared against: row 0, or the first that ran
+ * (its label and throughput go together on the chart); -1 when none ran. */
+static int reference_row(const sweep *w) {
     for (int r = 0; r < w->num_rows; r++)
-        if (isfinite(w->rows[r].img_per_s) && w->rows[r].img_per_s > 0) return w->rows[r].img_per_s;
-    return NAN;
+        if (isfinite(w->rows[r].img_per_s) && w->rows[r].img_per_s > 0) return r;
+    return -1;
+}
+
+static double reference_img_s(const sweep *w) {
+    int r = reference_row(w);
+    return r < 0 ? NAN : w->rows[r].img_per_s;
 }
 
 static void md_cell(FILE *f, double v, const char *fmt) {
@@ -365,11 +372,16 @@ static int write_markdown(const sweep *w, const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) return -1;
     double ref = reference_img_s(w);
+    int ref_row = reference_row(w);
+    char relative[64];
+    if (ref_row < 0) snprintf(relative, sizeof relative, "none (every row failed)");
+    else if (ref_row == 0) snprintf(relative, sizeof relative, "to row 0");
+    else snprintf(relative, sizeof relative, "to row %d (row 0 failed)", ref_row);
     fprintf(f, "# %s\n\n", w->title);
     fprintf(f, "Made by `%s`; each row is `vithost bench --json` (%lld timed steps after %lld "
-               "warm-up%s). img/s is the whole job's; relative: to row 0%s.\n\n",
+               "warm-up%s). img/s is the whole job's; relative: %s%s.\n\n",
             w->command ? w->command : "vithost sweep", w->steps, w->warmup,
-            w->np > 0 ? ", under mpirun" : "",
+            w->np > 0 ? ", under mpirun" : "", relative,
             w->sequence ? "; vs previous: to the row above (what the step bought)" : "");
     fprintf(f, "| # | configuration | changes | img/s | relative |%s ms/step | TFLOP/s/device "
                "| MFU | peak mem MiB | data ms | fwd ms | bwd ms | comm wait ms | optim ms |\n",
@@ -403,7 +415,8 @@ static int write_markdown(const sweep *w, const char *path) {
         for (int p = 0; p < 5; p++) md_cell(f, row->phase_ms[p], " %.1f |");
         fputc('\n', f);
     }
-    return fclose(f);
+    int bad = ferror(f); /* a full disk: fprintf failed, fclose may not say so */
+    return fclose(f) != 0 || bad ? -1 : 0;
 }
 
 static int write_json(const sweep *w, const char *path) {
@@ -435,11 +448,35 @@ static int write_json(const sweep *w, const char *path) {
                 row->json ? row->json : "null", r + 1 < w->num_rows ? "," : "");
     }
     fputs("]}\n", f);
-    return fclose(f);
+    int bad = ferror(f);
+    return fclose(f) != 0 || bad ? -1 : 0;
 }
 
-/* Bars of throughput relative to row 0, one per row, the value on top and
- * the label below (turned, so long labels fit). */
+/* Row r's bar at cx (the reference row grey), its value on top; a row
+ * without a throughput gets an empty bar and says why. */
+static void draw_bar(FILE *f, const sweep *w, int r, double cx, double base, double plot_h,
+                     double top) {
+    const double bar_w = 50;
+    double rel = w->rows[r].img_per_s / reference_img_s(w);
+    if (isfinite(rel)) {
+        double h = plot_h * rel / top;
+        fprintf(f, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+                   "fill=\"%s\"/>\n",
+                cx - bar_w / 2, base - h, bar_w, h,
+                r == reference_row(w) ? "#7f7f7f" : svg_color(0));
+        svg_text(f, cx, base - h - 6, "middle", 12, "font-weight=\"bold\"", "%.2fx", rel);
+    } else {
+        fprintf(f, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"0\" "
+                   "fill=\"none\"/>\n",
+                cx - bar_w / 2, base, bar_w);
+        svg_text(f, cx, base - 6, "middle", 11, "fill=\"#d62728\"", "%s",
+                 w->rows[r].json ? "no img/s" : "failed");
+    }
+}
+
+/* Bars of throughput relative to the reference row (row 0, or the first
+ * that ran), one per row, the value on top and the label below (turned,
+ * so long labels fit). */
 static int write_svg(const sweep *w, const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) return -1;
@@ -456,15 +493,21 @@ static int write_svg(const sweep *w, const char *path) {
         if (strlen(w->rows[r].label) > longest) longest = strlen(w->rows[r].label);
     const double left = 70, right = 30, top_margin = 60, plot_h = 300;
     const double label_h = 40 + 0.58 * 6.5 * (double)(longest + 2);
-    const double slot = 80, bar_w = 50;
+    const double slot = 80;
     double width = left + right + slot * w->num_rows;
     if (width < 420) width = 420;
     if (width < 9.0 * (double)strlen(w->title) + 40) width = 9.0 * (double)strlen(w->title) + 40;
     double height = top_margin + plot_h + label_h, base = top_margin + plot_h;
     svg_begin(f, width, height);
     svg_text(f, width / 2, 26, "middle", 16, "font-weight=\"bold\"", "%s", w->title);
-    svg_text(f, width / 2, 46, "middle", 12, "fill=\"#555555\"",
-             "throughput relative to \"%s\" (%.1f img/s)", w->rows[0].label, ref);
+    int ref_row = reference_row(w);
+    if (ref_row < 0)
+        svg_text(f, width / 2, 46, "middle", 12, "fill=\"#d62728\"",
+                 "every row failed: no throughput to compare (see the sweep's messages)");
+    else
+        svg_text(f, width / 2, 46, "middle", 12, "fill=\"#555555\"",
+                 "throughput relative to \"%s\" (%.1f img/s)%s", w->rows[ref_row].label, ref,
+                 ref_row > 0 ? "; row 0 failed" : "");
     for (double y = 0; y <= top + 1e-9; y += tick) {
         double py = base - plot_h * y / top;
         svg_line(f, left, py, width - right, py, "#e5e5e5", 1);
@@ -478,26 +521,15 @@ static int write_svg(const sweep *w, const char *path) {
     svg_line(f, left, base, width - right, base, "#333333", 1);
     for (int r = 0; r < w->num_rows; r++) {
         double cx = left + slot * (r + 0.5);
-        double rel = w->rows[r].img_per_s / ref;
-        if (isfinite(rel)) {
-            double h = plot_h * rel / top;
-            fprintf(f, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
-                       "fill=\"%s\"/>\n",
-                    cx - bar_w / 2, base - h, bar_w, h, r == 0 ? "#7f7f7f" : svg_color(0));
-            svg_text(f, cx, base - h - 6, "middle", 12, "font-weight=\"bold\"", "%.2fx", rel);
-        } else {
-            fprintf(f, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"0\" "
-                       "fill=\"none\"/>\n",
-                    cx - bar_w / 2, base, bar_w);
-            svg_text(f, cx, base - 6, "middle", 11, "fill=\"#d62728\"", "failed");
-        }
+        draw_bar(f, w, r, cx, base, plot_h, top);
         char turn[96];
         snprintf(turn, sizeof turn, "transform=\"rotate(-35 %.1f %.1f)\"", cx + 4, base + 16);
         svg_text(f, cx + 4, base + 16, "end", 11, turn, "%s%s", w->sequence && r > 0 ? "+ " : "",
                  w->rows[r].label);
     }
     svg_end(f);
-    return fclose(f);
+    int bad = ferror(f);
+    return fclose(f) != 0 || bad ? -1 : 0;
 }
 
 /* ---- the command line ------------------------------------------------------- */
@@ -612,6 +644,86 @@ static int parse_args(sweep *w, int argc, char **argv, FILE *out, FILE *err) {
     return VH_EXIT_OK;
 }
 
+/* ---- the output folder ---------------------------------------------------- */
+
+static const char *const out_names[3] = {"sweep.md", "sweep.svg", "sweep.json"};
+
+/* What an earlier sweep wrote into each file (outputs.h): a file without
+ * it is the user's, and is not replaced. */
+static int is_sweep_md(const char *head, size_t n) {
+    (void)n;
+    return head[0] == '#' && strstr(head, "\nMade by `vithost ") != NULL;
+}
+
+static int is_sweep_json(const char *head, size_t n) {
+    (void)n;
+    return strncmp(head, "{\"command\": \"vithost", 20) == 0;
+}
+
+/* --out checked and created before the first row runs: a folder (not a
+ * file), its three files absent, empty or an earlier sweep's (never the
+ * recipe), and writable. An exit code. */
+static int prepare_out(const sweep *w, FILE *err) {
+    static const output_is_ours ours[3] = {is_sweep_md, output_is_vithost_svg, is_sweep_json};
+    static const char *const what[3] = {"a table", "an SVG", "a JSON file"};
+    char msg[9000], path[4200];
+    if (output_dir_check(w->out_dir, msg, sizeof msg) != 0) {
+        fprintf(err, "vithost sweep: --out %s\n", msg);
+        return VH_EXIT_USAGE;
+    }
+    for (int k = 0; k < 3; k++) {
+        snprintf(path, sizeof path, "%s/%s", w->out_dir, out_names[k]);
+        if (output_file_check(path, &w->recipe, 1, ours[k], what[k], msg, sizeof msg) != 0) {
+            fprintf(err, "vithost sweep: --out: %s\n", msg);
+            return VH_EXIT_USAGE;
+        }
+    }
+    if (mkdir_p(w->out_dir) != 0 || access(w->out_dir, W_OK | X_OK) != 0) {
+        fprintf(err, "vithost sweep: cannot create or write in the folder %s: %s (give another "
+                     "--out)\n",
+                w->out_dir, strerror(errno));
+        return VH_EXIT_RUN_FAILED;
+    }
+    for (int k = 0; k < 3; k++) {
+        snprintf(path, sizeof path, "%s/%s", w->out_dir, out_names[k]);
+        if (access(path, F_OK) == 0 && access(path, W_OK) != 0) {
+            fprintf(err, "vithost sweep: cannot write %s: %s (give another --out)\n", path,
+                    strerror(errno));
+            return VH_EXIT_RUN_FAILED;
+        }
+    }
+    return VH_EXIT_OK;
+}
+
+/* Runs every row, writes the three files; an exit code. */
+static int run_rows(sweep *w, FILE *out, FILE *err) {
+    char *exe = self_exe();
+    int failed = 0, code = VH_EXIT_OK;
+    for (int r = 0; r < w->num_rows; r++) {
+        run_row(w, r, exe, out);
+        failed += w->rows[r].json == NULL;
+    }
+    free(exe);
+    char path[4200];
+    for (int k = 0; k < 3; k++) {
+        snprintf(path, sizeof path, "%s/%s", w->out_dir, out_names[k]);
+        int rc = k == 0 ? write_markdown(w, path) : k == 1 ? write_svg(w, path)
+                                                            : write_json(w, path);
+        if (rc != 0) {
+            fprintf(err, "vithost sweep: cannot write %s: %s\n", path, strerror(errno));
+            code = VH_EXIT_RUN_FAILED;
+        }
+    }
+    fprintf(out, "sweep: %d row(s)%s; wrote %s/sweep.md, sweep.svg, sweep.json\n", w->num_rows,
+            failed ? " (some failed)" : "", w->out_dir);
+    if (failed) {
+        fprintf(err, "vithost sweep: %d of %d rows failed (see their messages above)\n", failed,
+                w->num_rows);
+        code = VH_EXIT_RUN_FAILED;
+    }
+    return code;
+}
+
 int sweep_main(int argc, char **argv, FILE *out, FILE *err) {
     sweep w;
     memset(&w, 0, sizeof w);
@@ -646,38 +758,8 @@ int sweep_main(int argc, char **argv, FILE *out, FILE *err) {
         if (!w.title) w.title = w.sequence ? "Cumulative ablation" : "Sweep";
         code = w.sequence ? sequence_rows(&w, &pool, err) : grid_rows(&w, &pool, err);
     }
-    if (code == VH_EXIT_OK && w.num_rows > 0 && mkdir_p(w.out_dir) != 0) {
-        fprintf(err, "vithost sweep: cannot create the folder %s: %s (give another --out)\n",
-                w.out_dir, strerror(errno));
-        code = VH_EXIT_RUN_FAILED;
-    }
-    if (code == VH_EXIT_OK && w.num_rows > 0) {
-        char *exe = self_exe();
-        int failed = 0;
-        for (int r = 0; r < w.num_rows; r++) {
-            run_row(&w, r, exe, out);
-            failed += w.rows[r].json == NULL;
-        }
-        free(exe);
-        char path[4200];
-        const char *names[3] = {"sweep.md", "sweep.svg", "sweep.json"};
-        for (int k = 0; k < 3; k++) {
-            snprintf(path, sizeof path, "%s/%s", w.out_dir, names[k]);
-            int rc = k == 0 ? write_markdown(&w, path) : k == 1 ? write_svg(&w, path)
-                                                                 : write_json(&w, path);
-            if (rc != 0) {
-                fprintf(err, "vithost sweep: cannot write %s: %s\n", path, strerror(errno));
-                code = VH_EXIT_RUN_FAILED;
-            }
-        }
-        fprintf(out, "sweep: %d row(s)%s; wrote %s/sweep.md, sweep.svg, sweep.json\n",
-                w.num_rows, failed ? " (some failed)" : "", w.out_dir);
-        if (failed) {
-            fprintf(err, "vithost sweep: %d of %d rows failed (see their messages above)\n",
-                    failed, w.num_rows);
-            if (code == VH_EXIT_OK) code = VH_EXIT_RUN_FAILED;
-        }
-    }
+    if (code == VH_EXIT_OK && w.num_rows > 0) code = prepare_out(&w, err);
+    if (code == VH_EXIT_OK && w.num_rows > 0) code = run_rows(&w, out, err);
     for (int r = 0; r < w.num_rows; r++) free(w.rows[r].json);
     free(w.rows);
     free(w.command);

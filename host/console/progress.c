@@ -3,6 +3,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "progress.h"
 
+#include <errno.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@ void progress_init(vh_progress *p, FILE *out) {
     p->window_images = 0;
     p->first_drawn_step = -1;
     p->first_draw = 0.0;
+    p->keep_going = p->write_errno = p->warned = 0;
 }
 
 double progress_img_per_s(const vh_progress *p) {
@@ -90,9 +93,58 @@ void progress_draw(vh_progress *p, int64_t step, int64_t total, float loss,
     fprintf(p->out, "\r\033[K[%s] %3.0f%%  step %lld/%lld  loss %.4f  %.0f img/s%s%s  eta %s",
             bar, 100.0 * (done < 1.0 ? done : 1.0), (long long)step, (long long)total,
             (double)loss, progress_img_per_s(p), extra[0] ? " " : "", extra, eta);
-    fflush(p->out);
+    progress_flush(p);
 }
 
 void progress_clear(vh_progress *p) {
     if (p->tty) fputs("\r\033[K", p->out);
+}
+
+void progress_flush(vh_progress *p) {
+    errno = 0;
+    if (fflush(p->out) != 0 && !p->write_errno) p->write_errno = errno ? errno : EIO;
+}
+
+/* "standard output (/runs/job.log)": the stream and the file behind it. */
+static void stream_name(FILE *f, char *buf, size_t len) {
+    int fd = fileno(f);
+    const char *name = fd == 1 ? "standard output" : fd == 2 ? "standard error" : "the output";
+    char link[64], target[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = fd >= 0 ? readlink(link, target, sizeof target - 1) : -1;
+    if (n > 0) {
+        target[n] = '\0';
+        snprintf(buf, len, "%s (%s)", name, target);
+    } else {
+        snprintf(buf, len, "%s", name);
+    }
+}
+
+vh_status progress_check(vh_progress *p, vh_diag *d) {
+    progress_flush(p);
+    if (!p->write_errno && !ferror(p->out)) return VH_STATUS_OK;
+    if (!p->write_errno) {
+        /* a line not flushed through progress_flush failed (the banner's):
+         * one newline tells why, and is nothing lost if it goes through */
+        clearerr(p->out);
+        fputc('\n', p->out);
+        progress_flush(p);
+    }
+    int e = p->write_errno ? p->write_errno : EIO;
+    char name[4200];
+    stream_name(p->out, name, sizeof name);
+    if (!p->keep_going)
+        return diag_set(d, VH_STATUS_ERR_IO,
+                        "cannot write the progress lines to %s: %s (errno %d); the run stops "
+                        "(free space, then resume from the last checkpoint with --resume, or "
+                        "start again; run.write_errors: warn would go on without them)",
+                        name, strerror(e), e);
+    if (!p->warned)
+        fprintf(stderr, "vithost: warning: cannot write the progress lines to %s: %s (errno %d); "
+                        "the run goes on without them (run.write_errors: warn)\n",
+                name, strerror(e), e);
+    p->warned = 1;
+    p->write_errno = 0;
+    clearerr(p->out);
+    return VH_STATUS_OK;
 }

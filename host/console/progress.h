@@ -8,9 +8,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "diag.h"
+
 typedef struct vh_progress {
     FILE *out;
     int tty;
+    /* writes to out: run.write_errors is warn (set after progress_init),
+     * the errno of the first failed flush, whether the warning was given */
+    int keep_going, write_errno, warned;
     double window_start, last_draw, run_start;
     int64_t window_images;
     /* the first drawn step and when: the ETA's rate (a resumed run's
@@ -55,5 +60,13 @@ void progress_bar_text(char *buf, size_t len, double done);
 void progress_scale_text(char *buf, size_t len, const vh_progress_scale *scale);
 /* Clears the redrawn line before a line that stays. */
 void progress_clear(vh_progress *p);
+
+/* fflush(out), keeping the errno of a failure for progress_check (a stream
+ * forgets it: its next flush succeeds with nothing left to write). */
+void progress_flush(vh_progress *p);
+/* Whether every line reached out (a log file on a full disk does not): OK,
+ * or VH_STATUS_ERR_IO naming the stream, its file and the errno; under
+ * keep_going a warning on stderr, once, and OK. */
+vh_status progress_check(vh_progress *p, vh_diag *d);
 
 #endif

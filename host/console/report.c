@@ -3,7 +3,10 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "signals.h"
 
 void report_step(vh_progress *p, const vh_train_metrics *m, int64_t total, int show_mfu,
                  const vh_progress_scale *scale) {
@@ -19,7 +22,7 @@ void report_step(vh_progress *p, const vh_train_metrics *m, int64_t total, int s
     char text[64];
     progress_scale_text(text, sizeof text, scale);
     fprintf(p->out, "%s%s\n", text, m->skipped ? " (step skipped: overflow)" : "");
-    fflush(p->out);
+    progress_flush(p);
 }
 
 void report_eval(vh_progress *p, int64_t step, int64_t epoch, const vh_eval_result *r) {
@@ -28,7 +31,7 @@ void report_eval(vh_progress *p, int64_t step, int64_t epoch, const vh_eval_resu
             "eval  step %lld epoch %lld: top1 %.2f%% top5 %.2f%% loss %.4f (%lld images)\n",
             (long long)step, (long long)epoch, 100.0 * r->top1, 100.0 * r->top5, r->loss,
             (long long)r->samples);
-    fflush(p->out);
+    progress_flush(p);
 }
 
 void report_checkpoint(vh_progress *p, const char *dir, int64_t step, double seconds) {
@@ -45,7 +48,7 @@ void report_finished(vh_progress *p, int64_t steps, float loss, const vh_eval_re
     if (eval) fprintf(p->out, "; eval top1 %.2f%%", 100.0 * eval->top1);
     fprintf(p->out, "; peak memory %.1f MiB; run folder %s\n",
             (double)metrics_peak_rss_bytes() / 1048576.0, dir);
-    fflush(p->out);
+    progress_flush(p);
 }
 
 /* Appends word to buf, in single quotes when a shell would change it. */
@@ -71,10 +74,14 @@ static void append(char *buf, size_t len, const char *text) {
     snprintf(buf + used, len - used, "%s", text);
 }
 
-/* The command that continues this run as it was started: its recipe, every
- * --set (a resumed run without them would be another run) and its folder. */
+/* The command that continues this run as it was started: on as many ranks
+ * (the launcher's command for N), its recipe, every --set (a resumed run
+ * without them would be another run) and its folder. */
 static void resume_command(const vh_run *run, const char *dir, char *buf, size_t len) {
-    snprintf(buf, len, "vithost run");
+    buf[0] = '\0';
+    if (run->comm.world_size > 1)
+        snprintf(buf, len, "%s %d ", run_launcher_command(), (int)run->comm.world_size);
+    append(buf, len, "vithost run");
     append_quoted(buf, len, run->recipe.file);
     for (int i = 0; i < run->opts.num_sets; i++) {
         append(buf, len, " --set");
@@ -90,7 +97,15 @@ vh_status report_stopped(vh_progress *p, const vh_run *run, const char *dir, int
     progress_clear(p);
     char again[3000];
     resume_command(run, dir, again, sizeof again);
+    /* OpenMPI's mpirun exits 1 after its own Ctrl-C or SIGTERM, whatever
+     * the ranks return (signals.h): say so, or the 1 reads as a failure */
+    int ompi_abort = by_signal && run->comm.world_size > 1 &&
+                     signals_stop_by_launcher_abort() && getenv("OMPI_COMM_WORLD_SIZE");
     return diag_set(d, VH_STATUS_ERR_INTERRUPTED,
-                    "stopped at step %lld (%s) with a checkpoint; continue with: %s",
-                    (long long)step, by_signal ? "signal" : "--stop-after", again);
+                    "stopped at step %lld (%s) with a checkpoint%s; continue with: %s",
+                    (long long)step, by_signal ? "signal" : "--stop-after",
+                    ompi_abort ? " (mpirun itself exits 1 after a Ctrl-C or SIGTERM; "
+                                 "`kill -USR1` to mpirun stops the job with exit 5)"
+                               : "",
+                    again);
 }

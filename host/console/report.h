@@ -25,8 +25,9 @@ void report_finished(vh_progress *p, int64_t steps, float loss, const vh_eval_re
                      const char *dir);
 
 /* Sets d to "stopped at step N (signal|--stop-after) with a checkpoint;
- * continue with: vithost run ..." (the recipe, every --set and the folder,
- * quoted for a shell) and returns VH_STATUS_ERR_INTERRUPTED. */
+ * continue with: [mpirun -np N ]vithost run ..." (the launcher's command on
+ * many ranks, the recipe, every --set and the folder, quoted for a shell)
+ * and returns VH_STATUS_ERR_INTERRUPTED. */
 vh_status report_stopped(vh_progress *p, const vh_run *run, const char *dir, int64_t step,
                          int by_signal, vh_diag *d);
 

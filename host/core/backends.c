@@ -15,6 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "agree.h"
+#include "exit_codes.h"
 #include "runtime.h"
 #include "vithost/vh_runtime.h"
 
@@ -69,6 +71,12 @@ int32_t run_launcher_world_size(void) {
                                         "SLURM_NTASKS", "WORLD_SIZE", NULL};
     long n = env_number(names);
     return n >= 1 && n < 1000000 ? (int32_t)n : 1;
+}
+
+const char *run_launcher_command(void) {
+    if (getenv("OMPI_COMM_WORLD_SIZE")) return "mpirun -np";
+    if (getenv("SLURM_NTASKS")) return "srun -n";
+    return getenv("PMI_SIZE") ? "mpiexec -n" : "mpirun -np";
 }
 
 int32_t run_launcher_local_rank(void) {
@@ -183,18 +191,27 @@ vh_status run_open_backends(vh_run *run, vh_diag *d) {
     if (st != VH_STATUS_OK) return st;
     comm_stats_install(&run->comm, &run->comm_stats);
     run->backends_open = 1;
-    return VH_STATUS_OK;
+    /* before any plugin is created: a rank with another model or sharding
+     * would otherwise fail inside the first collectives, with MPI's words */
+    st = agree_check(run, d);
+    /* (a mismatch ends every rank by itself; a rank that could not take
+     * part in the exchange would leave the others waiting in it) */
+    if (st != VH_STATUS_OK) run_fail_all_ranks(run, st, d->text);
+    return st;
 }
 
 void run_fail_all_ranks(vh_run *run, vh_status st, const char *text) {
     if (st == VH_STATUS_OK || st == VH_STATUS_ERR_INTERRUPTED || !run->backends_open ||
-        run->comm.world_size <= 1)
+        run->comm.world_size <= 1 || run->failed_together)
         return;
     fprintf(stderr, "vithost: rank %d of %d: %s\n", (int)run->comm.rank,
             (int)run->comm.world_size, text);
     fflush(stderr);
     fflush(stdout);
-    run->comm.ops->abort(&run->comm, st == VH_STATUS_ERR_CONFIG ? 2 : 1);
+    /* the launcher's exit code is the abort's: the one a single process
+     * exits with (command_exit_code) */
+    run->comm.ops->abort(&run->comm,
+                         st == VH_STATUS_ERR_CONFIG ? VH_EXIT_RECIPE : VH_EXIT_RUN_FAILED);
 }
 
 void run_close_backends(vh_run *run) {

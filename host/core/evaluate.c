@@ -26,12 +26,35 @@ static int label_rank(const float *logits, int32_t classes, int32_t label) {
     return rank;
 }
 
+/* The message of an evaluation that met NaN/Inf: at eval image `bad` of
+ * this rank (1-based; 0: on another rank), in a batch whose pixels were
+ * (bad_input) or were not finite. */
+static vh_status not_finite(const vh_session *s, int64_t bad, int bad_input, vh_diag *d) {
+    if (bad_input)
+        return diag_set(d, VH_STATUS_ERR_NUMERIC,
+                        "evaluation: the eval batch with image %lld of this rank has NaN or Inf "
+                        "pixels: data plugin '%s' hands out non-finite values (a damaged file, "
+                        "or a normalisation that divides by about 0); the weights are not the "
+                        "cause; no accuracy is reported",
+                        (long long)bad, s->run->plugins[VH_ROLE_DATA].desc->name);
+    if (bad)
+        return diag_set(d, VH_STATUS_ERR_NUMERIC,
+                        "evaluation: the %s model's logits or loss are NaN or Inf (eval image "
+                        "%lld of this rank); the weights or the computation are not finite, so "
+                        "no accuracy is reported",
+                        s->run->plugins[VH_ROLE_MODEL].desc->name, (long long)bad);
+    return diag_set(d, VH_STATUS_ERR_NUMERIC,
+                    "evaluation: another rank's logits or loss are NaN or Inf; no accuracy is "
+                    "reported");
+}
+
 vh_status session_evaluate(vh_session *s, vh_eval_result *res, vh_diag *d) {
     void *data = s->self[VH_ROLE_DATA];
     const vh_device_ops *dev = s->run->device;
     const char *model_name = s->run->plugins[VH_ROLE_MODEL].desc->name;
     int64_t n = 0, top1 = 0, top5 = 0;
     int64_t bad = 0; /* 1 + the first eval image with a NaN/Inf logit or loss */
+    int bad_input = 0; /* its batch held NaN/Inf pixels: the data's fault, not the weights' */
     double loss_sum = 0.0;
     session_trace(s, "data.start_epoch split=eval");
     vh_status st = s->data->start_epoch(data, VH_SPLIT_EVAL, 0);
@@ -66,6 +89,7 @@ vh_status session_evaluate(vh_session *s, vh_eval_result *res, vh_diag *d) {
         for (size_t i = 0; i < count && !bad; i++)
             if (!isfinite(s->host_logits[i])) bad = n + (int64_t)(i / (size_t)classes) + 1;
         if (!bad && !isfinite(loss)) bad = n + 1;
+        if (bad > n && !bad_input) bad_input = session_batch_not_finite(&host_batch);
         for (int64_t i = 0; i < batch.size; i++) {
             int r = label_rank(s->host_logits + i * classes, classes, labels[i]);
             top1 += r < 1;
@@ -80,17 +104,7 @@ vh_status session_evaluate(vh_session *s, vh_eval_result *res, vh_diag *d) {
     st = session_reduce_scalars(s, totals, 5, VH_REDUCE_OP_SUM, d);
     if (st != VH_STATUS_OK) return st;
     /* No score of NaN logits is meaningful: an error, not an accuracy. */
-    if (totals[4] != 0.0) {
-        if (bad)
-            return diag_set(d, VH_STATUS_ERR_NUMERIC,
-                            "evaluation: the %s model's logits or loss are NaN or Inf (eval "
-                            "image %lld of this rank); the weights or the computation are not "
-                            "finite, so no accuracy is reported",
-                            model_name, (long long)bad);
-        return diag_set(d, VH_STATUS_ERR_NUMERIC,
-                        "evaluation: another rank's logits or loss are NaN or Inf; no accuracy "
-                        "is reported");
-    }
+    if (totals[4] != 0.0) return not_finite(s, bad, bad_input, d);
     res->samples = (int64_t)totals[0];
     res->top1 = totals[0] > 0 ? totals[1] / totals[0] : 0.0;
     res->top5 = totals[0] > 0 ? totals[2] / totals[0] : 0.0;

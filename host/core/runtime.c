@@ -33,6 +33,22 @@ const vh_config_key vh_run_schema[] = {
      1e6, 0},
     {"peak_tflops", VH_CONFIG_TYPE_FLOAT, "0",
      "device peak for MFU, TFLOP/s (0: measured on CPU with an sgemm probe)", NULL, 0, 1e6, 0},
+    /* Dead runs stop: a healthy dynamic loss scale finds one that fits in
+     * about log2(init_scale / needed) skips in a row (16 from 65536, 24 from
+     * the 2^24 ceiling); 50 is twice that with room. A total cannot have one
+     * default: a long healthy run skips about once per growth interval. */
+    {"max_consecutive_skips", VH_CONFIG_TYPE_INT, "50",
+     "stop the run (exit 1) once more than this many steps in a row were skipped for Inf/NaN "
+     "gradients, naming the cause and the last good checkpoint (0: no limit)",
+     NULL, 0, 1e12, 0},
+    {"max_skipped_steps", VH_CONFIG_TYPE_INT, "0",
+     "stop the run (exit 1) once more than this many steps in all were skipped, those before "
+     "a resume included (0: no limit on the total)",
+     NULL, 0, 1e12, 0},
+    {"write_errors", VH_CONFIG_TYPE_ENUM, "stop",
+     "a line of metrics.jsonl or of the progress that cannot be written (a full disk): stop "
+     "(exit 1) or warn once and go on without it (a line is written whole or not at all)",
+     "stop|warn", 0, 0, 0},
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 

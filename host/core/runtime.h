@@ -61,6 +61,9 @@ struct vh_run {
     vh_comm_close_fn comm_close;
     vh_comm_stats comm_stats; /* the counting layer over comm (comm_stats.h) */
     int backends_open;       /* run_open_backends succeeded */
+    /* Every rank failed the same way and knows it (agree.c): no abort, and
+     * of many ranks rank 0 alone prints the message. */
+    int failed_together;
     int load_failed;         /* run_open failed while loading a plugin */
 };
 
@@ -87,14 +90,20 @@ vh_status run_open_comm(vh_run *run, vh_diag *d);
  * communicator exists. */
 int32_t run_launcher_world_size(void);
 int32_t run_launcher_local_rank(void);
+/* How the launcher that started this process starts N of them, for the
+ * command that continues a stopped run: "mpirun -np", "srun -n" or
+ * "mpiexec -n" (then N). */
+const char *run_launcher_command(void);
 /* The device, then the communicator, then the counting layer over it, once
- * per run; what `run` and `eval` call before they open a session. */
+ * per run; what `run` and `eval` call before they open a session. With many
+ * ranks they then check that every rank runs the same thing (agree.h). */
 vh_status run_open_backends(vh_run *run, vh_diag *d);
 /* A failure on one rank of many (st not OK and not INTERRUPTED, with the
- * communicator open): prints "vithost: rank R of N: <text>" and ends every
- * rank through the communicator's abort, so no rank waits forever in a
- * collective the failed one will never start; the launcher then ends every
- * process with a non-zero status. Does not return then; otherwise does
+ * communicator open, not failed_together): prints "vithost: rank R of N:
+ * <text>" and ends every rank through the communicator's abort, so no rank
+ * waits forever in a collective the failed one will never start; the
+ * launcher then ends every process with the exit code one process would
+ * have (3 for a recipe error, else 1). Does not return then; otherwise does
  * nothing (one process says its error as usual). */
 void run_fail_all_ranks(vh_run *run, vh_status st, const char *text);
 /* Closes what the two opened (run_close calls it). */

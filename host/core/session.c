@@ -314,3 +314,12 @@ void session_optim_args(const vh_session *s, vh_optim_step_args *args) {
      * the members stay zero. */
     if (s->has_schedule) vh_optim_schedule_args(&s->schedule, args->step, args);
 }
+
+int session_batch_not_finite(const vh_batch *b) {
+    if (!b || !b->images.data || b->images.dtype != VH_DTYPE_F32) return 0;
+    const uint32_t *bits = b->images.data;
+    int64_t n = vh_tensor_numel(&b->images);
+    for (int64_t i = 0; i < n; i++)
+        if ((bits[i] & 0x7f800000u) == 0x7f800000u) return 1;
+    return 0;
+}

@@ -71,6 +71,11 @@ void session_trace(const vh_session *s, const char *fmt, ...) VH_PRINTF_LIKE(2, 
 vh_status session_next_batch(vh_session *s, vh_batch *host_batch, vh_batch *batch, int *has,
                              vh_diag *d);
 
+/* Whether a host batch's f32 images hold an Inf or NaN (exponent bits all
+ * set: cheaper than isfinite; run on skipped steps and failed evaluations
+ * only). 0 for other dtypes. */
+int session_batch_not_finite(const vh_batch *b);
+
 /* The loss a forward left in device memory, copied back: only when the
  * host needs the number (a log line, a NaN check, evaluation). */
 vh_status session_read_loss(vh_session *s, const float *dev_loss, float *out, vh_diag *d);

@@ -1,16 +1,20 @@
-/* checkpoint.c - atomic checkpoints: temp folder + rename. */
+/* checkpoint.c - atomic checkpoints: temp folder + rename; a replacement
+ * that leaves a checkpoint to resume from at every moment. */
+#define _DEFAULT_SOURCE /* syscall(): renameat2 */
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "optim_state.h"
@@ -20,40 +24,7 @@
 
 static const char hex_digits[] = "0123456789abcdef";
 
-/* ---- file checksums ---------------------------------------------------------- */
-
-/* CRC-32 as zlib's crc32() computes it (reflected, polynomial 0xEDB88320),
- * so `python -c "import zlib; ..."` checks a file by hand. */
-static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
-    static uint32_t table[256];
-    if (!table[1]) {
-        for (uint32_t i = 0; i < 256; i++) {
-            uint32_t c = i;
-            for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-            table[i] = c;
-        }
-    }
-    crc = ~crc;
-    while (n--) crc = table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-    return ~crc;
-}
-
-/* The CRC-32 and size of a file; 0 when it cannot be read. */
-static int file_crc32(const char *path, uint32_t *crc, uint64_t *bytes) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    unsigned char buf[1 << 16];
-    size_t n;
-    *crc = 0;
-    *bytes = 0;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
-        *crc = crc32_update(*crc, buf, n);
-        *bytes += n;
-    }
-    int ok = !ferror(f);
-    fclose(f);
-    return ok;
-}
+/* ---- file checksums (weights.h) ---------------------------------------------- */
 
 /* The files of a checkpoint that state.json carries a checksum of. */
 static const char *const checked_files[] = {"model", "optim"};
@@ -107,7 +78,9 @@ static int write_file_sync(const char *path, const char *text) {
         ssize_t n = write(fd, text + done, len - done);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
+            int e = n < 0 ? errno : ENOSPC;
             close(fd);
+            errno = e; /* (the caller's message names it) */
             return 0;
         }
         done += (size_t)n;
@@ -128,7 +101,7 @@ static vh_status write_state_json(vh_session *s, const char *path, blob *blobs, 
         uint32_t crc;
         uint64_t bytes;
         if (i == 1 && s->state_slots == 0) continue;
-        if (!file_crc32(file, &crc, &bytes))
+        if (!weights_file_crc32(file, &crc, &bytes))
             return diag_set(d, VH_STATUS_ERR_IO, "cannot read back %s: %s", file,
                             strerror(errno));
         size_t used = strlen(sums);
@@ -192,8 +165,139 @@ static int compare_names(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Removes all but the newest `keep` step-* folders. */
-static void rotate(const char *ckpt_root, int64_t keep) {
+/* ---- the test hook ----------------------------------------------------------- */
+
+/* VITHOST_TEST_KILL_AT=checkpoint:PHASE[:STEP] makes the process kill itself
+ * with SIGKILL, as `kill -9` would, when a checkpoint save (of STEP) reaches
+ * PHASE; checkpoint-noswap:... also takes the path of filesystems that
+ * cannot swap two folders. Tests show with it that a kill at any moment of
+ * a replacement leaves a checkpoint to resume from. Read here only. */
+typedef struct kill_hook {
+    int set, noswap;
+    char phase[32];
+    long long step; /* -1: any */
+} kill_hook;
+
+static const kill_hook *test_hook(void) {
+    static kill_hook h;
+    static int done;
+    if (done) return &h;
+    done = 1;
+    const char *v = getenv("VITHOST_TEST_KILL_AT"), *rest = NULL;
+    if (v && strncmp(v, "checkpoint:", 11) == 0) rest = v + 11;
+    if (v && strncmp(v, "checkpoint-noswap:", 18) == 0) rest = v + 18, h.noswap = 1;
+    h.step = -1;
+    h.set = rest && sscanf(rest, "%31[a-z]:%lld", h.phase, &h.step) >= 1;
+    return &h;
+}
+
+static void kill_point(const char *phase, int64_t step) {
+    const kill_hook *h = test_hook();
+    if (h->set && strcmp(h->phase, phase) == 0 && (h->step < 0 || h->step == step))
+        raise(SIGKILL);
+}
+
+/* ---- replacing a checkpoint ---------------------------------------------------- */
+
+/* The names around the checkpoint of one step. */
+typedef struct step_paths {
+    char root[4200];  /* DIR/checkpoints */
+    char name[256];   /* step-00001200 */
+    char tmp[4500];   /* root/.tmp-step-00001200: the new one being written */
+    char final[4500]; /* root/step-00001200 */
+    char old[4500];   /* root/.old-step-00001200: an old copy on its way out */
+} step_paths;
+
+static void paths_of(step_paths *p, const char *root, const char *name) {
+    snprintf(p->root, sizeof p->root, "%s", root);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    snprintf(p->tmp, sizeof p->tmp, "%s/.tmp-%s", root, name);
+    snprintf(p->final, sizeof p->final, "%s/%s", root, name);
+    snprintf(p->old, sizeof p->old, "%s/.old-%s", root, name);
+}
+
+/* Swaps two folders in one rename (Linux renameat2, RENAME_EXCHANGE); -1
+ * with errno where the kernel or filesystem cannot (NFS, Lustre, ...). */
+static int swap_folders(const char *a, const char *b) {
+#if defined(__linux__) && defined(SYS_renameat2)
+    if (!test_hook()->noswap)
+        return (int)syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b, 1u << 1 /* EXCHANGE */);
+#endif
+    (void)a, (void)b;
+    errno = ENOSYS;
+    return -1;
+}
+
+/* An old copy goes: its state.json first, so a kill in the middle leaves
+ * a folder no one takes for a checkpoint. */
+static void remove_copy(const char *path, int64_t step) {
+    char state[4600];
+    snprintf(state, sizeof state, "%s/state.json", path);
+    unlink(state);
+    kill_point("removing", step);
+    remove_tree(path);
+}
+
+static vh_status rename_error(const char *from, const char *to, vh_diag *d) {
+    return diag_set(d, VH_STATUS_ERR_IO, "cannot rename %s to %s: %s", from, to, strerror(errno));
+}
+
+/* `latest` names p's checkpoint: a file written beside it and renamed over it. */
+static vh_status write_latest(const step_paths *p, vh_diag *d) {
+    char latest[4300], latest_tmp[4400], text[300];
+    snprintf(latest, sizeof latest, "%s/latest", p->root);
+    snprintf(latest_tmp, sizeof latest_tmp, "%s/.latest.tmp", p->root);
+    snprintf(text, sizeof text, "%s\n", p->name);
+    vh_status st = VH_STATUS_OK;
+    if (!write_file_sync(latest_tmp, text) || rename(latest_tmp, latest) != 0)
+        st = diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", latest, strerror(errno));
+    sync_dir(p->root);
+    return st;
+}
+
+/* Puts the whole checkpoint p->tmp in place as p->final and names it in
+ * `latest`, so that `latest` names a whole checkpoint at every moment:
+ *  - a new step: rename it into place, then switch `latest`;
+ *  - the same step again (a resumed run saves its last step anew): swap the
+ *    old and new folders in one rename, switch `latest`, then remove the
+ *    old copy, now under the temporary name;
+ *  - the same step where folders cannot be swapped: the old copy aside
+ *    (.old-step-N), the new one in, `latest`, the old copy out. A kill
+ *    between the two renames leaves `latest` naming a missing folder: the
+ *    next --resume puts it back (checkpoint_resume_point). */
+static vh_status put_in_place(const step_paths *p, int64_t step, vh_diag *d) {
+    struct stat sb;
+    const char *drop = NULL; /* the old copy, removed once `latest` is switched */
+    if (stat(p->final, &sb) != 0) {
+        if (rename(p->tmp, p->final) != 0) return rename_error(p->tmp, p->final, d);
+        kill_point("placed", step);
+    } else if (swap_folders(p->tmp, p->final) == 0) {
+        kill_point("swapped", step);
+        drop = p->tmp;
+    } else {
+        remove_tree(p->old); /* a leftover of a killed job */
+        if (rename(p->final, p->old) != 0) return rename_error(p->final, p->old, d);
+        kill_point("aside", step);
+        if (rename(p->tmp, p->final) != 0) {
+            vh_status st = rename_error(p->tmp, p->final, d);
+            rename(p->old, p->final); /* back as it was */
+            return st;
+        }
+        kill_point("placed", step);
+        drop = p->old;
+    }
+    sync_dir(p->root);
+    vh_status st = write_latest(p, d);
+    if (st != VH_STATUS_OK) return st;
+    kill_point("latest", step);
+    if (drop) remove_copy(drop, step);
+    return VH_STATUS_OK;
+}
+
+/* Removes all but the newest `keep` step-* folders, never `current` (the
+ * one `latest` names, older than kept ones after a rollback). Each goes
+ * aside first, so no step-* folder is ever half removed. */
+static void rotate(const char *ckpt_root, int64_t keep, const char *current) {
     if (keep <= 0) return;
     DIR *dir = opendir(ckpt_root);
     if (!dir) return;
@@ -205,10 +309,10 @@ static void rotate(const char *ckpt_root, int64_t keep) {
     closedir(dir);
     qsort(names, (size_t)n, sizeof *names, compare_names); /* zero-padded: sorted by step */
     for (int i = 0; i < n; i++) {
-        if (names[i] && i < n - keep) {
-            char path[4400];
-            snprintf(path, sizeof path, "%s/%s", ckpt_root, names[i]);
-            remove_tree(path);
+        if (names[i] && i < n - keep && strcmp(names[i], current) != 0) {
+            step_paths p;
+            paths_of(&p, ckpt_root, names[i]);
+            if (rename(p.final, p.old) == 0) remove_copy(p.old, -1);
         }
         free(names[i]);
     }
@@ -219,25 +323,26 @@ static void rotate(const char *ckpt_root, int64_t keep) {
 static vh_status checkpoint_write(vh_session *s, const char *run_dir, int64_t keep,
                                   vh_diag *d) {
     int rank0 = s->run->comm.rank == 0;
-    char root[4200], tmp[4300], final[4300], path[4400];
+    char root[4200], name[64], path[4600];
     snprintf(root, sizeof root, "%s/checkpoints", run_dir);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08lld", root, (long long)s->step);
-    snprintf(final, sizeof final, "%s/step-%08lld", root, (long long)s->step);
+    snprintf(name, sizeof name, "step-%08lld", (long long)s->step);
+    step_paths p;
+    paths_of(&p, root, name);
     vh_status st = VH_STATUS_OK;
     if (rank0) {
         st = make_dir(root, d);
         if (st != VH_STATUS_OK) return st;
-        remove_tree(tmp); /* a leftover of a crash */
-        st = make_dir(tmp, d);
+        remove_tree(p.tmp); /* a leftover of a crash */
+        st = make_dir(p.tmp, d);
     }
     blob blobs[4];
     memset(blobs, 0, sizeof blobs);
     if (st == VH_STATUS_OK) {
-        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        snprintf(path, sizeof path, "%s/model.safetensors", p.tmp);
         st = weights_save_model(s, path, d);
     }
     if (st == VH_STATUS_OK && s->state_slots > 0) {
-        snprintf(path, sizeof path, "%s/optim.safetensors", tmp);
+        snprintf(path, sizeof path, "%s/optim.safetensors", p.tmp);
         st = optim_state_save(s, path, d);
     }
     if (!rank0) return st;
@@ -246,31 +351,20 @@ static vh_status checkpoint_write(vh_session *s, const char *run_dir, int64_t ke
      * rank's share when it is loaded (vh_sampler.h). */
     for (int i = 0; st == VH_STATUS_OK && i < 4; i++) st = take_blob(s, blob_roles[i], &blobs[i], d);
     if (st == VH_STATUS_OK) {
-        snprintf(path, sizeof path, "%s/state.json", tmp);
+        snprintf(path, sizeof path, "%s/state.json", p.tmp);
         st = write_state_json(s, path, blobs, 4, d);
     }
     for (int i = 0; i < 4; i++) free(blobs[i].bytes);
     if (st == VH_STATUS_OK) {
-        sync_dir(tmp);
-        remove_tree(final); /* the same step written again (a resumed run) */
-        if (rename(tmp, final) != 0)
-            st = diag_set(d, VH_STATUS_ERR_IO, "cannot rename %s to %s: %s", tmp, final,
-                          strerror(errno));
-    }
-    if (st == VH_STATUS_OK) {
-        char latest[4300], latest_tmp[4400], text[64];
-        snprintf(latest, sizeof latest, "%s/latest", root);
-        snprintf(latest_tmp, sizeof latest_tmp, "%s/.latest.tmp", root);
-        snprintf(text, sizeof text, "step-%08lld\n", (long long)s->step);
-        if (!write_file_sync(latest_tmp, text) || rename(latest_tmp, latest) != 0)
-            st = diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", latest, strerror(errno));
-        sync_dir(root);
+        sync_dir(p.tmp);
+        kill_point("written", s->step);
+        st = put_in_place(&p, s->step, d);
     }
     if (st != VH_STATUS_OK) {
-        remove_tree(tmp);
+        remove_tree(p.tmp);
         return st;
     }
-    rotate(root, keep);
+    rotate(root, keep, name);
     return VH_STATUS_OK;
 }
 
@@ -286,20 +380,140 @@ vh_status checkpoint_save(vh_session *s, const char *run_dir, int64_t keep, vh_d
     return st;
 }
 
-vh_status checkpoint_latest(const char *run_dir, char *out, size_t len, vh_diag *d) {
-    char latest[4200];
-    snprintf(latest, sizeof latest, "%s/checkpoints/latest", run_dir);
-    FILE *f = fopen(latest, "r");
-    if (!f)
-        return diag_set(d, VH_STATUS_ERR_IO,
-                        "%s has no checkpoint to resume from (%s: %s)", run_dir, latest,
-                        strerror(errno));
-    char name[64] = "";
-    int ok = fscanf(f, "%63s", name) == 1 && strncmp(name, "step-", 5) == 0 && !strchr(name, '/');
+/* ---- finding the checkpoint to resume from ----------------------------------- */
+
+/* Whether a folder holds a whole checkpoint: a state.json written to its
+ * end (it is written last). */
+static int is_whole(const char *folder) {
+    char path[4600], tail[3] = "";
+    snprintf(path, sizeof path, "%s/state.json", folder);
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    int ok = fseek(f, -3, SEEK_END) == 0 && fread(tail, 1, 3, f) == 3;
     fclose(f);
-    if (!ok) return diag_set(d, VH_STATUS_ERR_FORMAT, "%s does not name a checkpoint", latest);
-    snprintf(out, len, "%s/checkpoints/%s", run_dir, name);
+    return ok && memcmp(tail, "\n}\n", 3) == 0;
+}
+
+/* The step-* name in root/latest; 0 when there is no such file, -1 when it
+ * does not name a checkpoint. */
+static int read_latest(const char *root, char *name, size_t len) {
+    char latest[4300];
+    snprintf(latest, sizeof latest, "%s/latest", root);
+    FILE *f = fopen(latest, "r");
+    if (!f) return 0;
+    char text[64] = "";
+    int ok = fscanf(f, "%63s", text) == 1 && strncmp(text, "step-", 5) == 0 &&
+             !strchr(text, '/') && strlen(text) < len;
+    fclose(f);
+    if (ok) snprintf(name, len, "%s", text);
+    return ok ? 1 : -1;
+}
+
+/* The newest whole step-* folder of root ("" none). */
+static void newest_whole(const char *root, char *out, size_t len) {
+    out[0] = '\0';
+    DIR *dir = opendir(root);
+    if (!dir) return;
+    struct dirent *e;
+    char path[4500];
+    while ((e = readdir(dir))) {
+        if (strncmp(e->d_name, "step-", 5) != 0 || strcmp(e->d_name, out) <= 0 ||
+            strlen(e->d_name) >= len)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+        if (is_whole(path)) snprintf(out, len, "%s", e->d_name);
+    }
+    closedir(dir);
+}
+
+/* Rank 0 before a resume, the run folder locked (run_folder_lock): a
+ * `latest` naming a missing folder gets it back from the copy a killed
+ * replacement left (the old one first: `latest` named it), and what killed
+ * jobs left behind (.tmp-step-*, .old-step-*, .latest.tmp) goes. */
+static void repair(const char *run_dir) {
+    char root[4200], name[64];
+    snprintf(root, sizeof root, "%s/checkpoints", run_dir);
+    if (read_latest(root, name, sizeof name) != 1) return; /* checkpoint_latest says why */
+    step_paths p;
+    paths_of(&p, root, name);
+    struct stat sb;
+    for (int i = 0; i < 2 && stat(p.final, &sb) != 0; i++) {
+        const char *copy = i == 0 ? p.old : p.tmp;
+        if (is_whole(copy) && rename(copy, p.final) == 0) {
+            sync_dir(root);
+            fprintf(stderr,
+                    "vithost: %s/latest named %s, which was missing (a job was killed while "
+                    "replacing it): put back %s\n",
+                    root, name, copy);
+        }
+    }
+    if (stat(p.final, &sb) != 0) return; /* the leftovers may be all there is: kept */
+    DIR *dir = opendir(root);
+    if (!dir) return;
+    struct dirent *e;
+    char path[4500];
+    while ((e = readdir(dir))) {
+        int copy = !strncmp(e->d_name, ".tmp-step-", 10) || !strncmp(e->d_name, ".old-step-", 10);
+        if (!copy && strcmp(e->d_name, ".latest.tmp") != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+        if (copy) remove_tree(path);
+        else unlink(path);
+    }
+    closedir(dir);
+}
+
+/* Why `latest` names no folder, and the command that recovers. */
+static vh_status missing_error(const char *root, const char *name, vh_diag *d) {
+    step_paths p;
+    paths_of(&p, root, name);
+    const char *copy = is_whole(p.old) ? p.old : is_whole(p.tmp) ? p.tmp : NULL;
+    char newest[64], fix[14000];
+    newest_whole(root, newest, sizeof newest);
+    if (copy)
+        snprintf(fix, sizeof fix, "it is whole in %s: put it back with: mv %s %s (vithost run "
+                 "--resume does this itself)", copy, copy, p.final);
+    else if (newest[0])
+        snprintf(fix, sizeof fix, "the newest whole checkpoint is %s/%s (to resume from it: "
+                 "echo %s > %s/latest)", root, newest, newest, root);
+    else
+        snprintf(fix, sizeof fix, "no whole checkpoint is left in %s", root);
+    return diag_set(d, VH_STATUS_ERR_IO,
+                    "%s/latest names %s, which does not exist (a job was killed while "
+                    "replacing it, or the folder was removed); %s",
+                    root, name, fix);
+}
+
+vh_status checkpoint_latest(const char *run_dir, char *out, size_t len, vh_diag *d) {
+    char root[4200], name[64];
+    snprintf(root, sizeof root, "%s/checkpoints", run_dir);
+    int got = read_latest(root, name, sizeof name);
+    if (got < 0) return diag_set(d, VH_STATUS_ERR_FORMAT, "%s/latest does not name a checkpoint", root);
+    if (got == 0) {
+        int e = errno;
+        char newest[64], offer[9000] = "";
+        newest_whole(root, newest, sizeof newest);
+        if (newest[0]) /* killed as it saved its first one, before `latest` */
+            snprintf(offer, sizeof offer, "; %s/%s is whole but was never named in latest (to "
+                     "resume from it: echo %s > %s/latest)", root, newest, newest, root);
+        return diag_set(d, VH_STATUS_ERR_IO, "%s has no checkpoint to resume from (%s/latest: "
+                        "%s)%s", run_dir, root, strerror(e), offer);
+    }
+    snprintf(out, len, "%s/%s", root, name);
+    struct stat sb;
+    if (stat(out, &sb) != 0 || !S_ISDIR(sb.st_mode)) return missing_error(root, name, d);
     return VH_STATUS_OK;
+}
+
+vh_status checkpoint_resume_point(vh_session *s, const char *run_dir, char *out, size_t len,
+                                  vh_diag *d) {
+    vh_comm *c = &s->run->comm;
+    if (c->rank == 0) repair(run_dir);
+    /* The other ranks read `latest` once rank 0 has repaired it. */
+    if (c->world_size > 1) {
+        vh_status st = c->ops->barrier(c);
+        if (st != VH_STATUS_OK) return diag_set(d, st, "the ranks' barrier before a resume failed");
+    }
+    return checkpoint_latest(run_dir, out, len, d);
 }
 
 /* Reads state.json (the host's own format) into text. */
@@ -326,19 +540,6 @@ static int json_int(const char *text, const char *key, int64_t *out) {
     *out = strtoll(p + strlen(pattern), &end, 10);
     return errno == 0 && end != p + strlen(pattern) &&
            (*end == ',' || *end == '\n' || *end == '}' || *end == ' ');
-}
-
-/* The hex text of "<key>": "1a2b3c4d". */
-static int json_crc(const char *text, const char *key, uint32_t *out) {
-    char pattern[160];
-    snprintf(pattern, sizeof pattern, "\"%s\": \"", key);
-    const char *p = strstr(text, pattern);
-    if (!p) return 0;
-    char *end;
-    unsigned long v = strtoul(p + strlen(pattern), &end, 16);
-    if (end != p + strlen(pattern) + 8 || *end != '"') return -1;
-    *out = (uint32_t)v;
-    return 1;
 }
 
 void checkpoint_previous(const char *ckpt_dir, char *out, size_t len) {
@@ -372,38 +573,12 @@ static void previous_offer(const char *ckpt_dir, char *out, size_t len) {
         snprintf(out, len, "; there is no earlier checkpoint in %.*s", root_len, ckpt_dir);
 }
 
-/* The model and optimizer files against the checksums state.json holds; a
- * checkpoint written before checksums has none and is not checked. */
-static vh_status verify_files(const char *ckpt_dir, const char *state_path, const char *text,
-                              vh_diag *d) {
-    for (int i = 0; i < 2; i++) {
-        char key[64], file[4400];
-        snprintf(key, sizeof key, "%s_crc32", checked_files[i]);
-        uint32_t want = 0, got = 0;
-        uint64_t bytes = 0;
-        int64_t want_bytes = -1;
-        int has = json_crc(text, key, &want);
-        if (has == 0) continue;
-        if (has < 0)
-            return diag_set(d, VH_STATUS_ERR_FORMAT, "%s: \"%s\" is not 8 hex digits",
-                            state_path, key);
-        snprintf(key, sizeof key, "%s_bytes", checked_files[i]);
-        json_int(text, key, &want_bytes);
-        snprintf(file, sizeof file, "%s/%s.safetensors", ckpt_dir, checked_files[i]);
-        if (!file_crc32(file, &got, &bytes))
-            return diag_set(d, VH_STATUS_ERR_IO, "%s: %s", file, strerror(errno));
-        if (want_bytes >= 0 && (uint64_t)want_bytes != bytes)
-            return diag_set(d, VH_STATUS_ERR_FORMAT,
-                            "%s is damaged: %llu bytes, but %s says %lld (truncated or "
-                            "overwritten)",
-                            file, (unsigned long long)bytes, state_path, (long long)want_bytes);
-        if (got != want)
-            return diag_set(d, VH_STATUS_ERR_FORMAT,
-                            "%s is damaged: its CRC-32 is %08x, but %s says %08x (corrupted "
-                            "on disk or in a copy)",
-                            file, (unsigned)got, state_path, (unsigned)want);
-    }
-    return VH_STATUS_OK;
+/* The optimizer file against its checksum in state.json (weights_verify_file:
+ * one set of checks); the model file is checked as it is loaded. */
+static vh_status verify_optim(const char *ckpt_dir, vh_diag *d) {
+    char file[4400];
+    snprintf(file, sizeof file, "%s/%s.safetensors", ckpt_dir, checked_files[1]);
+    return weights_verify_file(file, d);
 }
 
 static int hex_value(char c) {
@@ -437,10 +612,9 @@ static int json_blob(const char *text, const char *key, unsigned char **out, siz
 
 /* The files (checksums) and then the weights and optimizer state; a
  * damaged file is refused offering the checkpoint before it. */
-static vh_status load_files(vh_session *s, const char *ckpt_dir, const char *state_path,
-                            const char *text, vh_diag *d) {
+static vh_status load_files(vh_session *s, const char *ckpt_dir, vh_diag *d) {
     char path[4400];
-    vh_status st = verify_files(ckpt_dir, state_path, text, d);
+    vh_status st = verify_optim(ckpt_dir, d);
     if (st == VH_STATUS_OK) {
         snprintf(path, sizeof path, "%s/model.safetensors", ckpt_dir);
         st = weights_load_model(s, path, VH_WEIGHTS_MODE_STRICT, d);
@@ -462,26 +636,34 @@ vh_status checkpoint_load(vh_session *s, const char *ckpt_dir, vh_diag *d) {
     char path[4400];
     snprintf(path, sizeof path, "%s/state.json", ckpt_dir);
     char *text = read_text(path);
-    if (!text) return diag_set(d, VH_STATUS_ERR_IO, "%s: %s", path, strerror(errno));
+    char offer[9000];
+    if (!text) {
+        int e = errno;
+        previous_offer(ckpt_dir, offer, sizeof offer);
+        return diag_set(d, VH_STATUS_ERR_IO, "%s: %s%s", path, strerror(e), offer);
+    }
     int64_t format = 0, step = 0, epoch = 0, in_progress = 0;
     if (!json_int(text, "format", &format) || format != STATE_FORMAT ||
         !json_int(text, "step", &step) || !json_int(text, "epoch", &epoch) ||
         !json_int(text, "epoch_in_progress", &in_progress)) {
         free(text);
-        return diag_set(d, VH_STATUS_ERR_FORMAT, "%s is not a vithost state file of format %d",
-                        path, STATE_FORMAT);
+        previous_offer(ckpt_dir, offer, sizeof offer);
+        return diag_set(d, VH_STATUS_ERR_FORMAT, "%s is not a vithost state file of format %d%s",
+                        path, STATE_FORMAT, offer);
     }
     /* Values no run writes: a hand-edited or damaged file. */
     const char *bad = step < 0 ? "step" : epoch < 0 ? "epoch" :
                       (in_progress != 0 && in_progress != 1) ? "epoch_in_progress" : NULL;
     if (bad) {
         free(text);
+        previous_offer(ckpt_dir, offer, sizeof offer);
         return diag_set(d, VH_STATUS_ERR_FORMAT,
                         "%s: impossible values (step %lld, epoch %lld, epoch_in_progress %lld: "
-                        "\"%s\" is wrong); the file was edited or damaged",
-                        path, (long long)step, (long long)epoch, (long long)in_progress, bad);
+                        "\"%s\" is wrong); the file was edited or damaged%s",
+                        path, (long long)step, (long long)epoch, (long long)in_progress, bad,
+                        offer);
     }
-    vh_status st = load_files(s, ckpt_dir, path, text, d);
+    vh_status st = load_files(s, ckpt_dir, d);
     for (int i = 0; i < 4 && st == VH_STATUS_OK; i++) {
         vh_role role = blob_roles[i];
         char key[64];

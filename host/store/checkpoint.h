@@ -8,9 +8,12 @@
  *                                                     plugins' state blobs (hex)
  *   DIR/checkpoints/latest                            "step-00001200"
  *
- * A checkpoint is written into a temporary folder and renamed into place,
- * then `latest` is replaced the same way: a crash at any moment leaves the
- * previous checkpoint whole and `latest` pointing at a complete one.
+ * A checkpoint is written into a temporary folder (.tmp-step-N) and renamed
+ * into place, then `latest` is replaced the same way (a file renamed over
+ * it); the same step saved again swaps the two folders in one rename and
+ * only then removes the old copy. A kill at any moment leaves `latest`
+ * naming a whole checkpoint, except between the two renames of a
+ * filesystem that cannot swap folders, which the next --resume repairs.
  */
 #ifndef VITHOST_HOST_CHECKPOINT_H
 #define VITHOST_HOST_CHECKPOINT_H
@@ -21,9 +24,17 @@
  * `keep` checkpoints (0: all). */
 vh_status checkpoint_save(vh_session *s, const char *run_dir, int64_t keep, vh_diag *d);
 
-/* The folder of the newest complete checkpoint of a run folder, or an
- * error that says there is none. */
+/* The folder `latest` names, or an error that says there is none or that
+ * it is missing, with the command that recovers (a copy to put back, or
+ * the newest whole checkpoint to name in `latest`). Reads only. */
 vh_status checkpoint_latest(const char *run_dir, char *out, size_t len, vh_diag *d);
+
+/* checkpoint_latest for --resume on every rank: rank 0 (holding the run
+ * folder's lock) first puts back a folder a killed replacement left
+ * missing and removes the leftovers of killed saves; the ranks then agree
+ * (a barrier) before they read. */
+vh_status checkpoint_resume_point(vh_session *s, const char *run_dir, char *out, size_t len,
+                                  vh_diag *d);
 
 /* The checkpoint folder before ckpt_dir in its run folder ("" when none is
  * kept): what a refusal of ckpt_dir offers instead. */

@@ -1,6 +1,14 @@
 /* metrics.h - the run's metrics file, DIR/metrics.jsonl: one JSON object per
  * line, training lines and evaluation lines (see README's interface
- * contract). Lines are flushed as written, so a crash loses none. */
+ * contract). Each line goes to the file in one write() as it is made, so a
+ * crash loses none, and the file holds whole lines only: a line that could
+ * not be written whole (a full disk) is cut off again. A failed write ends
+ * the run (run.write_errors: stop) or, when the user said so (warn), is
+ * reported once and the run goes on without the lines.
+ *
+ * Test hook: VITHOST_TEST_METRICS_FULL_AFTER=N[:K] makes the file full once
+ * N more bytes are written (a short write, then ENOSPC), for K failed
+ * writes (default: for ever), as a disk that fills and frees up again. */
 #ifndef VITHOST_HOST_METRICS_H
 #define VITHOST_HOST_METRICS_H
 
@@ -10,8 +18,16 @@
 #include "diag.h"
 
 typedef struct vh_metrics {
-    FILE *file; /* NULL: no run folder, nothing written */
+    int open; /* 0: no run folder (not rank 0), nothing written */
+    int fd;
     char *path;
+    int keep_going; /* run.write_errors: warn */
+    /* the first failed write (stop: every later line is dropped too) */
+    vh_status status;
+    vh_diag error;
+    /* warn: lines lost since the last one written, and their steps */
+    int64_t lost, first_lost_step, last_lost_step;
+    int64_t test_room, test_fails; /* the test hook; room < 0: none */
     /* After a rewind (keep_up_to_step >= 0): the largest skipped_steps of
      * the training lines kept, 0 without any. Every skipped step writes a
      * line, so this is the count at the checkpoint the run resumes from. */
@@ -38,13 +54,20 @@ typedef struct vh_train_metrics {
 
 /* Opens DIR/metrics.jsonl for appending. With keep_up_to_step >= 0, first
  * drops every line whose step is larger (a resumed run rewinds to its
- * checkpoint, so the file tells one consistent history) and sets
- * kept_skipped_steps. */
-vh_status metrics_open(vh_metrics *m, const char *dir, int64_t keep_up_to_step, vh_diag *d);
+ * checkpoint, so the file tells one consistent history) and a last line
+ * without its newline (cut by a crash), and sets kept_skipped_steps.
+ * keep_going: run.write_errors is warn. */
+vh_status metrics_open(vh_metrics *m, const char *dir, int64_t keep_up_to_step, int keep_going,
+                       vh_diag *d);
 void metrics_close(vh_metrics *m);
-void metrics_train(vh_metrics *m, const vh_train_metrics *v);
-void metrics_eval(vh_metrics *m, int64_t step, int64_t epoch, double top1, double top5,
-                  double loss, int64_t samples);
+/* Write one line each. They return metrics_check's status; under warn a
+ * failure is printed on stderr and the status stays OK. */
+vh_status metrics_train(vh_metrics *m, const vh_train_metrics *v);
+vh_status metrics_eval(vh_metrics *m, int64_t step, int64_t epoch, double top1, double top5,
+                       double loss, int64_t samples);
+/* OK, or the first failed write (VH_STATUS_ERR_IO naming the file and the
+ * errno) copied into d: the run ends with it. */
+vh_status metrics_check(const vh_metrics *m, vh_diag *d);
 
 /* Peak resident memory of this process in bytes (getrusage). */
 int64_t metrics_peak_rss_bytes(void);

@@ -5,12 +5,15 @@
 #include "vtables.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef VITHOST_VERSION
 #define VITHOST_VERSION "0.0.0"
@@ -29,6 +32,99 @@ static vh_status make_dirs(const char *dir, vh_diag *d) {
         return diag_set(d, VH_STATUS_ERR_IO, "cannot create the run folder %s: %s", dir,
                         strerror(errno));
     return VH_STATUS_OK;
+}
+
+/* ---- one job per run folder -------------------------------------------- */
+
+#define LOCK_FILE ".lock"
+
+/* What the holder wrote in the lock file: "pid P on host H since T". It
+ * writes its line just after taking the lock, so a job that comes in
+ * between waits a moment for it. */
+static void lock_holder(int fd, char *out, size_t len) {
+    for (int tries = 0; tries < 100; tries++) {
+        ssize_t n = pread(fd, out, len - 1, 0);
+        if (n > 0 && out[n - 1] == '\n') {
+            out[n - 1] = '\0';
+            return;
+        }
+        struct timespec pause = {0, 10 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+    snprintf(out, len, "a process that has not said which");
+}
+
+/* The lock file names its holder, for the job it keeps out. */
+static vh_status lock_write_holder(int fd, const char *path, vh_diag *d) {
+    char host[256] = "?", since[32] = "?", line[512];
+    if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+    host[sizeof host - 1] = '\0';
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm)) strftime(since, sizeof since, "%Y-%m-%d %H:%M:%S", &tm);
+    int n = snprintf(line, sizeof line, "pid %ld on host %s since %s\n", (long)getpid(), host,
+                     since);
+    /* One write of the whole line: a reader sees all of it or none. */
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != n)
+        return diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    return VH_STATUS_OK;
+}
+
+static vh_status lock_refused(int fd, const char *dir, const char *path, int resume,
+                              vh_diag *d) {
+    char holder[300];
+    lock_holder(fd, holder, sizeof holder);
+    if (resume)
+        return diag_set(d, VH_STATUS_ERR_IO,
+                        "--resume: %s is in use by a job that is still running (%s; the lock "
+                        "is %s): one job per run folder; end that job first, or wait for it",
+                        dir, holder, path);
+    return diag_set(d, VH_STATUS_ERR_IO,
+                    "%s is in use by another job (%s; the lock is %s): one job per run folder; "
+                    "choose another --out",
+                    dir, holder, path);
+}
+
+vh_status run_folder_lock(const char *dir, int resume, int *lock, vh_diag *d) {
+    *lock = -1;
+    char path[4200], recipe[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, LOCK_FILE);
+    snprintf(recipe, sizeof recipe, "%s/recipe.yaml", dir);
+    int flags = O_RDWR | O_CLOEXEC;
+    if (!resume) {
+        vh_status st = make_dirs(dir, d);
+        if (st != VH_STATUS_OK) return st;
+        flags |= O_CREAT;
+    } else if (access(recipe, F_OK) == 0) {
+        flags |= O_CREAT; /* (a run folder of a vithost from before the lock) */
+    }
+    int fd = open(path, flags, 0644);
+    if (fd < 0 && resume && errno == ENOENT) return VH_STATUS_OK; /* no run: the check says so */
+    if (fd < 0) return diag_set(d, VH_STATUS_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        vh_status st = VH_STATUS_OK;
+        if (e == EWOULDBLOCK)
+            st = lock_refused(fd, dir, path, resume, d);
+        else /* a filesystem without locks: the run goes on, unguarded */
+            fprintf(stderr,
+                    "vithost: warning: cannot lock %s (%s): this filesystem does not keep a "
+                    "second job out of %s\n",
+                    path, strerror(e), dir);
+        close(fd);
+        return st;
+    }
+    vh_status st = lock_write_holder(fd, path, d);
+    if (st != VH_STATUS_OK) {
+        close(fd);
+        return st;
+    }
+    *lock = fd;
+    return VH_STATUS_OK;
+}
+
+void run_folder_unlock(int lock) {
+    if (lock >= 0) close(lock); /* the file stays: removing it would race a new holder */
 }
 
 void run_folder_default(const vh_run *run, char *out, size_t len) {
@@ -77,7 +173,10 @@ static int may_change(const char *key) {
     static const char *const keys[] = {"run.steps", "run.epochs", "run.eval_every",
                                        "run.eval_every_steps", "run.log_every",
                                        "run.checkpoint_every", "run.keep_checkpoints",
-                                       "run.comm", "run.batch_size", NULL};
+                                       "run.comm", "run.batch_size", "run.write_errors",
+                                       /* (how a dead run is stopped, not what it computes) */
+                                       "run.max_consecutive_skips", "run.max_skipped_steps",
+                                       NULL};
     for (int i = 0; keys[i]; i++)
         if (strcmp(key, keys[i]) == 0) return 1;
     return 0;
@@ -134,11 +233,44 @@ static const recipe_line *find_key(const recipe_lines *l, const recipe_line *lik
     return NULL;
 }
 
-/* Whether the recipe now resolves to what recipe.yaml (already open) says.
- * A key that is new since the run started (a newer vithost or plugin added
- * it) counts as the same when it now has its default: a run folder written
- * by an older vithost still resumes. Any other difference is a change. */
-static vh_status same_recipe(const vh_run *run, FILE *old, int *same, vh_diag *d) {
+/* The value of a "section.key: value" line. */
+static const char *value_of(const recipe_line *l) {
+    const char *v = l->text + l->key_len + 1;
+    return v + strspn(v, " ");
+}
+
+/* The first difference between the recipe a run was started with and the
+ * one now, as "KEY is NOW now, but DIR was started with WAS"; "" when the
+ * same. A key that is new since the run started (a newer vithost or plugin
+ * added it) counts as the same when it now has its default: a run folder
+ * written by an older vithost still resumes. */
+static void first_difference(const recipe_lines *was, const recipe_lines *now, const char *dir,
+                             char *out, size_t len) {
+    out[0] = '\0';
+    for (int i = 0; i < was->count; i++) {
+        const recipe_line *w = &was->items[i], *n = find_key(now, w);
+        if (n && strcmp(n->text, w->text) == 0) continue;
+        if (n)
+            snprintf(out, len, "%.*s is %s now, but %s was started with %s", (int)w->key_len,
+                     w->text, value_of(n), dir, value_of(w));
+        else
+            snprintf(out, len, "%.*s is not in the recipe now, but %s was started with %s",
+                     (int)w->key_len, w->text, dir, value_of(w));
+        return;
+    }
+    for (int i = 0; i < now->count; i++) {
+        const recipe_line *n = &now->items[i];
+        if (find_key(was, n) || n->is_default) continue;
+        snprintf(out, len, "%.*s is %s now, but %s was started without it", (int)n->key_len,
+                 n->text, value_of(n), dir);
+        return;
+    }
+}
+
+/* Compares the recipe now with recipe.yaml (already open): *diff says the
+ * first difference ("" none). */
+static vh_status same_recipe(const vh_run *run, FILE *old, const char *dir, char *diff,
+                             size_t diff_len, vh_diag *d) {
     recipe_lines was, now;
     int ok_was = read_lines(old, &was);
     char *tmp_text = NULL;
@@ -156,20 +288,10 @@ static vh_status same_recipe(const vh_run *run, FILE *old, int *same, vh_diag *d
         }
     }
     free(tmp_text);
-    if (!ok_was || !ok_now) {
-        lines_free(&was);
-        lines_free(&now);
-        return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
-    }
-    *same = 1;
-    for (int i = 0; i < was.count && *same; i++) {
-        const recipe_line *n = find_key(&now, &was.items[i]);
-        if (!n || strcmp(n->text, was.items[i].text) != 0) *same = 0;
-    }
-    for (int i = 0; i < now.count && *same; i++)
-        if (!find_key(&was, &now.items[i]) && !now.items[i].is_default) *same = 0;
+    if (ok_was && ok_now) first_difference(&was, &now, dir, diff, diff_len);
     lines_free(&was);
     lines_free(&now);
+    if (!ok_was || !ok_now) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
     return VH_STATUS_OK;
 }
 
@@ -187,30 +309,41 @@ vh_status run_folder_check(const vh_run *run, const char *dir, int resume, vh_di
     if (resume && !old)
         return diag_set(d, VH_STATUS_ERR_CONFIG, "--resume: %s holds no run (no %s)", dir, path);
     if (!resume) return VH_STATUS_OK;
-    int same = 0;
-    vh_status st = same_recipe(run, old, &same, d);
+    char diff[3000];
+    vh_status st = same_recipe(run, old, dir, diff, sizeof diff, d);
     fclose(old);
-    if (st == VH_STATUS_OK && !same)
+    if (st == VH_STATUS_OK && diff[0])
         st = diag_set(d, VH_STATUS_ERR_CONFIG,
-                      "--resume: the recipe differs from the one %s was started with (%s); "
-                      "only run.steps, epochs, eval_every, log_every, checkpoint settings, comm "
-                      "and batch_size may change on resume",
-                      dir, path);
+                      "--resume: the recipe differs from the one %s was started with (%s): %s; "
+                      "only run.steps, epochs, eval_every, log_every, checkpoint settings, skip "
+                      "limits, comm and batch_size may change on resume",
+                      dir, path, diff);
     return st;
 }
 
-vh_status run_folder_create(const vh_run *run, const char *dir, vh_diag *d) {
-    vh_status st = make_dirs(dir, d);
-    if (st != VH_STATUS_OK) return st;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/recipe.yaml", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-    run_print_resolved(run, f);
-    int ok = fclose(f) == 0;
-    snprintf(path, sizeof path, "%s/run.json", dir);
-    f = ok ? fopen(path, "w") : NULL;
-    if (!f) return diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+/* Writes text to path whole, every call checked: a failure (a full disk, a
+ * quota) names the file and the system's reason. */
+static vh_status write_whole(const char *path, const char *text, size_t len, vh_diag *d) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, text + done, len - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : ENOSPC; /* (0 bytes written: no room) */
+            close(fd);
+            return diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(e));
+        }
+        done += (size_t)n;
+    }
+    if (close(fd) != 0) /* (NFS reports a full disk here) */
+        return diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    return VH_STATUS_OK;
+}
+
+/* run.json: vithost's and each plugin's version and file. */
+static void print_run_json(const vh_run *run, FILE *f) {
     fprintf(f, "{\"vithost\": \"%s\", \"abi\": \"%d.%d\", \"plugins\": {", VITHOST_VERSION,
             VH_ABI_MAJOR, VH_ABI_MINOR);
     for (int r = 0; r < VH_HOST_ROLE_COUNT; r++) {
@@ -220,6 +353,27 @@ vh_status run_folder_create(const vh_run *run, const char *dir, vh_diag *d) {
                 p->path);
     }
     fprintf(f, "}}\n");
-    return fclose(f) == 0 ? VH_STATUS_OK
-                          : diag_set(d, VH_STATUS_ERR_IO, "cannot write %s", path);
+}
+
+/* One file of the folder, its text made in memory and written whole. */
+static vh_status write_made(const vh_run *run, const char *dir, const char *name,
+                            void (*print)(const vh_run *, FILE *), vh_diag *d) {
+    char path[4200], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
+    print(run, f);
+    int ok = fclose(f) == 0;
+    vh_status st = ok ? write_whole(path, text, len, d)
+                      : diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
+    free(text);
+    return st;
+}
+
+vh_status run_folder_create(const vh_run *run, const char *dir, vh_diag *d) {
+    vh_status st = make_dirs(dir, d);
+    if (st == VH_STATUS_OK) st = write_made(run, dir, "recipe.yaml", run_print_resolved, d);
+    if (st == VH_STATUS_OK) st = write_made(run, dir, "run.json", print_run_json, d);
+    return st;
 }

@@ -3,12 +3,142 @@
 #define _POSIX_C_SOURCE 200809L
 #include "weights.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "safetensors.h"
+
+/* ---- checksums of a checkpoint folder ---------------------------------------- */
+
+/* CRC-32 as zlib's crc32() computes it (reflected, polynomial 0xEDB88320),
+ * so `python -c "import zlib; ..."` checks a file by hand. */
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
+    static uint32_t table[256];
+    if (!table[1]) {
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+    }
+    crc = ~crc;
+    while (n--) crc = table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+int weights_file_crc32(const char *path, uint32_t *crc, uint64_t *bytes) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    unsigned char buf[1 << 16];
+    size_t n;
+    *crc = 0;
+    *bytes = 0;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        *crc = crc32_update(*crc, buf, n);
+        *bytes += n;
+    }
+    int ok = !ferror(f);
+    if (!ok && !errno) errno = EIO;
+    fclose(f);
+    return ok;
+}
+
+/* state.json whole; NULL with errno set when it cannot be read. */
+static char *read_state(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0) buf = malloc((size_t)n + 1);
+    size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
+    if (buf && (got != (size_t)n || ferror(f))) {
+        free(buf);
+        buf = NULL;
+        errno = EIO;
+    }
+    fclose(f);
+    if (buf) buf[got] = '\0';
+    return buf;
+}
+
+/* "key": "1a2b3c4d" -> 1; no key -> 0; not 8 hex digits -> -1. */
+static int state_crc(const char *text, const char *key, uint32_t *out) {
+    char pattern[320];
+    snprintf(pattern, sizeof pattern, "\"%s\": \"", key);
+    const char *p = strstr(text, pattern);
+    if (!p) return 0;
+    p += strlen(pattern);
+    char *end;
+    unsigned long v = strtoul(p, &end, 16);
+    if (end != p + 8 || *end != '"') return -1;
+    *out = (uint32_t)v;
+    return 1;
+}
+
+/* "key": 123 -> 123; -1 without one. */
+static int64_t state_bytes(const char *text, const char *key) {
+    char pattern[320];
+    snprintf(pattern, sizeof pattern, "\"%s\": ", key);
+    const char *p = strstr(text, pattern);
+    if (!p) return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(p + strlen(pattern), &end, 10);
+    return errno == 0 && end != p + strlen(pattern) && v >= 0 ? (int64_t)v : -1;
+}
+
+/* The file against what state.json says of it (size, then CRC-32). */
+static vh_status verify_against(const char *path, const char *state_path, const char *text,
+                                const char *name, vh_diag *d) {
+    char key[300];
+    snprintf(key, sizeof key, "%s_crc32", name);
+    uint32_t want = 0, got = 0;
+    uint64_t bytes = 0;
+    int has = state_crc(text, key, &want);
+    if (has == 0) return VH_STATUS_OK;
+    if (has < 0)
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s: \"%s\" is not 8 hex digits, so %s cannot be checked (the file "
+                        "was edited or damaged)",
+                        state_path, key, path);
+    snprintf(key, sizeof key, "%s_bytes", name);
+    int64_t want_bytes = state_bytes(text, key);
+    if (!weights_file_crc32(path, &got, &bytes))
+        return diag_set(d, VH_STATUS_ERR_IO, "%s: %s", path, strerror(errno));
+    if (want_bytes >= 0 && (uint64_t)want_bytes != bytes)
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s is damaged: %llu bytes, but %s says %lld (truncated or "
+                        "overwritten); copy it again, or use another checkpoint",
+                        path, (unsigned long long)bytes, state_path, (long long)want_bytes);
+    if (got != want)
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s is damaged: its CRC-32 is %08x, but %s says %08x (corrupted on "
+                        "disk or in a copy); copy it again, or use another checkpoint",
+                        path, (unsigned)got, state_path, (unsigned)want);
+    return VH_STATUS_OK;
+}
+
+vh_status weights_verify_file(const char *path, vh_diag *d) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t len = strlen(base), ext = strlen(".safetensors");
+    if (len <= ext || strcmp(base + len - ext, ".safetensors") != 0) return VH_STATUS_OK;
+    char name[256], state_path[4400];
+    snprintf(name, sizeof name, "%.*s", (int)(len - ext), base);
+    snprintf(state_path, sizeof state_path, "%.*sstate.json", (int)(base - path), path);
+    char *text = read_state(state_path);
+    if (!text) /* no state.json: a plain file, nothing to check it against */
+        return errno == ENOENT || errno == ENOTDIR
+                   ? VH_STATUS_OK
+                   : diag_set(d, VH_STATUS_ERR_IO, "%s: %s (it holds the checksum of %s)",
+                              state_path, strerror(errno), path);
+    vh_status st = verify_against(path, state_path, text, name, d);
+    free(text);
+    return st;
+}
 
 /* ---- the file as a vh_weights_source --------------------------------------- */
 
@@ -272,7 +402,9 @@ vh_status weights_load_model(vh_session *s, const char *path, vh_weights_mode mo
     vh_status st = VH_STATUS_OK;
     if (path) {
         w = &file;
-        st = weights_file_open(w, path, d);
+        memset(w, 0, sizeof *w);
+        st = weights_verify_file(path, d);
+        if (st == VH_STATUS_OK) st = weights_file_open(w, path, d);
     }
     weights_report report;
     memset(&report, 0, sizeof report);

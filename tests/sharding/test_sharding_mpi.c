@@ -362,7 +362,8 @@ static int in_tmp_dir(const char *pid) {
 }
 
 /* The pid of the vithost process of a rank of this test, from its
- * environment. */
+ * environment. Only processes whose working folder is this test's own
+ * mkdtemp folder count: another job's ranks on the machine never do. */
 static pid_t rank_pid(int rank) {
     DIR *proc = opendir("/proc");
     if (!proc) return -1;
@@ -375,9 +376,9 @@ static pid_t rank_pid(int rank) {
         snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
         FILE *f = fopen(path, "rb");
         if (!f) continue;
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        size_t n = fread(buf, 1, sizeof buf - 2, f);
         fclose(f);
-        buf[n] = '\0';
+        buf[n] = buf[n + 1] = '\0'; /* a one-word cmdline: an empty second word */
         if (!strstr(buf, "vithost") || !strstr(buf + strlen(buf) + 1, "run")) continue;
         /* (the first word is the executable; mpirun's own is not vithost) */
         if (strstr(buf, "mpirun") || strstr(buf, "orterun") || !in_tmp_dir(e->d_name)) continue;
@@ -386,6 +387,7 @@ static pid_t rank_pid(int rank) {
         if (!f) continue;
         n = fread(buf, 1, sizeof buf - 1, f);
         fclose(f);
+        buf[n] = '\0';
         for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
             if (strcmp(buf + i, want) == 0) found = (pid_t)atoi(e->d_name);
     }

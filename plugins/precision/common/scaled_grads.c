@@ -26,6 +26,13 @@ static vh_status read_scaler(vh_host *host, const char *mode, vh_loss_scaler *ou
         (st = get_float(host, "min_scale", &c.min_scale)) != VH_STATUS_OK ||
         (st = get_float(host, "max_scale", &c.max_scale)) != VH_STATUS_OK)
         return st;
+    /* The SDK reads a 0 as "the default" (an older config's missing
+     * member); from a recipe it is the user's value, and wrong. */
+    if (!(c.backoff_factor > 0.0 && c.backoff_factor < 1.0))
+        return host->api->config_fail(host, "backoff_factor",
+                                      "%g: must be in (0, 1), e.g. 0.5 halves the loss scale on "
+                                      "each overflow",
+                                      c.backoff_factor);
     st = host->api->config_int(host, "growth_interval", &c.growth_interval);
     if (st != VH_STATUS_OK)
         return host->api->fail(host, st, "cannot read the int key 'growth_interval'");
@@ -70,6 +77,20 @@ void scaled_grads_sum_sq(const scaled_grads *g, double *out, int *has) {
     *out = g->has_sum_sq ? g->sum_sq : 0.0;
 }
 
+/* What a skip at a scale that cannot back off says: at scale 1 (or the
+ * floor) the gradients hold a real Inf/NaN, which a smaller scale would not
+ * cure; a fixed larger scale may itself be the overflow. */
+static const char *stuck_advice(const vh_loss_scaler *ls, float before) {
+    if (ls->fixed && before == 1.0f)
+        return "; the scale is fixed at 1: the gradients hold a real Inf/NaN (a "
+               "diverging loss, a bad input or damaged weights)";
+    if (ls->fixed)
+        return "; the scale is fixed (loss_scaling static): if every step overflows, lower "
+               "init_scale or use loss_scaling: dynamic";
+    return "; the scale is at min_scale, so the gradients hold a real Inf/NaN (a diverging "
+           "loss, a bad input or damaged weights), or min_scale is too high";
+}
+
 void scaled_grads_update(scaled_grads *g, int found_inf) {
     vh_loss_scaler *ls = &g->scaler;
     const float before = ls->scale;
@@ -82,10 +103,5 @@ void scaled_grads_update(scaled_grads *g, int found_inf) {
                       "step %lld skipped: gradients overflowed at loss scale %g; scale now %g "
                       "(%lld skipped so far)%s",
                       (long long)ls->steps, (double)before, (double)ls->scale,
-                      (long long)ls->skipped,
-                      stuck ? ls->fixed ? "; the scale is fixed: if this repeats, lower the "
-                                          "learning rate or use loss_scaling: dynamic"
-                                        : "; the scale is at min_scale, so the gradients hold a "
-                                          "real Inf/NaN (a diverging loss or a bad sample)"
-                            : "");
+                      (long long)ls->skipped, stuck ? stuck_advice(ls, before) : "");
 }

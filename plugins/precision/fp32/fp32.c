@@ -150,8 +150,8 @@ static vh_status fp32_update(void *self, int found_inf) {
     if (p->skipped++ == 0)
         p->host->api->log(p->host, VH_LOG_LEVEL_WARN,
                           "Inf/NaN in the gradients at update %lld: the step is skipped on "
-                          "every rank; fp32 has no loss scale to lower, so if this repeats "
-                          "lower the learning rate or clip the gradients",
+                          "every rank; fp32 has no loss scale to lower, so the gradients hold "
+                          "a real Inf/NaN (a diverging loss, a bad input or damaged weights)",
                           (long long)p->updates);
     return VH_STATUS_OK;
 }

@@ -8,12 +8,12 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "banner.h"
 #include "checkpoint.h"
 #include "comm_stats.h"
 #include "flops_probe.h"
+#include "outcome.h"
 #include "progress.h"
 #include "report.h"
 #include "run_folder.h"
@@ -34,12 +34,12 @@ typedef struct loop_state {
     vh_eval_result last_eval;
     int64_t last_eval_step; /* -1: none yet */
     int32_t world;          /* ranks; each step trains world x batch images */
+    int data_keeps_position; /* the data plugin has state_save/state_load */
     /* communication of the steps since the last log line (comm_stats.h) */
     double window_comm_bytes, window_comm_wait;
     int64_t window_steps;
-    /* the newest two checkpoints of this run ("" none) and their steps */
-    char last_ckpt[4400], prev_ckpt[4400];
-    int64_t last_ckpt_step, prev_ckpt_step;
+    /* skipped steps, their limits and cause, the last good checkpoint */
+    vh_outcome oc;
 } loop_state;
 
 /* ---- evaluation and checkpoints inside the loop --------------------------- */
@@ -71,12 +71,16 @@ static vh_status run_eval(loop_state *ls, int inside_pass, vh_diag *d) {
     vh_status st = inside_pass ? eval_inside_pass(s, &ls->last_eval, d)
                                : session_evaluate(s, &ls->last_eval, d);
     progress_pause(&ls->prog, t0);
+    /* (NaN/Inf: after skipped steps, their cause; else the good checkpoint) */
+    if (st == VH_STATUS_ERR_NUMERIC)
+        return outcome_eval_failed(&ls->oc, s, ls->scale.loss_scale, d);
     if (st != VH_STATUS_OK) return st;
     ls->last_eval_step = s->step;
+    outcome_evaluated(&ls->oc, s->step, ls->last_eval.loss);
     report_eval(&ls->prog, s->step, s->epoch, &ls->last_eval);
     metrics_eval(&s->metrics, s->step, s->epoch, ls->last_eval.top1, ls->last_eval.top5,
                  ls->last_eval.loss, ls->last_eval.samples);
-    return VH_STATUS_OK;
+    return metrics_check(&s->metrics, d);
 }
 
 static vh_status save_checkpoint(loop_state *ls, vh_diag *d) {
@@ -85,13 +89,23 @@ static vh_status save_checkpoint(loop_state *ls, vh_diag *d) {
     progress_pause(&ls->prog, t0);
     if (st == VH_STATUS_OK) {
         report_checkpoint(&ls->prog, ls->dir, ls->s->step, progress_now() - t0);
-        memcpy(ls->prev_ckpt, ls->last_ckpt, sizeof ls->prev_ckpt);
-        ls->prev_ckpt_step = ls->last_ckpt_step;
-        snprintf(ls->last_ckpt, sizeof ls->last_ckpt, "%s/checkpoints/step-%08lld", ls->dir,
-                 (long long)ls->s->step);
-        ls->last_ckpt_step = ls->s->step;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/checkpoints/step-%08lld", ls->dir, (long long)ls->s->step);
+        outcome_saved(&ls->oc, path, ls->s->step);
     }
     return st;
+}
+
+/* A periodic checkpoint waits while steps are skipped: it would hold the
+ * weights of the last step that trained, and rotating it in could remove
+ * a good one from a run that no longer trains. A stop writes one anyway. */
+static vh_status save_if_due(loop_state *ls, int saves, int skipped, int stop, vh_diag *d) {
+    int due = (saves || ls->oc.save_deferred) && ls->s->step < ls->total;
+    if (due && skipped && !stop) {
+        ls->oc.save_deferred = 1;
+        return VH_STATUS_OK;
+    }
+    return due || stop ? save_checkpoint(ls, d) : VH_STATUS_OK;
 }
 
 /* ---- the record of a step ------------------------------------------------------ */
@@ -138,36 +152,37 @@ static void note_scale(loop_state *ls, int skipped) {
 /* ---- the loop ------------------------------------------------------------------ */
 
 /* A NaN or Inf loss ends the run (unless the precision plugin skipped the
- * step): the step, and the checkpoint to go back to. */
+ * step): the step, and the checkpoint to go back to. Loss scaling is no
+ * advice here: it acts on the gradients, after the loss. */
 static vh_status diverged(const loop_state *ls, float loss, vh_diag *d) {
-    /* The checkpoint of the step just before holds the weights that gave
-     * this loss: the good one is older (if rotation kept it). */
-    const char *good = ls->last_ckpt;
-    if (good[0] && ls->last_ckpt_step >= ls->s->step - 1) {
-        struct stat sb;
-        good = ls->prev_ckpt[0] && stat(ls->prev_ckpt, &sb) == 0 ? ls->prev_ckpt : "";
-    }
+    char good[9800];
+    outcome_good_text(&ls->oc, ls->s->step, good, sizeof good);
     return diag_set(d, VH_STATUS_ERR_NUMERIC,
-                    "training diverged: the loss is %f at step %lld (lower the learning rate, "
-                    "clip gradients, or use a precision policy with loss scaling); %s%s",
-                    (double)loss, (long long)ls->s->step,
-                    good[0] ? "the last good checkpoint is " : "",
-                    good[0] ? good
-                    : ls->last_ckpt[0] ? "no checkpoint before the weights that gave it is kept"
-                                       : "no checkpoint was written before it");
+                    "training diverged: the loss is %f at step %lld (lower optim.lr or set "
+                    "optim.clip_grad_norm; with 16-bit activations, a wider compute dtype)%s",
+                    (double)loss, (long long)ls->s->step, good);
 }
 
-/* One step: the next batch (*has 0: the pass is done), session_step, and
+/* What run_step hands back. */
+typedef struct step_result {
+    vh_batch host_batch; /* the data plugin's, valid until the next data.next */
+    const float *dev_loss;
+    double scale; /* the loss scale the step ran with */
+    int has, skipped;
+} step_result;
+
+/* One step: the next batch (r->has 0: the pass is done), session_step, and
  * the step's share of the throughput and communication window. */
-static vh_status run_step(loop_state *ls, double *lr, const float **dev_loss, int *skipped,
-                          int *has, vh_diag *d) {
+static vh_status run_step(loop_state *ls, double *lr, step_result *r, vh_diag *d) {
     vh_session *s = ls->s;
-    vh_batch host_batch, batch;
-    vh_status st = session_next_batch(s, &host_batch, &batch, has, d);
-    if (st != VH_STATUS_OK || !*has) return st;
+    vh_batch batch;
+    memset(r, 0, sizeof *r);
+    r->scale = ls->scale.loss_scale;
+    vh_status st = session_next_batch(s, &r->host_batch, &batch, &r->has, d);
+    if (st != VH_STATUS_OK || !r->has) return st;
     vh_comm_stats *cs = &s->run->comm_stats;
     comm_stats_reset(cs);
-    st = session_step(s, &batch, s->step, dev_loss, lr, skipped, d);
+    st = session_step(s, &batch, s->step, &r->dev_loss, lr, &r->skipped, d);
     if (st != VH_STATUS_OK) return st;
     s->step++;
     ls->steps_this_run++;
@@ -176,7 +191,7 @@ static vh_status run_step(loop_state *ls, double *lr, const float **dev_loss, in
     ls->window_comm_bytes += cs->bytes;
     ls->window_comm_wait += cs->wait_seconds;
     ls->window_steps++;
-    note_scale(ls, *skipped);
+    note_scale(ls, r->skipped);
     return VH_STATUS_OK;
 }
 
@@ -221,13 +236,17 @@ static vh_status read_loss(loop_state *ls, const step_needs *n, const float *dev
 
 /* Whether the run stops after this step: --stop-after, or a signal. A
  * signal may reach one rank only: with many, every rank stops at the same
- * (log) step, or the others would wait for it in a collective. */
+ * step, agreed on log steps and about every 0.2 s between them (mpirun kills
+ * its ranks 1 s after passing on a Ctrl-C: signals.h), or the others would
+ * wait for it in a collective. */
 static vh_status stop_here(loop_state *ls, const step_needs *n, int *stop, vh_diag *d) {
     *stop = n->stop_after || (ls->world == 1 && signals_stop_requested());
-    if (ls->world == 1 || !n->log) return VH_STATUS_OK;
-    double any = *stop || signals_stop_requested();
-    vh_status st = session_reduce_scalars(ls->s, &any, 1, VH_REDUCE_OP_MAX, d);
-    *stop = any != 0.0;
+    if (ls->world == 1 || !(n->log || signals_agree_due(ls->s->step))) return VH_STATUS_OK;
+    /* the flag, and this rank's pace that sets the next agreement's step */
+    double v[2] = {*stop || signals_stop_requested(), signals_pace(ls->s->step)};
+    vh_status st = session_reduce_scalars(ls->s, v, 2, VH_REDUCE_OP_MAX, d);
+    *stop = v[0] != 0.0;
+    signals_set_pace(v[1]);
     return st;
 }
 
@@ -239,9 +258,10 @@ static vh_status stop_here(loop_state *ls, const step_needs *n, int *stop, vh_di
  * gradients, shows there at once), evaluations and checkpoints. Only log
  * steps average the loss over the ranks (a collective); a rank whose own
  * loss is not finite fails, and train_run ends every rank. With many ranks
- * the stop flag (a signal on one rank) is agreed on log steps only, so a
- * step pays no collective but its gradients'; --stop-after counts the same
- * on every rank and needs no agreement. */
+ * the stop flag (a signal on one rank) is agreed on log steps and about
+ * every 0.2 s (stop_here), so most steps pay no collective but their
+ * gradients'; --stop-after counts the same on every rank and needs no
+ * agreement. */
 static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d) {
     vh_session *s = ls->s;
     if (!s->epoch_in_progress) {
@@ -252,28 +272,33 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
         s->epoch_in_progress = 1;
     }
     while (s->step < ls->total) {
-        int has = 0, skipped = 0, stop = 0;
-        const float *dev_loss = NULL;
-        vh_status st = run_step(ls, lr, &dev_loss, &skipped, &has, d);
-        if (st != VH_STATUS_OK || !has) return st;
-        step_needs n = needs_of(ls, skipped);
-        st = read_loss(ls, &n, dev_loss, loss, d);
+        int stop = 0;
+        step_result r;
+        vh_status st = run_step(ls, lr, &r, d);
+        if (st != VH_STATUS_OK || !r.has) return st;
+        step_needs n = needs_of(ls, r.skipped);
+        st = read_loss(ls, &n, r.dev_loss, loss, d);
         if (st != VH_STATUS_OK) return st;
         if (n.log) {
-            log_step(ls, *loss, *lr, skipped);
+            log_step(ls, *loss, *lr, r.skipped);
         } else {
             /* Every skipped step gets a metrics line (the precision plugin
              * has said it on the log), so the file counts every skip up to
              * any checkpoint and a resumed run continues the count. */
-            if (skipped) metrics_line(ls, *loss, *lr, skipped);
+            if (r.skipped) metrics_line(ls, *loss, *lr, r.skipped);
             if (n.draw) progress_draw(&ls->prog, s->step, ls->total, *loss, &ls->scale);
         }
+        /* a line that could not be written (a full disk) ends the run here */
+        if ((st = metrics_check(&s->metrics, d)) != VH_STATUS_OK ||
+            (st = progress_check(&ls->prog, d)) != VH_STATUS_OK)
+            return st;
+        /* (*loss is this step's on skipped steps: read_loss reads those) */
+        outcome_step(&ls->oc, s->step, r.skipped, r.scale, *loss, &r.host_batch);
+        st = outcome_check(&ls->oc, s, ls->scale.skipped_steps, ls->scale.loss_scale, d);
+        if (st != VH_STATUS_OK) return st;
         if (n.evals && (st = run_eval(ls, 1, d)) != VH_STATUS_OK) return st;
         if ((st = stop_here(ls, &n, &stop, d)) != VH_STATUS_OK) return st;
-        if ((n.saves && s->step < ls->total) || stop) {
-            st = save_checkpoint(ls, d);
-            if (st != VH_STATUS_OK) return st;
-        }
+        if ((st = save_if_due(ls, n.saves, r.skipped, stop, d)) != VH_STATUS_OK) return st;
         if (stop) return VH_STATUS_ERR_INTERRUPTED;
     }
     return VH_STATUS_OK;
@@ -291,7 +316,10 @@ static vh_status train_loop(loop_state *ls, vh_diag *d) {
         /* (not again when eval_every_steps just evaluated these weights) */
         if (ls->eval_every > 0 && ((s->epoch + 1) % ls->eval_every == 0 || last) &&
             ls->last_eval_step != s->step) {
-            st = run_eval(ls, 0, d);
+            /* run.steps may end a pass in its middle: the evaluation keeps
+             * the pass's position, so the checkpoint after it resumes there
+             * (a larger run.steps extends the run with the same order). */
+            st = run_eval(ls, !finished_pass && ls->data_keeps_position, d);
             if (st != VH_STATUS_OK) return st;
         }
         if (finished_pass) {
@@ -299,15 +327,18 @@ static vh_status train_loop(loop_state *ls, vh_diag *d) {
             s->epoch_in_progress = 0;
         }
     }
+    /* A run none of whose steps trained is no result, whatever its loss. */
+    vh_status st = outcome_check_end(&ls->oc, s, ls->steps_this_run, ls->scale.loss_scale, d);
+    if (st != VH_STATUS_OK) return st;
     /* Skipped steps may carry a NaN loss (the policy's choice), but a run
      * whose last step still had one did not recover: no final checkpoint,
      * no exit 0. */
     if (ls->steps_this_run > 0 && !isfinite(loss)) return diverged(ls, loss, d);
-    vh_status st = save_checkpoint(ls, d);
+    st = save_checkpoint(ls, d);
     if (st != VH_STATUS_OK) return st;
     report_finished(&ls->prog, s->step, loss, ls->last_eval_step == s->step ? &ls->last_eval : NULL,
                     ls->dir);
-    return VH_STATUS_OK;
+    return progress_check(&ls->prog, d);
 }
 
 static vh_status setup_loop(loop_state *ls, vh_session *s, const char *dir,
@@ -331,8 +362,9 @@ static vh_status setup_loop(loop_state *ls, vh_session *s, const char *dir,
                         "per rank on %d rank(s); lower run.batch_size",
                         run->recipe.file, (long long)s->info.train_size,
                         (long long)s->batch_size, (int)run->comm.world_size);
-    if (ls->eval_every_steps > 0 &&
-        !loader_plugin_has(&run->plugins[VH_ROLE_DATA], offsetof(vh_data_vtable, state_load)))
+    ls->data_keeps_position =
+        loader_plugin_has(&run->plugins[VH_ROLE_DATA], offsetof(vh_data_vtable, state_load));
+    if (ls->eval_every_steps > 0 && !ls->data_keeps_position)
         return diag_set(d, VH_STATUS_ERR_CONFIG,
                         "%s: run.eval_every_steps evaluates in the middle of a training pass, "
                         "which needs a data plugin that can save its position; '%s' has no "
@@ -349,6 +381,7 @@ static vh_status setup_loop(loop_state *ls, vh_session *s, const char *dir,
     if (e) peak = e->as.f;
     ls->peak_tflops = peak > 0 ? peak : flops_probe_peak_tflops(run->device);
     progress_init(&ls->prog, s->out);
+    ls->prog.keep_going = strcmp(run_config_string(run, "write_errors"), "warn") == 0;
     /* mpirun gives its processes a terminal of its own and forwards what
      * they print line by line: no redrawn bar there. */
     if (ls->world > 1) ls->prog.tty = 0;
@@ -365,7 +398,7 @@ static vh_status setup_loop(loop_state *ls, vh_session *s, const char *dir,
 static vh_status starting_weights(vh_session *s, const char *dir, int resume, char *ckpt,
                                   size_t ckpt_len, vh_diag *d) {
     if (resume) {
-        vh_status st = checkpoint_latest(dir, ckpt, ckpt_len, d);
+        vh_status st = checkpoint_resume_point(s, dir, ckpt, ckpt_len, d);
         return st == VH_STATUS_OK ? checkpoint_load(s, ckpt, d) : st;
     }
     const char *initial = NULL;
@@ -398,7 +431,9 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
         if (!quiet) return diag_set(d, VH_STATUS_ERR_IO, "cannot open /dev/null");
         run->opts.out = quiet;
     }
-    if (rank0) st = run_folder_check(run, dir, o->resume, d);
+    int lock = -1; /* one job per run folder: taken before anything is written there */
+    if (rank0) st = run_folder_lock(dir, o->resume, &lock, d);
+    if (st == VH_STATUS_OK && rank0) st = run_folder_check(run, dir, o->resume, d);
 
     vh_session s;
     memset(&s, 0, sizeof s);
@@ -407,14 +442,11 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
     char ckpt[4300] = "";
     if (st == VH_STATUS_OK) st = starting_weights(&s, dir, o->resume, ckpt, sizeof ckpt, d);
     if (st == VH_STATUS_OK && rank0)
-        st = metrics_open(&s.metrics, dir, o->resume ? s.step : -1, d);
+        st = metrics_open(&s.metrics, dir, o->resume ? s.step : -1,
+                          strcmp(run_config_string(run, "write_errors"), "warn") == 0, d);
     loop_state ls;
     if (st == VH_STATUS_OK) st = setup_loop(&ls, &s, dir, o, d);
-    if (st == VH_STATUS_OK && ckpt[0]) { /* a resumed run: its checkpoint, the one before */
-        snprintf(ls.last_ckpt, sizeof ls.last_ckpt, "%s", ckpt);
-        ls.last_ckpt_step = s.step;
-        checkpoint_previous(ckpt, ls.prev_ckpt, sizeof ls.prev_ckpt);
-    }
+    if (st == VH_STATUS_OK) outcome_init(&ls.oc, run, ckpt, s.step);
     if (st == VH_STATUS_OK) {
         /* Handlers first: once the banner is out, a signal stops cleanly. */
         vh_signals_saved saved;
@@ -427,6 +459,7 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
     }
     run_fail_all_ranks(run, st, d->text);
     session_close(&s);
+    run_folder_unlock(lock);
     if (quiet) {
         run->opts.out = stdout;
         fclose(quiet);

@@ -1,5 +1,5 @@
 /* harness.c - see harness.h. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* mkdtemp */
 #include "harness.h"
 
 #include <math.h>
@@ -44,4 +44,25 @@ double harness_json_number(const char *line, const char *key) {
     snprintf(pattern, sizeof pattern, "\"%s\":", key);
     const char *p = strstr(line, pattern);
     return p ? strtod(p + strlen(pattern), NULL) : NAN;
+}
+
+int harness_mkdtemp(char *dir, size_t dir_len, const char *name) {
+    int n = snprintf(dir, dir_len, "/tmp/vithost-test-%s-XXXXXX", name);
+    if (n < 0 || (size_t)n >= dir_len) return -1;
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+int harness_rmdir(const char *dir) {
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int harness_write(const char *dir, const char *name, const char *text) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    int ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok ? 0 : -1;
 }

@@ -4,6 +4,8 @@
 #ifndef VITHOST_TESTS_HARNESS_H
 #define VITHOST_TESTS_HARNESS_H
 
+#include <stddef.h>
+
 /* The whole file, NUL-terminated (free it); "" when it cannot be opened. */
 char *harness_slurp(const char *path);
 /* harness_slurp of dir/name. */
@@ -11,6 +13,12 @@ char *harness_read(const char *dir, const char *name);
 /* Runs the shell command in dir, stdin from /dev/null, stdout into dir/out
  * and stderr into dir/err; its exit code, -1 when it did not exit. */
 int harness_sh(const char *dir, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A fresh folder /tmp/vithost-test-<name>-XXXXXX into dir (dir_len bytes);
+ * 0 on success. harness_rmdir removes it and all it holds; 0 on success. */
+int harness_mkdtemp(char *dir, size_t dir_len, const char *name);
+int harness_rmdir(const char *dir);
+/* Writes text into dir/name, replacing it; 0 on success. */
+int harness_write(const char *dir, const char *name, const char *text);
 /* The number after "key": in a JSON line; NAN when absent. */
 double harness_json_number(const char *line, const char *key);
 

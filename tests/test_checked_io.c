@@ -29,12 +29,7 @@ static char tmp_dir[256];
 static char *tmp_text(const char *name) { return harness_read(tmp_dir, name); }
 
 static void write_file(const char *name, const char *text) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    assert_int_equal(harness_write(tmp_dir, name, text), 0);
 }
 
 /* The test plugins: 8 steps an epoch, a line each, an evaluation an epoch. */
@@ -58,8 +53,7 @@ static const char tiny[] =
 
 static int setup(void **state) {
     (void)state;
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/vithost-test-checked-io-XXXXXX");
-    if (!mkdtemp(tmp_dir)) return -1;
+    if (harness_mkdtemp(tmp_dir, sizeof tmp_dir, "checked-io") != 0) return -1;
     setenv("VITHOST_PLUGIN_PATH", "", 1);
     setenv("OMP_NUM_THREADS", "1", 1);
     write_file("recipe.yaml", recipe);
@@ -69,9 +63,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmp_dir);
 }
 
 /* Overwrites n bytes at `from_end` bytes before the end of a file. */

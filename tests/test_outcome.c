@@ -50,8 +50,7 @@ static void write_file(const char *name, const void *data, size_t len) {
 
 static int setup(void **state) {
     (void)state;
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/vithost-test-outcome-XXXXXX");
-    if (!mkdtemp(tmp_dir)) return -1;
+    if (harness_mkdtemp(tmp_dir, sizeof tmp_dir, "outcome") != 0) return -1;
     setenv("VITHOST_PLUGIN_PATH", "", 1);
     write_file("r.yaml", recipe, strlen(recipe));
     return 0;
@@ -59,9 +58,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmp_dir);
 }
 
 static char *tmp_text(const char *name) { return harness_read(tmp_dir, name); }

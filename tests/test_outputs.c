@@ -35,12 +35,7 @@ static char *tmp_text(const char *name) { return harness_read(tmp_dir, name); }
 #define vithost(...) harness_sh(tmp_dir, "timeout 60 " VH_TEST_VITHOST " " __VA_ARGS__)
 
 static void write_file(const char *name, const char *text) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    assert_int_equal(harness_write(tmp_dir, name, text), 0);
 }
 
 static void make_dir(const char *name) {
@@ -85,8 +80,7 @@ static const char metrics[] = "{\"step\":10,\"epoch\":0,\"loss\":2.1,\"img_per_s
 
 static int setup(void **state) {
     (void)state;
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/vithost-test-outputs-XXXXXX");
-    if (!mkdtemp(tmp_dir)) return -1;
+    if (harness_mkdtemp(tmp_dir, sizeof tmp_dir, "outputs") != 0) return -1;
     setenv("VITHOST_PLUGIN_PATH", "", 1);
     setenv("OMP_NUM_THREADS", "1", 1); /* tiny steps: threads would only wait */
     write_file("tiny.yaml", tiny);
@@ -95,9 +89,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmp_dir);
 }
 
 /* ---- plot -o ------------------------------------------------------------------ */

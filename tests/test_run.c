@@ -29,12 +29,7 @@ static double field(const char *line, const char *key) { return harness_json_num
 #define vithost(...) harness_sh(tmp_dir, VH_TEST_VITHOST " " __VA_ARGS__)
 
 static void write_recipe(const char *name, const char *text) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    assert_int_equal(harness_write(tmp_dir, name, text), 0);
 }
 
 /* Momentum, weight decay and label smoothing: state that a resume must carry. */
@@ -48,8 +43,7 @@ static const char recipe[] =
 
 static int setup(void **state) {
     (void)state;
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/vithost-test-run-XXXXXX");
-    if (!mkdtemp(tmp_dir)) return -1;
+    if (harness_mkdtemp(tmp_dir, sizeof tmp_dir, "run") != 0) return -1;
     setenv("VITHOST_PLUGIN_PATH", "", 1);
     write_recipe("recipe.yaml", recipe);
     return 0;
@@ -57,9 +51,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmp_dir);
 }
 
 /* The lines of a file (modified in place). */

@@ -41,12 +41,7 @@ static char *tmp_text(const char *name) { return harness_read(tmp_dir, name); }
 #define sh(...) harness_sh(tmp_dir, __VA_ARGS__)
 
 static void write_file(const char *name, const char *text) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    assert_int_equal(harness_write(tmp_dir, name, text), 0);
 }
 
 /* 4 steps of a small ViT: about 0.2 s, most of it before the first step
@@ -85,8 +80,7 @@ static const char live_recipe[] =
 
 static int setup(void **state) {
     (void)state;
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/vithost-test-run-folder-XXXXXX");
-    if (!mkdtemp(tmp_dir)) return -1;
+    if (harness_mkdtemp(tmp_dir, sizeof tmp_dir, "run-folder") != 0) return -1;
     setenv("VITHOST_PLUGIN_PATH", "", 1);
     setenv("OMP_NUM_THREADS", "1", 1);
     unsetenv("VITHOST_TEST_KILL_AT");
@@ -98,9 +92,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmp_dir);
 }
 
 /* ---- starting jobs side by side -------------------------------------------- */

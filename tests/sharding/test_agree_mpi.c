@@ -55,12 +55,7 @@ static const char recipe[] =
     "       train_size: 240, eval_size: 31, pool_size: 40}\n";
 
 static void write_file(const char *name, const char *text) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    assert_int_equal(harness_write(tmp_dir, name, text), 0);
 }
 
 /* The recipe with its first `from` replaced by `to`. */
@@ -74,8 +69,7 @@ static void write_variant(const char *name, const char *from, const char *to) {
 
 static int setup(void **state) {
     (void)state;
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/vithost-test-agree-XXXXXX");
-    if (!mkdtemp(tmp_dir)) return -1;
+    if (harness_mkdtemp(tmp_dir, sizeof tmp_dir, "agree") != 0) return -1;
     setenv("VITHOST_PLUGIN_PATH", "", 1);
     write_file("a.yaml", recipe);
     return 0;
@@ -83,9 +77,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmp_dir);
 }
 
 static int count(const char *text, const char *what) {

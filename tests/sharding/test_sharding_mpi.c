@@ -70,8 +70,7 @@ static const char eq_recipe[] =
 
 static int setup(void **state) {
     (void)state;
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/vithost-test-mpi-XXXXXX");
-    if (!mkdtemp(tmp_dir)) return -1;
+    if (harness_mkdtemp(tmp_dir, sizeof tmp_dir, "mpi") != 0) return -1;
     setenv("VITHOST_PLUGIN_PATH", "", 1);
     char path[512];
     snprintf(path, sizeof path, "%s/eq.yaml", tmp_dir);
@@ -84,9 +83,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmp_dir);
 }
 
 /* ---- reading a run folder ------------------------------------------------- */

@@ -128,6 +128,15 @@ static void check_bench_object(const char *json, double peak) {
     double img = number(json, "img_per_s");
     /* img/s is the global batch over the median step */
     assert_true(fabs(img * median / 1e3 - number(json, "global_batch")) < 1e-3 * img);
+    /* its spread: the batch over the slowest and the fastest step */
+    double batch = number(json, "global_batch");
+    assert_true(fabs(number(json, "img_per_s_min") * number(json, "step_ms_max") / 1e3 - batch) <
+                1e-3 * batch);
+    assert_true(fabs(number(json, "img_per_s_max") * number(json, "step_ms_min") / 1e3 - batch) <
+                1e-3 * batch);
+    assert_true(number(json, "img_per_s_min") <= img && img <= number(json, "img_per_s_max"));
+    double spread = (number(json, "step_ms_max") - number(json, "step_ms_min")) / median;
+    assert_true(fabs(number(json, "step_spread") - spread) <= 1e-3 * spread + 1e-9);
     double tflops = number(json, "tflops");
     assert_true(tflops > 0);
     double mfu = number(json, "mfu");
@@ -144,6 +153,26 @@ static void check_bench_object(const char *json, double peak) {
     assert_int_equal((int)number(json, "steps"), 3);
     assert_true(isfinite(number(json, "loss")));
     assert_non_null(strstr(json, "\"compute_dtype\": \"f32\""));
+}
+
+/* The text's step times, and a warning line exactly when they spread more
+ * than 10% (within the printed digits). */
+static void check_spread_text(const char *out) {
+    double median, lo, hi, img, per_rank, img_lo, img_hi;
+    const char *p = strstr(out, "step time   median ");
+    assert_non_null(p);
+    assert_int_equal(sscanf(p, "step time   median %lf ms, min %lf, max %lf", &median, &lo, &hi),
+                     3);
+    p = strstr(out, "throughput  ");
+    assert_non_null(p);
+    assert_int_equal(sscanf(p, "throughput  %lf img/s (the job), %lf per rank; min %lf, max %lf",
+                            &img, &per_rank, &img_lo, &img_hi),
+                     4);
+    assert_true(img_lo <= img && img <= img_hi);
+    double spread = (hi - lo) / median;
+    const char *warn = strstr(out, "  warning     step times spread ");
+    if (spread > 0.12) assert_non_null(warn);
+    if (spread < 0.08) assert_null(warn);
 }
 
 static void test_bench_json(void **state) {
@@ -175,6 +204,10 @@ static void test_bench_probe_and_text(void **state) {
     assert_non_null(strstr(out, "img/s (the job)"));
     assert_non_null(strstr(out, "phases      data"));
     assert_non_null(strstr(out, "MFU"));
+    check_spread_text(out);
+    /* no warm-up: the first step builds the kernels and is many times the
+     * others, so the spread is far past 10% */
+    assert_non_null(strstr(out, "  warning     step times spread "));
     free(out);
 }
 
@@ -197,7 +230,7 @@ static void test_sweep_grid(void **state) {
     (void)state;
     int rc = vithost("sweep tiny.yaml --vary model.classifier=token,pooled "
                      "--vary model.layout=batch_first,batch_second --steps 2 --warmup 1 "
-                     "--out grid --title 'a <2x2> sweep'");
+                     "--out grid --title 'a <2x2> sweep' --repeat 1");
     char *out = tmp_text("out"), *err = tmp_text("err");
     if (rc != 0) fail_msg("exit %d: %s%s", rc, out, err);
     char *md = tmp_text("grid/sweep.md"), *svg = tmp_text("grid/sweep.svg");
@@ -217,6 +250,11 @@ static void test_sweep_grid(void **state) {
     assert_well_formed(svg);
     assert_int_equal(count(svg, "<rect class=\"bar\""), 4);
     assert_non_null(strstr(svg, "a &lt;2x2&gt; sweep")); /* the title, escaped */
+    /* --repeat 1: one run a row, as before repeats: no spread anywhere */
+    assert_null(strstr(md, "min-max"));
+    assert_null(strstr(svg, "whisker"));
+    assert_null(strstr(json, "\"repeats\""));
+    assert_non_null(strstr(out, "sweep: [4/4] pooled, batch_second: "));
     free(out);
     free(err);
     free(md);
@@ -230,7 +268,8 @@ static void test_sweep_sequence(void **state) {
     int rc = vithost("sweep tiny.yaml --sequence --base baseline "
                      "--step pooled:model.classifier=pooled "
                      "--step model.layout=batch_second,optim.lr=0.002 --step "
-                     "'token again:model.classifier=token' --steps 2 --warmup 0 --out seq");
+                     "'token again:model.classifier=token' --steps 2 --warmup 0 --out seq "
+                     "--repeat 1");
     char *out = tmp_text("out"), *err = tmp_text("err");
     if (rc != 0) fail_msg("exit %d: %s%s", rc, out, err);
     char *md = tmp_text("seq/sweep.md"), *svg = tmp_text("seq/sweep.svg");
@@ -275,6 +314,116 @@ static void test_sweep_errors(void **state) {
     free(md);
 }
 
+/* ---- sweep --repeat ---------------------------------------------------------- */
+
+/* The runs in the order they started, as "RK RK ..." (row, repeat), from
+ * the lines that show a run's command. */
+static void run_order(const char *out, char *order, size_t len) {
+    order[0] = '\0';
+    for (const char *line = out; line && *line; line = strchr(line, '\n'), line += !!line) {
+        const char *p = strstr(line, "] row "), *nl = strchr(line, '\n');
+        const char *cmd = strstr(line, " bench tiny.yaml");
+        int r, k;
+        if (!p || !cmd || (nl && (p > nl || cmd > nl))) continue;
+        if (sscanf(p, "] row %d, repeat %d of", &r, &k) != 2) continue;
+        size_t used = strlen(order);
+        snprintf(order + used, len - used, "%s%d%d", used ? " " : "", r, k);
+    }
+}
+
+/* 2 rows x 2 repeats of real benches: the rows take turns; the median lies
+ * within min-max in the table; a whisker per bar; every run in the JSON. */
+static void test_sweep_repeat_real(void **state) {
+    (void)state;
+    int rc = vithost("sweep tiny.yaml --vary model.depth=1,2 --steps 2 --warmup 0 --repeat 2 "
+                     "--out rep");
+    char *out = tmp_text("out"), *err = tmp_text("err");
+    if (rc != 0) fail_msg("exit %d: %s%s", rc, out, err);
+    char order[64];
+    run_order(out, order, sizeof order);
+    assert_string_equal(order, "01 11 02 12");
+    char *md = tmp_text("rep/sweep.md"), *svg = tmp_text("rep/sweep.svg");
+    char *json = tmp_text("rep/sweep.json");
+    assert_non_null(strstr(md, "| img/s | min-max | spread | relative |"));
+    for (int r = 0; r < 2; r++) {
+        char head[64];
+        snprintf(head, sizeof head, "| %d | %d | `model.depth=%d` |", r, r + 1, r + 1);
+        const char *p = strstr(md, head);
+        assert_non_null(p);
+        double med, lo, hi;
+        assert_int_equal(sscanf(p + strlen(head), " %lf | %lf-%lf |", &med, &lo, &hi), 3);
+        assert_true(lo <= med && med <= hi && lo > 0);
+    }
+    assert_well_formed(svg);
+    assert_int_equal(count(svg, "<path class=\"whisker\""), 2);
+    assert_non_null(strstr(svg, "whiskers: min-max of the runs"));
+    assert_non_null(strstr(json, "\"repeat\": 2"));
+    assert_int_equal(count(json, "\"repeats\": ["), 2);
+    assert_int_equal(count(json, "{\"exit\": 0, \"result\": {\"img_per_s\": "), 4);
+    free(out);
+    free(err);
+    free(md);
+    free(svg);
+    free(json);
+}
+
+/* A stand-in for mpirun ($VITHOST_MPIRUN, --np 1): it logs the row's
+ * --set, and prints a bench object whose img/s is the next of a list, so
+ * the medians, spreads and a failed run are known. Runs in order:
+ * r0k1 r1k1 r0k2 r1k2 r0k3 r1k3. */
+static const char fake_launcher[] =
+    "n=$(cat calls 2>/dev/null || echo 0); n=$((n + 1)); echo $n > calls\n"
+    "for a; do case $a in model.*) echo \"$a\" >> trace;; esac; done\n"
+    "set -- 100 200 104 150 102 260\n"
+    "shift $((n - 1)); v=$1\n"
+    "if [ -n \"$FAIL_AT\" ] && [ $n -eq \"$FAIL_AT\" ]; then echo 'no object' >&2; exit 3; fi\n"
+    "echo \"{\\\"img_per_s\\\": $v, \\\"step_ms_median\\\": 10, \\\"tflops\\\": 0.1, "
+    "\\\"mfu\\\": 0.2, \\\"peak_mem_bytes\\\": 1048576, \\\"phase_ms\\\": {\\\"data\\\": 1, "
+    "\\\"forward\\\": 2, \\\"backward\\\": 3, \\\"comm_wait\\\": 0, \\\"optimizer\\\": 1}}\"\n";
+
+static void test_sweep_repeat_spread(void **state) {
+    (void)state;
+    write_file("fake.sh", fake_launcher);
+    harness_sh(tmp_dir, "rm -f calls trace");
+    int rc = harness_sh(tmp_dir, "VITHOST_MPIRUN='sh fake.sh' " VH_TEST_VITHOST
+                             " sweep tiny.yaml --vary model.depth=1,2 --np 1 --out fake");
+    char *out = tmp_text("out");
+    if (rc != 0) fail_msg("exit %d: %s", rc, out);
+    char *trace = tmp_text("trace"), *md = tmp_text("fake/sweep.md");
+    /* the default, 3 runs a row, the rows taking turns */
+    assert_string_equal(trace, "model.depth=1\nmodel.depth=2\nmodel.depth=1\nmodel.depth=2\n"
+                               "model.depth=1\nmodel.depth=2\n");
+    /* row 0: 100 104 102, spread 4%; row 1: 200 150 260, spread 55%, flagged */
+    assert_non_null(strstr(md, "| 0 | 1 | `model.depth=1` | 102.0 | 100.0-104.0 | 4% | 1.00x |"));
+    assert_non_null(strstr(md, "| 1 | 2 | `model.depth=2` | 200.0 | 150.0-260.0 | **55%, over "
+                               "10%** | 1.96x |"));
+    assert_non_null(strstr(md, "\n- **Warning:** row 1 (2) varied by 55%"));
+    assert_null(strstr(md, "row 0 (1) varied"));
+    assert_non_null(strstr(out, "sweep: warning: row 1 (2) varied by 55%"));
+    char *svg = tmp_text("fake/sweep.svg");
+    assert_well_formed(svg);
+    assert_int_equal(count(svg, "<path class=\"whisker\""), 2);
+    free(svg);
+    free(trace);
+    free(md);
+    free(out);
+    /* run 4 (row 1, repeat 2) fails: its row has the median of the other two,
+     * the run is reported, the sweep exits 1 */
+    harness_sh(tmp_dir, "rm -f calls trace");
+    rc = harness_sh(tmp_dir, "FAIL_AT=4 VITHOST_MPIRUN='sh fake.sh' " VH_TEST_VITHOST
+                             " sweep tiny.yaml --vary model.depth=1,2 --np 1 --out fake");
+    assert_int_equal(rc, 1);
+    md = tmp_text("fake/sweep.md");
+    char *json = tmp_text("fake/sweep.json"), *err = tmp_text("err");
+    assert_non_null(strstr(md, "| 230.0 | 200.0-260.0 | **26%, over 10%**; 1 of 3 runs failed "
+                               "(exit 3) |"));
+    assert_non_null(strstr(json, "{\"exit\": 3, \"result\": null}"));
+    assert_non_null(strstr(err, "1 of 6 runs failed"));
+    free(md);
+    free(json);
+    free(err);
+}
+
 /* ---- plot ------------------------------------------------------------------ */
 
 static void test_plot_two_runs(void **state) {
@@ -316,6 +465,59 @@ static void test_plot_two_runs(void **state) {
     assert_int_equal(vithost("plot run-a"), 2);
 }
 
+/* The top-1 panel's y ticks (the labels right-aligned at its left edge,
+ * x 444) as numbers; their count. */
+static int top1_ticks(const char *svg, double *v, int max) {
+    static const char tag[] = "<text x=\"444.0\" y=\"";
+    int n = 0;
+    for (const char *p = strstr(svg, tag); p && n < max; p = strstr(p + 1, tag)) {
+        const char *close = strchr(p, '>');
+        if (!close || !strstr(p, "text-anchor=\"end\"") ||
+            strstr(p, "text-anchor=\"end\"") > close)
+            continue;
+        v[n++] = strtod(close + 1, NULL);
+    }
+    return n;
+}
+
+/* Runs at 85-89% are drawn on a scale of the data (ticks from ~84 to ~90,
+ * labels apart), not 0-100; the chart scales to the page width. */
+static void test_plot_top1_axis(void **state) {
+    (void)state;
+    harness_sh(tmp_dir, "mkdir -p acc-a acc-b");
+    write_file("acc-a/metrics.jsonl",
+               "{\"step\":10,\"loss\":0.5,\"img_per_s\":900}\n"
+               "{\"step\":10,\"eval_top1\":0.85}\n{\"step\":20,\"eval_top1\":0.872}\n"
+               "{\"step\":30,\"eval_top1\":0.889}\n");
+    write_file("acc-b/metrics.jsonl",
+               "{\"step\":10,\"loss\":0.6,\"img_per_s\":800}\n"
+               "{\"step\":10,\"eval_top1\":0.861}\n{\"step\":30,\"eval_top1\":0.878}\n");
+    int rc = vithost("plot acc-a acc-b -o acc.svg");
+    char *err = tmp_text("err");
+    if (rc != 0) fail_msg("exit %d: %s", rc, err);
+    free(err);
+    char *svg = tmp_text("acc.svg");
+    assert_well_formed(svg);
+    double t[64];
+    int n = top1_ticks(svg, t, 64);
+    if (n < 4 || n > 12) fail_msg("%d ticks on the top-1 axis:\n%.3000s", n, svg);
+    for (int i = 1; i < n; i++) assert_true(t[i] > t[i - 1]); /* distinct labels, rising */
+    if (!(t[0] >= 80 && t[0] <= 85 && t[n - 1] >= 89 && t[n - 1] <= 95))
+        fail_msg("top-1 axis from %g to %g, not the data's 85-89", t[0], t[n - 1]);
+    /* as wide as the page: a percentage width and the drawing's viewBox */
+    assert_non_null(strstr(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"100%\""));
+    assert_non_null(strstr(svg, "viewBox=\"0 0 "));
+    free(svg);
+    /* one value: still a scale around it, never past 100 */
+    write_file("acc-a/metrics.jsonl", "{\"step\":10,\"eval_top1\":0.995}\n");
+    assert_int_equal(vithost("plot acc-a -o one.svg"), 0);
+    svg = tmp_text("one.svg");
+    n = top1_ticks(svg, t, 64);
+    assert_true(n >= 2);
+    assert_true(t[0] >= 95 && t[0] < 99.5 && t[n - 1] <= 100 && t[n - 1] > 99.5);
+    free(svg);
+}
+
 /* ---- pieces ------------------------------------------------------------------ */
 
 static void test_json_number(void **state) {
@@ -353,7 +555,10 @@ int main(void) {
         cmocka_unit_test(test_sweep_grid),
         cmocka_unit_test(test_sweep_sequence),
         cmocka_unit_test(test_sweep_errors),
+        cmocka_unit_test(test_sweep_repeat_real),
+        cmocka_unit_test(test_sweep_repeat_spread),
         cmocka_unit_test(test_plot_two_runs),
+        cmocka_unit_test(test_plot_top1_axis),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,6 +14,7 @@
 #include "progress.h"
 #include "session.h"
 #include "weights.h"
+#include "vithost/vh_cpu_engine.h"
 
 /* ---- the device's peak ---------------------------------------------------- */
 
@@ -150,6 +151,7 @@ static vh_status timed_steps(vh_session *s, const vh_bench_options *o, double *m
     const float *dev_loss = NULL;
     for (int64_t i = 0; i < o->warmup + o->steps; i++) {
         int timed = i >= o->warmup;
+        if (o->op_stats && i == o->warmup) op_stats_start(o->op_stats);
         vh_step_phases scratch = {.sync = 1};
         vh_step_phases *ph = timed ? phases : &scratch;
         double t0 = progress_now();
@@ -164,9 +166,15 @@ static vh_status timed_steps(vh_session *s, const vh_bench_options *o, double *m
         if (st == VH_STATUS_OK) st = dev->synchronize(dev->device);
         if (st != VH_STATUS_OK) return st;
         if (timed) ms[i - o->warmup] = 1e3 * (progress_now() - t0);
+        if (timed && o->op_stats) {
+            o->op_stats->step_seconds += ms[i - o->warmup] / 1e3;
+            o->op_stats->steps++;
+        }
         if (timed && skipped) r->skipped_steps++;
         s->step++;
     }
+    /* the peak probe after the steps is no part of them */
+    if (o->op_stats) op_stats_stop(o->op_stats);
     float loss = NAN;
     vh_status st = session_read_loss(s, dev_loss, &loss, d);
     r->loss = loss;
@@ -183,7 +191,11 @@ vh_status bench_run(vh_run *run, const vh_bench_options *o, vh_bench_result *r, 
     memset(&s, 0, sizeof s);
     double *ms = calloc((size_t)o->steps, sizeof *ms);
     if (!ms) return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
-    vh_status st = session_open(&s, run, d);
+    /* before the session: the plugins keep the table they are given */
+    vh_status st = o->op_stats ? op_stats_install(o->op_stats, &run->device) : VH_STATUS_OK;
+    if (st != VH_STATUS_OK) st = diag_set(d, st, "the device ops are timed already");
+    r->ops = st == VH_STATUS_OK ? o->op_stats : NULL;
+    if (st == VH_STATUS_OK) st = session_open(&s, run, d);
     const char *initial = NULL;
     if (st == VH_STATUS_OK) {
         st = s.model->initial_weights(s.self[VH_ROLE_MODEL], &initial);
@@ -230,11 +242,25 @@ vh_status bench_run(vh_run *run, const vh_bench_options *o, vh_bench_result *r, 
         if (r->peak_tflops > 0 && flops > 0) r->mfu = r->tflops / r->peak_tflops;
     }
     session_close(&s);
+    if (r->ops) op_stats_uninstall(o->op_stats, &run->device);
     free(ms);
     return st;
 }
 
 /* ---- printing --------------------------------------------------------------- */
+
+/* Step times that spread more than this, (max - min) / median, are flagged:
+ * a neighbour's load, not the code, may be what was measured. */
+#define BENCH_SPREAD_WARN 0.10
+
+/* img/s at the slowest and the fastest step, and the steps' spread. */
+static void bench_spread(const vh_bench_result *r, double *img_min, double *img_max,
+                         double *spread) {
+    double batch = (double)r->global_batch;
+    *img_min = r->step_ms_max > 0 ? batch / (r->step_ms_max / 1e3) : NAN;
+    *img_max = r->step_ms_min > 0 ? batch / (r->step_ms_min / 1e3) : NAN;
+    *spread = r->step_ms_median > 0 ? (r->step_ms_max - r->step_ms_min) / r->step_ms_median : NAN;
+}
 
 static void json_number(FILE *out, const char *key, double v, const char *sep) {
     if (isfinite(v)) fprintf(out, "\"%s\": %.6g%s", key, v, sep);
@@ -257,6 +283,11 @@ void bench_print_json(const vh_run *run, const vh_bench_result *r, FILE *out) {
     json_number(out, "step_ms_median", r->step_ms_median, ", ");
     json_number(out, "step_ms_min", r->step_ms_min, ", ");
     json_number(out, "step_ms_max", r->step_ms_max, ", ");
+    double img_min, img_max, spread;
+    bench_spread(r, &img_min, &img_max, &spread);
+    json_number(out, "img_per_s_min", img_min, ", ");
+    json_number(out, "img_per_s_max", img_max, ", ");
+    json_number(out, "step_spread", spread, ", ");
     json_number(out, "tflops", r->tflops, ", ");
     json_number(out, "mfu", r->mfu, ", ");
     json_number(out, "peak_tflops", r->peak_tflops > 0 ? r->peak_tflops : NAN, ", ");
@@ -278,6 +309,10 @@ void bench_print_json(const vh_run *run, const vh_bench_result *r, FILE *out) {
     json_string(out, "compute_dtype", vh_dtype_name(r->compute_dtype), ", ");
     json_string(out, "device", run->device ? run->device->name : "?", ", ");
     json_string(out, "recipe", run->recipe.file ? run->recipe.file : "", "");
+    if (r->ops) {
+        fputs(", \"ops\": ", out);
+        op_stats_print_json(r->ops, out);
+    }
     fputs("}\n", out);
     fflush(out);
 }
@@ -292,10 +327,28 @@ void bench_print(const vh_run *run, const vh_bench_result *r, FILE *out) {
             run->recipe.file, run->device->name, (int)r->world_size,
             (long long)r->global_batch, (long long)r->steps, (long long)r->warmup,
             vh_dtype_name(r->compute_dtype));
+    if (run->device->kind == VH_DEVICE_KIND_CPU && vh_dtype_size(r->compute_dtype) == 2) {
+        /* which path the 16-bit GEMMs took, per shape class (gemm_choice.c) */
+        char line[256], classes[4096];
+        fprintf(out, "  gemm        %s\n",
+                vh_cpu_gemm16_summary(r->compute_dtype, line, sizeof line));
+        vh_cpu_gemm16_classes(classes, sizeof classes);
+        for (char *p = classes, *e; *p; p = e + 1) {
+            if (!(e = strchr(p, '\n'))) break;
+            fprintf(out, "              %.*s\n", (int)(e - p), p);
+        }
+    }
     fprintf(out, "  step time   median %.2f ms, min %.2f, max %.2f (the slowest rank's)\n",
             r->step_ms_median, r->step_ms_min, r->step_ms_max);
-    fprintf(out, "  throughput  %.1f img/s (the job), %.1f per rank\n", r->img_per_s,
-            r->img_per_s / r->world_size);
+    double img_min, img_max, spread;
+    bench_spread(r, &img_min, &img_max, &spread);
+    fprintf(out, "  throughput  %.1f img/s (the job), %.1f per rank; min %.1f, max %.1f (the "
+                 "slowest and fastest step)\n",
+            r->img_per_s, r->img_per_s / r->world_size, img_min, img_max);
+    if (spread > BENCH_SPREAD_WARN)
+        fprintf(out, "  warning     step times spread %.0f%% ((max - min) / median, over %.0f%%): "
+                     "the machine may be busy; compare runs with care or raise --steps\n",
+                100.0 * spread, 100.0 * BENCH_SPREAD_WARN);
     fprintf(out, "  compute     %.4f TFLOP/s per device", r->tflops);
     if (isfinite(r->mfu))
         fprintf(out, ", MFU %.1f%% of %.4g TFLOP/s (%s)\n", 100.0 * r->mfu, r->peak_tflops,
@@ -319,17 +372,21 @@ void bench_print(const vh_run *run, const vh_bench_result *r, FILE *out) {
     if (r->skipped_steps > 0)
         fprintf(out, "  note        %lld timed step(s) skipped the optimizer (overflow)\n",
                 (long long)r->skipped_steps);
+    if (r->ops) op_stats_print(r->ops, out);
     fflush(out);
 }
 
 /* ---- the command line --------------------------------------------------------- */
 
 static const char bench_usage[] =
-    "usage: vithost bench RECIPE [--steps N] [--warmup K] [--json] [--set SECTION.KEY=VALUE]...\n"
+    "usage: vithost bench RECIPE [--steps N] [--warmup K] [--json] [--ops]\n"
+    "                     [--set SECTION.KEY=VALUE]...\n"
     "  trains N timed steps (default 20) after K warm-up steps (default 3) as the recipe\n"
     "  says, with no run folder, and prints step times, img/s, TFLOP/s, MFU, memory and\n"
     "  the time per phase; --json prints one JSON object instead. Under mpirun, rank 0\n"
-    "  prints and img/s is the whole job's.\n";
+    "  prints and img/s is the whole job's. --ops adds the time per device op (calls,\n"
+    "  ms and % of a step, GFLOP/s of the GEMMs), rank 0's; a GPU then synchronises\n"
+    "  around each op.\n";
 
 static int bench_usage_error(FILE *err, const char *fmt, const char *arg) {
     fputs("vithost bench: ", err);
@@ -354,6 +411,7 @@ typedef struct bench_args {
     const char **sets;
     int num_sets;
     int help; /* --help: the usage was printed, nothing to run */
+    int ops;  /* --ops */
 } bench_args;
 
 /* One option (name, and its value when it takes one); an exit code. */
@@ -370,6 +428,8 @@ static int bench_option(bench_args *a, const char *arg, const char *name, const 
         a->sets[a->num_sets++] = value;
     } else if (!strcmp(arg, "--json")) {
         a->o.json = 1;
+    } else if (!strcmp(arg, "--ops")) {
+        a->ops = 1;
     } else if (arg[0] == '-') {
         return bench_usage_error(err, "unknown option '%s'", arg);
     } else if (!a->recipe) {
@@ -444,6 +504,8 @@ int bench_main(int argc, char **argv, FILE *out, FILE *err) {
         /* With --json, stdout carries the object alone. */
         vh_run_options opts = {.recipe_path = a.recipe, .sets = a.sets, .num_sets = a.num_sets,
                                .out = a.o.json ? err : out};
+        vh_op_stats op_stats;
+        if (a.ops) a.o.op_stats = &op_stats;
         code = command_open_run(&run, &opts, err);
         if (code == VH_EXIT_OK) {
             vh_status st = bench_and_print(&run, &a.o, out, err);

@@ -15,6 +15,7 @@
  * --json prints one object on stdout instead (human lines go nowhere):
  *
  *   {"img_per_s": ..., "step_ms_median": ..., "step_ms_min": ..., "step_ms_max": ...,
+ *    "img_per_s_min": ..., "img_per_s_max": ..., "step_spread": ...,
  *    "tflops": ..., "mfu": ..., "peak_tflops": ..., "peak_source": "...",
  *    "peak_mem_bytes": ..., "device_mem_bytes": null, "model_state_bytes": ...,
  *    "activation_bytes": ..., "phase_ms": {"data": ..., "forward": ..., "backward": ...,
@@ -22,14 +23,21 @@
  *    "steps": ..., "warmup": ..., "skipped_steps": ..., "loss": ...,
  *    "compute_dtype": "f32", "device": "cpu", "recipe": "..."}
  *
- * mfu is null when no peak is known; device_mem_bytes is null until the
- * device ops can report their memory (on the CPU, peak_mem_bytes is it). */
+ * With --ops, an "ops" member follows (op_stats.h): the device ops per
+ * step, and the printed lines end with their table.
+ *
+ * img_per_s_min/max are the global batch over the slowest and the fastest
+ * step; step_spread is (max - min) / median of the step times (the text
+ * warns past 10%: a busy machine). mfu is null when no peak is known;
+ * device_mem_bytes is null until the device ops can report their memory
+ * (on the CPU, peak_mem_bytes is it). */
 #ifndef VITHOST_HOST_BENCH_COMMAND_H
 #define VITHOST_HOST_BENCH_COMMAND_H
 
 #include <stdint.h>
 #include <stdio.h>
 
+#include "op_stats.h"
 #include "runtime.h"
 #include "step_phases.h"
 
@@ -37,6 +45,9 @@ typedef struct vh_bench_options {
     int64_t steps;  /* timed steps, >= 1 */
     int64_t warmup; /* untimed steps first, >= 0 */
     int json;
+    /* --ops: where to time each device op (caller-owned), or NULL: nothing
+     * is wrapped */
+    vh_op_stats *op_stats;
 } vh_bench_options;
 
 typedef struct vh_bench_result {
@@ -49,6 +60,7 @@ typedef struct vh_bench_result {
     double phase_ms[VH_STEP_PHASE_COUNT];
     double loss;
     vh_dtype compute_dtype;
+    const vh_op_stats *ops; /* the per-op figures with --ops, else NULL */
 } vh_bench_result;
 
 /* Opens the device, the communicator and a session on an opened run,

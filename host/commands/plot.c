@@ -141,7 +141,15 @@ static void axis_range(const plot_run *runs, int n, int panel, int want_x, doubl
         }
     }
     if (!(*lo <= *hi)) *lo = 0, *hi = 1; /* no points */
-    if (!want_x && panel != PANEL_LOSS && *lo > 0) *lo = 0; /* accuracy, img/s from zero */
+    if (!want_x && panel == PANEL_IMG_S && *lo > 0) *lo = 0; /* img/s from zero */
+    if (!want_x && panel == PANEL_TOP1) {
+        /* The data's range and a margin, within 0-100: runs at 85-89% drawn
+         * from 0 all look flat. At least 1 point each side, so one value or a
+         * flat run still gets a readable scale. */
+        double margin = fmax(0.05 * (*hi - *lo), 1.0);
+        *lo = fmax(*lo - margin, fmin(*lo, 0.0));
+        *hi = fmin(*hi + margin, fmax(*hi, 100.0));
+    }
     /* a span the doubles cannot split into ticks is drawn as a flat line */
     double mag = fmax(fabs(*lo), fabs(*hi));
     if (*hi - *lo < fmax(1e-12, 1e-9 * mag)) *hi = *lo + (mag > 0 ? mag * 0.1 : 1.0);
@@ -154,11 +162,14 @@ static int tick_count(double lo, double hi, double step) {
     return n < 0 ? -1 : n > 50 ? 50 : (int)n; /* -1: none */
 }
 
-static void tick_label(char *buf, size_t len, double v) {
+/* v as a tick's label; step, the ticks' spacing, sets the decimals so
+ * that 86.5 and 87 stay apart. */
+static void tick_label(char *buf, size_t len, double v, double step) {
     double a = fabs(v);
+    int decimals = step > 0 && step < 1 ? (int)ceil(-log10(step) - 1e-9) : 0;
     if (a >= 1e7) snprintf(buf, len, "%.3g", v);
     else if (a >= 1e4) snprintf(buf, len, "%.0fk", v / 1e3);
-    else if (a >= 10 || a == 0) snprintf(buf, len, "%.0f", v);
+    else if (a >= 10 || a == 0) snprintf(buf, len, "%.*f", decimals > 6 ? 6 : decimals, v);
     else snprintf(buf, len, "%.3g", v);
 }
 
@@ -177,7 +188,7 @@ static void draw_panel(FILE *f, const plot_run *runs, int n, int panel, double x
         double y = ylo + k * ystep;
         double py = y0 + h - h * (y - ylo) / (yhi - ylo);
         svg_line(f, x0, py, x0 + w, py, "#eeeeee", 1);
-        tick_label(buf, sizeof buf, y);
+        tick_label(buf, sizeof buf, y, ystep);
         svg_text(f, x0 - 6, py + 4, "end", 10, NULL, "%s", buf);
     }
     double x1 = ceil(xlo / xstep) * xstep;
@@ -185,7 +196,7 @@ static void draw_panel(FILE *f, const plot_run *runs, int n, int panel, double x
         double x = x1 + k * xstep;
         double px = x0 + w * (x - xlo) / (xhi - xlo);
         svg_line(f, px, y0 + h, px, y0 + h + 4, "#333333", 1);
-        tick_label(buf, sizeof buf, x);
+        tick_label(buf, sizeof buf, x, xstep);
         svg_text(f, px, y0 + h + 16, "middle", 10, NULL, "%s", buf);
     }
     svg_text(f, x0 + w / 2, y0 + h + 32, "middle", 11, "fill=\"#555555\"", "step");

@@ -11,9 +11,12 @@ void svg_begin(FILE *f, double width, double height) {
     fprintf(f,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
             OUTPUT_SVG_MARK " -->\n" /* an existing file may be replaced only with it */
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            /* as wide as the page, never wider than drawn; the height
+             * follows the viewBox's proportions */
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"100%%\" "
+            "style=\"max-width: %.0fpx; height: auto\" "
             "viewBox=\"0 0 %.0f %.0f\" font-family=\"Helvetica, Arial, sans-serif\">\n",
-            width, height, width, height);
+            width, width, height);
     svg_rect(f, 0, 0, width, height, "#ffffff", NULL);
 }
 

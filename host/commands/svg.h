@@ -1,6 +1,7 @@
 /* svg.h - the few SVG elements `vithost sweep` and `vithost plot` draw,
- * written by hand (no library): a fixed canvas in pixels, text escaped,
- * numbers with enough digits and never a locale's comma. */
+ * written by hand (no library): a canvas in pixels that scales to the page
+ * width (never past its own), text escaped, numbers with enough digits and
+ * never a locale's comma. */
 #ifndef VITHOST_HOST_SVG_H
 #define VITHOST_HOST_SVG_H
 
@@ -9,7 +10,8 @@
 #include "vithost/vh_host.h"
 
 /* <svg ...> with a white background, after the mark of vithost's files
- * (OUTPUT_SVG_MARK, outputs.h); and </svg>. */
+ * (OUTPUT_SVG_MARK, outputs.h): width="100%" with max-width the drawn
+ * width, and viewBox "0 0 width height"; and </svg>. */
 void svg_begin(FILE *f, double width, double height);
 void svg_end(FILE *f);
 

@@ -19,13 +19,33 @@
 #define SWEEP_MAX_ROWS 256
 #define SWEEP_MAX_SETS 64
 
+/* A row's spread of img/s over its repeats above this is flagged. */
+#define SWEEP_SPREAD_WARN 0.10
+
+/* What one run of a row measured (NAN: not known). */
+typedef struct sweep_numbers {
+    double img_per_s, step_ms, tflops, mfu, peak_mem, phase_ms[5];
+} sweep_numbers;
+#define SWEEP_NUM_METRICS 10 /* the doubles of sweep_numbers */
+
+typedef struct sweep_repeat {
+    char *json; /* the child's object, or NULL */
+    int exit_code;
+    sweep_numbers m;
+} sweep_repeat;
+
 typedef struct sweep_row {
     char label[256];
     const char *sets[SWEEP_MAX_SETS]; /* "section.key=value", pointers into args */
     int num_sets;
-    char *json; /* the child's object, or NULL */
-    int exit_code;
+    sweep_repeat *reps; /* --repeat of them */
+    /* Over the repeats that ran: json is the one of median img/s (not owned),
+     * NULL when none ran; exit_code the last failure's, 0 when none failed;
+     * the numbers are each metric's median. */
+    const char *json;
+    int exit_code, num_ok;
     double img_per_s, step_ms, tflops, mfu, peak_mem, phase_ms[5];
+    double img_min, img_max, spread; /* spread: (max - min) / median, NAN under 2 runs */
 } sweep_row;
 
 static const char *const phase_keys[5] = {"data", "forward", "backward", "comm_wait",
@@ -35,7 +55,7 @@ typedef struct sweep {
     const char *recipe, *out_dir, *title, *base_label;
     const char **common; /* --set of every row */
     int num_common;
-    int sequence, np;
+    int sequence, np, repeat;
     long long steps, warmup;
     /* --vary: key and its comma-separated values; --step: changes */
     char **vary;
@@ -57,6 +77,9 @@ static const char sweep_usage[] =
     "options: --set KEY=V (every row)  --steps N (20)  --warmup K (3)\n"
     "         --np N (each row under `mpirun -np N`; $VITHOST_MPIRUN replaces mpirun)\n"
     "         --out DIR (runs/sweep-<recipe>)  --title TEXT\n"
+    "         --repeat N (3): each row N times, the rows taking turns (row 0, row 1, ...,\n"
+    "         row 0, ...); the table gives the median img/s with min-max and flags a\n"
+    "         spread (max - min) / median over 10%; --repeat 1 runs each row once\n"
     "writes DIR/sweep.md (table), DIR/sweep.svg (throughput relative to row 0),\n"
     "DIR/sweep.json (every row's bench object).\n";
 
@@ -199,6 +222,11 @@ static int sequence_rows(sweep *w, text_pool *pool, FILE *err) {
     return VH_EXIT_OK;
 }
 
+static int compare_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* ---- running a row -------------------------------------------------------- */
 
 static char *self_exe(void) {
@@ -285,18 +313,31 @@ static double number_or_nan(const char *json, const char *key) {
     return v;
 }
 
-static void run_row(sweep *w, int r, const char *exe, FILE *out) {
-    sweep_row *row = &w->rows[r];
-    const char *argv[64 + 4 * SWEEP_MAX_SETS + 8];
+/* The numbers of a bench object; NAN for what it lacks. */
+static void parse_numbers(const char *json, sweep_numbers *m) {
+    m->img_per_s = number_or_nan(json, "img_per_s");
+    m->step_ms = number_or_nan(json, "step_ms_median");
+    m->tflops = number_or_nan(json, "tflops");
+    m->mfu = number_or_nan(json, "mfu");
+    m->peak_mem = number_or_nan(json, "peak_mem_bytes");
+    const char *phases = strstr(json, "\"phase_ms\"");
+    for (int p = 0; p < 5; p++)
+        m->phase_ms[p] = phases ? number_or_nan(phases, phase_keys[p]) : NAN;
+}
+
+/* The child's command line for a row into argv (launcher: the copy of
+ * $VITHOST_MPIRUN its words point into, freed by the caller); its length. */
+static int row_argv(const sweep *w, const sweep_row *row, const char *exe, const char **argv,
+                    char **launcher, char *np, char *steps, char *warmup) {
     int n = 0;
-    char np[16], steps[32], warmup[32];
-    char *launcher = NULL;
+    *launcher = NULL;
     if (w->np > 0) {
         const char *env = getenv("VITHOST_MPIRUN");
-        launcher = strdup(env && env[0] ? env : "mpirun");
-        for (char *tok = strtok(launcher, " \t"); tok && n < 32; tok = strtok(NULL, " \t"))
+        *launcher = strdup(env && env[0] ? env : "mpirun");
+        for (char *tok = *launcher ? strtok(*launcher, " \t") : NULL; tok && n < 32;
+             tok = strtok(NULL, " \t"))
             argv[n++] = tok;
-        snprintf(np, sizeof np, "%d", w->np);
+        snprintf(np, 16, "%d", w->np);
         argv[n++] = "-np";
         argv[n++] = np;
         argv[n++] = "--oversubscribe"; /* ranks may outnumber cores on small machines */
@@ -306,8 +347,8 @@ static void run_row(sweep *w, int r, const char *exe, FILE *out) {
             argv[n++] = "OMP_NUM_THREADS";
         }
     }
-    snprintf(steps, sizeof steps, "%lld", w->steps);
-    snprintf(warmup, sizeof warmup, "%lld", w->warmup);
+    snprintf(steps, 32, "%lld", w->steps);
+    snprintf(warmup, 32, "%lld", w->warmup);
     argv[n++] = exe;
     argv[n++] = "bench";
     argv[n++] = w->recipe;
@@ -319,33 +360,95 @@ static void run_row(sweep *w, int r, const char *exe, FILE *out) {
     for (int i = 0; i < w->num_common; i++) argv[n++] = "--set", argv[n++] = w->common[i];
     for (int i = 0; i < row->num_sets; i++) argv[n++] = "--set", argv[n++] = row->sets[i];
     argv[n] = NULL;
-    fprintf(out, "sweep: [%d/%d] %s:", r + 1, w->num_rows, row->label);
+    return n;
+}
+
+/* Repeat k of row r: the run's number among all of them is k * rows + r,
+ * so the rows take turns and a neighbour's load lands on each alike. */
+static void run_repeat(sweep *w, int r, int k, const char *exe, FILE *out) {
+    sweep_row *row = &w->rows[r];
+    sweep_repeat *rep = &row->reps[k];
+    const char *argv[64 + 4 * SWEEP_MAX_SETS + 8];
+    char np[16], steps[32], warmup[32], *launcher;
+    int n = row_argv(w, row, exe, argv, &launcher, np, steps, warmup);
+    int at = k * w->num_rows + r + 1, total = w->num_rows * w->repeat;
+    char name[340];
+    if (w->repeat > 1)
+        snprintf(name, sizeof name, "row %d, repeat %d of %d, %s", r, k + 1, w->repeat,
+                 row->label);
+    else snprintf(name, sizeof name, "%s", row->label);
+    fprintf(out, "sweep: [%d/%d] %s:", at, total, name);
     for (int i = 0; i < n; i++) fprintf(out, " %s", argv[i]);
     fputc('\n', out);
     fflush(out);
     char *text = NULL;
-    row->exit_code = run_child((char *const *)argv, &text);
+    rep->exit_code = run_child((char *const *)argv, &text);
     free(launcher);
-    row->json = text && row->exit_code == 0 ? last_object(text) : NULL;
+    rep->json = text && rep->exit_code == 0 ? last_object(text) : NULL;
     free(text);
-    row->img_per_s = row->step_ms = row->tflops = row->mfu = row->peak_mem = NAN;
-    for (int p = 0; p < 5; p++) row->phase_ms[p] = NAN;
-    if (!row->json) {
-        if (row->exit_code == 0) row->exit_code = 1; /* ran, but printed no object */
-        fprintf(out, "sweep: [%d/%d] %s failed (exit %d); its messages are above\n", r + 1,
-                w->num_rows, row->label, row->exit_code);
+    if (!rep->json) {
+        if (rep->exit_code == 0) rep->exit_code = 1; /* ran, but printed no object */
+        rep->m.img_per_s = NAN;
+        fprintf(out, "sweep: [%d/%d] %s failed (exit %d); its messages are above\n", at, total,
+                name, rep->exit_code);
         return;
     }
-    row->img_per_s = number_or_nan(row->json, "img_per_s");
-    row->step_ms = number_or_nan(row->json, "step_ms_median");
-    row->tflops = number_or_nan(row->json, "tflops");
-    row->mfu = number_or_nan(row->json, "mfu");
-    row->peak_mem = number_or_nan(row->json, "peak_mem_bytes");
-    const char *phases = strstr(row->json, "\"phase_ms\"");
-    for (int p = 0; p < 5 && phases; p++) row->phase_ms[p] = number_or_nan(phases, phase_keys[p]);
-    fprintf(out, "sweep: [%d/%d] %s: %.1f img/s, %.2f ms/step\n", r + 1, w->num_rows,
-            row->label, row->img_per_s, row->step_ms);
+    parse_numbers(rep->json, &rep->m);
+    fprintf(out, "sweep: [%d/%d] %s: %.1f img/s, %.2f ms/step\n", at, total, name,
+            rep->m.img_per_s, rep->m.step_ms);
     fflush(out);
+}
+
+/* The median of the finite values among v[0..n) (reordered); NAN if none. */
+static double median_of(double *v, int n) {
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(v[i])) v[m++] = v[i];
+    if (m == 0) return NAN;
+    qsort(v, (size_t)m, sizeof *v, compare_double);
+    return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
+/* A row's numbers from the repeats that ran: each metric's median, the
+ * min and max of img/s, its spread, and the object of the run nearest the
+ * median (sweep.json's "result"). */
+static void summarize_row(sweep *w, sweep_row *row) {
+    double v[SWEEP_NUM_METRICS][64], *dst[SWEEP_NUM_METRICS] = {
+        &row->img_per_s, &row->step_ms, &row->tflops, &row->mfu, &row->peak_mem,
+        &row->phase_ms[0], &row->phase_ms[1], &row->phase_ms[2], &row->phase_ms[3],
+        &row->phase_ms[4]};
+    int n = 0;
+    row->json = NULL;
+    row->exit_code = 0;
+    row->img_min = INFINITY;
+    row->img_max = -INFINITY;
+    for (int k = 0; k < w->repeat; k++) {
+        const sweep_repeat *rep = &row->reps[k];
+        if (!rep->json) {
+            row->exit_code = rep->exit_code;
+            continue;
+        }
+        const double *src[SWEEP_NUM_METRICS] = {
+            &rep->m.img_per_s, &rep->m.step_ms, &rep->m.tflops, &rep->m.mfu,
+            &rep->m.peak_mem, &rep->m.phase_ms[0], &rep->m.phase_ms[1], &rep->m.phase_ms[2],
+            &rep->m.phase_ms[3], &rep->m.phase_ms[4]};
+        for (int i = 0; i < SWEEP_NUM_METRICS; i++) v[i][n] = *src[i];
+        if (rep->m.img_per_s < row->img_min) row->img_min = rep->m.img_per_s;
+        if (rep->m.img_per_s > row->img_max) row->img_max = rep->m.img_per_s;
+        n++;
+    }
+    row->num_ok = n;
+    for (int i = 0; i < SWEEP_NUM_METRICS; i++) *dst[i] = median_of(v[i], n);
+    if (!(row->img_min <= row->img_max)) row->img_min = row->img_max = NAN;
+    row->spread = n >= 2 && row->img_per_s > 0
+                      ? (row->img_max - row->img_min) / row->img_per_s
+                      : NAN;
+    double best = INFINITY;
+    for (int k = 0; k < w->repeat; k++) {
+        const sweep_repeat *rep = &row->reps[k];
+        double off = fabs(rep->m.img_per_s - row->img_per_s);
+        if (rep->json && (!row->json || off < best)) row->json = rep->json, best = off;
+    }
 }
 
 /* ---- the files ------------------------------------------------------------ */
@@ -368,84 +471,156 @@ static void md_cell(FILE *f, double v, const char *fmt) {
     else fputs(" - |", f);
 }
 
+/* The spread cell of row r: "4%", in bold past SWEEP_SPREAD_WARN, and the
+ * repeats that failed. */
+static void md_spread(FILE *f, const sweep *w, const sweep_row *row) {
+    if (!isfinite(row->spread)) fputs(" -", f);
+    else if (row->spread > SWEEP_SPREAD_WARN)
+        fprintf(f, " **%.0f%%, over %.0f%%**", 100.0 * row->spread, 100.0 * SWEEP_SPREAD_WARN);
+    else fprintf(f, " %.0f%%", 100.0 * row->spread);
+    if (row->num_ok < w->repeat)
+        fprintf(f, "; %d of %d runs failed (exit %d)", w->repeat - row->num_ok, w->repeat,
+                row->exit_code);
+    fputs(" |", f);
+}
+
+static void md_row(FILE *f, const sweep *w, int r, double ref) {
+    const sweep_row *row = &w->rows[r];
+    fprintf(f, "| %d | %s | ", r, row->label);
+    int first = 1;
+    for (int i = w->sequence ? w->rows[r > 0 ? r - 1 : 0].num_sets : 0; i < row->num_sets;
+         i++, first = 0)
+        fprintf(f, "%s`%s`", first ? "" : " ", row->sets[i]);
+    if (first) fputs(w->sequence ? "(the recipe)" : "", f);
+    fputs(" |", f);
+    if (!row->json) { /* the cells after img/s stay empty */
+        int cells = 10 + (w->sequence != 0) + (w->repeat > 1 ? 2 : 0);
+        fprintf(f, " failed (exit %d) |", row->exit_code);
+        for (int c = 0; c < cells; c++) fputs(" |", f);
+        fputc('\n', f);
+        return;
+    }
+    md_cell(f, row->img_per_s, " %.1f |");
+    if (w->repeat > 1) {
+        if (isfinite(row->img_min) && isfinite(row->img_max))
+            fprintf(f, " %.1f-%.1f |", row->img_min, row->img_max);
+        else fputs(" - |", f);
+        md_spread(f, w, row);
+    }
+    md_cell(f, row->img_per_s / ref, " %.2fx |");
+    if (w->sequence) {
+        double prev = r > 0 ? w->rows[r - 1].img_per_s : NAN;
+        md_cell(f, r > 0 ? row->img_per_s / prev : NAN, " %.2fx |");
+    }
+    md_cell(f, row->step_ms, " %.1f |");
+    md_cell(f, row->tflops, " %.3g |");
+    md_cell(f, 100.0 * row->mfu, " %.1f%% |");
+    md_cell(f, row->peak_mem / 1048576.0, " %.0f |");
+    for (int p = 0; p < 5; p++) md_cell(f, row->phase_ms[p], " %.1f |");
+    fputc('\n', f);
+}
+
+/* Under the table: the rows whose repeats disagree by more than
+ * SWEEP_SPREAD_WARN, so no one reads a ratio off a busy machine. */
+static void md_warnings(FILE *f, const sweep *w) {
+    int noisy = 0;
+    for (int r = 0; r < w->num_rows; r++) {
+        const sweep_row *row = &w->rows[r];
+        if (!(row->spread > SWEEP_SPREAD_WARN)) continue;
+        if (!noisy++) fputc('\n', f);
+        fprintf(f, "- **Warning:** row %d (%s) varied by %.0f%% over its %d runs (%.1f-%.1f "
+                   "img/s, more than %.0f%%): the machine was not quiet; compare its medians "
+                   "with care, or sweep again with more --repeat.\n",
+                r, row->label, 100.0 * row->spread, row->num_ok, row->img_min, row->img_max,
+                100.0 * SWEEP_SPREAD_WARN);
+    }
+}
+
 static int write_markdown(const sweep *w, const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) return -1;
     double ref = reference_img_s(w);
     int ref_row = reference_row(w);
-    char relative[64];
+    char relative[64], runs[160] = "";
     if (ref_row < 0) snprintf(relative, sizeof relative, "none (every row failed)");
     else if (ref_row == 0) snprintf(relative, sizeof relative, "to row 0");
     else snprintf(relative, sizeof relative, "to row %d (row 0 failed)", ref_row);
+    if (w->repeat > 1)
+        snprintf(runs, sizeof runs, "; each row ran %d times, the rows taking turns: img/s and "
+                                    "the other numbers are the medians, spread is (max - min) "
+                                    "/ median of img/s",
+                 w->repeat);
     fprintf(f, "# %s\n\n", w->title);
     fprintf(f, "Made by `%s`; each row is `vithost bench --json` (%lld timed steps after %lld "
-               "warm-up%s). img/s is the whole job's; relative: %s%s.\n\n",
+               "warm-up%s)%s. img/s is the whole job's; relative: %s%s.\n\n",
             w->command ? w->command : "vithost sweep", w->steps, w->warmup,
-            w->np > 0 ? ", under mpirun" : "", relative,
+            w->np > 0 ? ", under mpirun" : "", runs, relative,
             w->sequence ? "; vs previous: to the row above (what the step bought)" : "");
-    fprintf(f, "| # | configuration | changes | img/s | relative |%s ms/step | TFLOP/s/device "
+    fprintf(f, "| # | configuration | changes | img/s |%s relative |%s ms/step | TFLOP/s/device "
                "| MFU | peak mem MiB | data ms | fwd ms | bwd ms | comm wait ms | optim ms |\n",
-            w->sequence ? " vs previous |" : "");
-    fprintf(f, "|---|---|---|---|---|%s---|---|---|---|---|---|---|---|---|\n",
-            w->sequence ? "---|" : "");
-    for (int r = 0; r < w->num_rows; r++) {
-        const sweep_row *row = &w->rows[r];
-        fprintf(f, "| %d | %s | ", r, row->label);
-        int first = 1;
-        for (int i = w->sequence ? w->rows[r > 0 ? r - 1 : 0].num_sets : 0; i < row->num_sets;
-             i++, first = 0)
-            fprintf(f, "%s`%s`", first ? "" : " ", row->sets[i]);
-        if (first) fputs(w->sequence ? "(the recipe)" : "", f);
-        fputs(" |", f);
-        if (!row->json) {
-            fprintf(f, " failed (exit %d) |%s\n", row->exit_code,
-                    " | | | | | | | | | |");
-            continue;
-        }
-        md_cell(f, row->img_per_s, " %.1f |");
-        md_cell(f, row->img_per_s / ref, " %.2fx |");
-        if (w->sequence) {
-            double prev = r > 0 ? w->rows[r - 1].img_per_s : NAN;
-            md_cell(f, r > 0 ? row->img_per_s / prev : NAN, " %.2fx |");
-        }
-        md_cell(f, row->step_ms, " %.1f |");
-        md_cell(f, row->tflops, " %.3g |");
-        md_cell(f, 100.0 * row->mfu, " %.1f%% |");
-        md_cell(f, row->peak_mem / 1048576.0, " %.0f |");
-        for (int p = 0; p < 5; p++) md_cell(f, row->phase_ms[p], " %.1f |");
-        fputc('\n', f);
-    }
+            w->repeat > 1 ? " min-max | spread |" : "", w->sequence ? " vs previous |" : "");
+    fprintf(f, "|---|---|---|---|---|%s%s---|---|---|---|---|---|---|---|---|\n",
+            w->repeat > 1 ? "---|---|" : "", w->sequence ? "---|" : "");
+    for (int r = 0; r < w->num_rows; r++) md_row(f, w, r, ref);
+    md_warnings(f, w);
     int bad = ferror(f); /* a full disk: fprintf failed, fclose may not say so */
     return fclose(f) != 0 || bad ? -1 : 0;
+}
+
+static void json_escaped(FILE *f, const char *s) {
+    for (const char *p = s; *p; p++) {
+        if (*p == '"' || *p == '\\') fputc('\\', f);
+        fputc(*p, f);
+    }
+}
+
+static void json_num(FILE *f, const char *key, double v) {
+    if (isfinite(v)) fprintf(f, "\"%s\": %.6g", key, v);
+    else fprintf(f, "\"%s\": null", key);
+}
+
+/* Of --repeat N > 1: img/s's median, min, max and spread, and every run's
+ * exit and object, in the order they ran. */
+static void json_repeats(FILE *f, const sweep *w, const sweep_row *row) {
+    fputs(", \"img_per_s\": {", f);
+    json_num(f, "median", row->img_per_s);
+    fputs(", ", f);
+    json_num(f, "min", row->img_min);
+    fputs(", ", f);
+    json_num(f, "max", row->img_max);
+    fputs(", ", f);
+    json_num(f, "spread", row->spread);
+    fprintf(f, ", \"runs\": %d, \"failed\": %d}, \"repeats\": [", row->num_ok,
+            w->repeat - row->num_ok);
+    for (int k = 0; k < w->repeat; k++)
+        fprintf(f, "%s\n    {\"exit\": %d, \"result\": %s}", k ? "," : "", row->reps[k].exit_code,
+                row->reps[k].json ? row->reps[k].json : "null");
+    fputs("]", f);
 }
 
 static int write_json(const sweep *w, const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) return -1;
     fputs("{\"command\": \"", f);
-    for (const char *p = w->command ? w->command : ""; *p; p++) {
-        if (*p == '"' || *p == '\\') fputc('\\', f);
-        fputc(*p, f);
-    }
-    fprintf(f, "\", \"mode\": \"%s\", \"rows\": [\n", w->sequence ? "sequence" : "grid");
+    json_escaped(f, w->command ? w->command : "");
+    fprintf(f, "\", \"mode\": \"%s\", ", w->sequence ? "sequence" : "grid");
+    if (w->repeat > 1) fprintf(f, "\"repeat\": %d, ", w->repeat);
+    fputs("\"rows\": [\n", f);
     for (int r = 0; r < w->num_rows; r++) {
         const sweep_row *row = &w->rows[r];
         fputs("  {\"label\": \"", f);
-        for (const char *p = row->label; *p; p++) {
-            if (*p == '"' || *p == '\\') fputc('\\', f);
-            fputc(*p, f);
-        }
+        json_escaped(f, row->label);
         fputs("\", \"sets\": [", f);
         for (int i = 0; i < row->num_sets; i++) {
             fprintf(f, "%s\"", i ? ", " : "");
-            for (const char *p = row->sets[i]; *p; p++) {
-                if (*p == '"' || *p == '\\') fputc('\\', f);
-                fputc(*p, f);
-            }
+            json_escaped(f, row->sets[i]);
             fputc('"', f);
         }
-        fprintf(f, "], \"exit\": %d, \"result\": %s}%s\n", row->exit_code,
-                row->json ? row->json : "null", r + 1 < w->num_rows ? "," : "");
+        /* result: of several runs, the one nearest the median img/s */
+        fprintf(f, "], \"exit\": %d, \"result\": %s", row->exit_code,
+                row->json ? row->json : "null");
+        if (w->repeat > 1) json_repeats(f, w, row);
+        fprintf(f, "}%s\n", r + 1 < w->num_rows ? "," : "");
     }
     fputs("]}\n", f);
     int bad = ferror(f);
@@ -464,7 +639,17 @@ static void draw_bar(FILE *f, const sweep *w, int r, double cx, double base, dou
                    "fill=\"%s\"/>\n",
                 cx - bar_w / 2, base - h, bar_w, h,
                 r == reference_row(w) ? "#7f7f7f" : svg_color(0));
-        svg_text(f, cx, base - h - 6, "middle", 12, "font-weight=\"bold\"", "%.2fx", rel);
+        double label_y = base - h;
+        if (w->rows[r].num_ok >= 2) { /* min-max of the repeats, with caps */
+            double ref = reference_img_s(w);
+            double y_lo = base - plot_h * (w->rows[r].img_min / ref) / top;
+            double y_hi = base - plot_h * (w->rows[r].img_max / ref) / top;
+            fprintf(f, "<path class=\"whisker\" d=\"M%.1f %.1fV%.1fM%.1f %.1fH%.1fM%.1f "
+                       "%.1fH%.1f\" stroke=\"#222222\" stroke-width=\"1.5\" fill=\"none\"/>\n",
+                    cx, y_lo, y_hi, cx - 8, y_lo, cx + 8, cx - 8, y_hi, cx + 8);
+            if (y_hi < label_y) label_y = y_hi;
+        }
+        svg_text(f, cx, label_y - 6, "middle", 12, "font-weight=\"bold\"", "%.2fx", rel);
     } else {
         fprintf(f, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"0\" "
                    "fill=\"none\"/>\n",
@@ -482,11 +667,21 @@ static int write_svg(const sweep *w, const char *path) {
     if (!f) return -1;
     double ref = reference_img_s(w), top = 1.0;
     for (int r = 0; r < w->num_rows; r++) {
-        double rel = w->rows[r].img_per_s / ref;
+        double rel = fmax(w->rows[r].img_per_s, w->rows[r].img_max) / ref;
         if (isfinite(rel) && rel > top) top = rel;
     }
     double tick = svg_tick_step(top * 1.1, 5);
     top = ceil(top * 1.1 / tick) * tick;
+    int ref_row = reference_row(w);
+    char sub[1024];
+    if (ref_row < 0)
+        snprintf(sub, sizeof sub, "every row failed: no throughput to compare (see the "
+                                  "sweep's messages)");
+    else
+        snprintf(sub, sizeof sub, "%s relative to \"%s\" (%.1f img/s)%s%s",
+                 w->repeat > 1 ? "median throughput" : "throughput", w->rows[ref_row].label, ref,
+                 ref_row > 0 ? "; row 0 failed" : "",
+                 w->repeat > 1 ? "; whiskers: min-max of the runs" : "");
     /* room for the turned labels below (sin 35 deg of their length) and the title */
     size_t longest = 0;
     for (int r = 0; r < w->num_rows; r++)
@@ -495,19 +690,14 @@ static int write_svg(const sweep *w, const char *path) {
     const double label_h = 40 + 0.58 * 6.5 * (double)(longest + 2);
     const double slot = 80;
     double width = left + right + slot * w->num_rows;
-    if (width < 420) width = 420;
-    if (width < 9.0 * (double)strlen(w->title) + 40) width = 9.0 * (double)strlen(w->title) + 40;
+    width = fmax(width, 420);
+    width = fmax(width, 9.0 * (double)strlen(w->title) + 40);
+    width = fmax(width, 6.5 * (double)strlen(sub) + 40);
     double height = top_margin + plot_h + label_h, base = top_margin + plot_h;
     svg_begin(f, width, height);
     svg_text(f, width / 2, 26, "middle", 16, "font-weight=\"bold\"", "%s", w->title);
-    int ref_row = reference_row(w);
-    if (ref_row < 0)
-        svg_text(f, width / 2, 46, "middle", 12, "fill=\"#d62728\"",
-                 "every row failed: no throughput to compare (see the sweep's messages)");
-    else
-        svg_text(f, width / 2, 46, "middle", 12, "fill=\"#555555\"",
-                 "throughput relative to \"%s\" (%.1f img/s)%s", w->rows[ref_row].label, ref,
-                 ref_row > 0 ? "; row 0 failed" : "");
+    svg_text(f, width / 2, 46, "middle", 12,
+             ref_row < 0 ? "fill=\"#d62728\"" : "fill=\"#555555\"", "%s", sub);
     for (double y = 0; y <= top + 1e-9; y += tick) {
         double py = base - plot_h * y / top;
         svg_line(f, left, py, width - right, py, "#e5e5e5", 1);
@@ -583,8 +773,9 @@ static int parse_args(sweep *w, int argc, char **argv, FILE *out, FILE *err) {
             name[eq - arg] = '\0';
             value = (char *)eq + 1;
         }
-        static const char *const valued[] = {"--vary", "--step", "--set",   "--steps", "--warmup",
-                                             "--np",   "--out",  "--title", "--base"};
+        static const char *const valued[] = {"--vary", "--step",  "--set",  "--steps",
+                                             "--warmup", "--np", "--out", "--title",
+                                             "--base", "--repeat"};
         int takes = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             takes |= strcmp(name, valued[k]) == 0;
@@ -606,13 +797,15 @@ static int parse_args(sweep *w, int argc, char **argv, FILE *out, FILE *err) {
         } else if (!strcmp(name, "--set")) {
             w->common[w->num_common++] = value;
         } else if (!strcmp(name, "--steps") || !strcmp(name, "--warmup") ||
-                   !strcmp(name, "--np")) {
+                   !strcmp(name, "--np") || !strcmp(name, "--repeat")) {
             long long v = strtoll(value, &end, 10);
             long long min = strcmp(name, "--warmup") == 0 ? 0 : 1;
-            if (end == value || *end || v < min || v > 1000000)
+            long long max = strcmp(name, "--repeat") == 0 ? 64 : 1000000;
+            if (end == value || *end || v < min || v > max)
                 return sweep_usage_error(err, "a whole number is needed, not '%s'", value);
             if (!strcmp(name, "--steps")) w->steps = v;
             else if (!strcmp(name, "--warmup")) w->warmup = v;
+            else if (!strcmp(name, "--repeat")) w->repeat = (int)v;
             else w->np = (int)v;
         } else if (!strcmp(name, "--out")) {
             w->out_dir = value;
@@ -695,15 +888,44 @@ static int prepare_out(const sweep *w, FILE *err) {
     return VH_EXIT_OK;
 }
 
-/* Runs every row, writes the three files; an exit code. */
+/* Of several runs a row: its median, min-max and spread, a warning past
+ * SWEEP_SPREAD_WARN. */
+static void print_summary(const sweep *w, FILE *out) {
+    for (int r = 0; r < w->num_rows && w->repeat > 1; r++) {
+        const sweep_row *row = &w->rows[r];
+        if (!row->json) continue;
+        fprintf(out, "sweep: row %d, %s: median %.1f img/s of %d run(s), min %.1f, max %.1f",
+                r, row->label, row->img_per_s, row->num_ok, row->img_min, row->img_max);
+        if (isfinite(row->spread)) fprintf(out, ", spread %.0f%%", 100.0 * row->spread);
+        fputc('\n', out);
+        if (row->spread > SWEEP_SPREAD_WARN)
+            fprintf(out, "sweep: warning: row %d (%s) varied by %.0f%% over its runs (more "
+                         "than %.0f%%): the machine was not quiet\n",
+                    r, row->label, 100.0 * row->spread, 100.0 * SWEEP_SPREAD_WARN);
+    }
+}
+
+/* Runs every row --repeat times, the rows taking turns, writes the three
+ * files; an exit code. */
 static int run_rows(sweep *w, FILE *out, FILE *err) {
     char *exe = self_exe();
-    int failed = 0, code = VH_EXIT_OK;
+    int failed = 0, failed_runs = 0, code = VH_EXIT_OK;
     for (int r = 0; r < w->num_rows; r++) {
-        run_row(w, r, exe, out);
-        failed += w->rows[r].json == NULL;
+        w->rows[r].reps = calloc((size_t)w->repeat, sizeof *w->rows[r].reps);
+        if (!w->rows[r].reps) {
+            free(exe);
+            return VH_EXIT_RUN_FAILED;
+        }
     }
+    for (int k = 0; k < w->repeat; k++)
+        for (int r = 0; r < w->num_rows; r++) run_repeat(w, r, k, exe, out);
     free(exe);
+    for (int r = 0; r < w->num_rows; r++) {
+        summarize_row(w, &w->rows[r]);
+        failed += w->rows[r].json == NULL;
+        failed_runs += w->repeat - w->rows[r].num_ok;
+    }
+    print_summary(w, out);
     char path[4200];
     for (int k = 0; k < 3; k++) {
         snprintf(path, sizeof path, "%s/%s", w->out_dir, out_names[k]);
@@ -714,11 +936,18 @@ static int run_rows(sweep *w, FILE *out, FILE *err) {
             code = VH_EXIT_RUN_FAILED;
         }
     }
-    fprintf(out, "sweep: %d row(s)%s; wrote %s/sweep.md, sweep.svg, sweep.json\n", w->num_rows,
-            failed ? " (some failed)" : "", w->out_dir);
+    char times[32] = "";
+    if (w->repeat > 1) snprintf(times, sizeof times, " x %d runs", w->repeat);
+    fprintf(out, "sweep: %d row(s)%s%s; wrote %s/sweep.md, sweep.svg, sweep.json\n", w->num_rows,
+            times, failed || failed_runs ? " (some failed)" : "", w->out_dir);
     if (failed) {
         fprintf(err, "vithost sweep: %d of %d rows failed (see their messages above)\n", failed,
                 w->num_rows);
+        code = VH_EXIT_RUN_FAILED;
+    } else if (failed_runs) { /* every row has numbers, but fewer than asked */
+        fprintf(err, "vithost sweep: %d of %d runs failed (see their messages above); their "
+                     "rows' medians are of the runs that finished\n",
+                failed_runs, w->num_rows * w->repeat);
         code = VH_EXIT_RUN_FAILED;
     }
     return code;
@@ -729,6 +958,7 @@ int sweep_main(int argc, char **argv, FILE *out, FILE *err) {
     memset(&w, 0, sizeof w);
     w.steps = 20;
     w.warmup = 3;
+    w.repeat = 3;
     w.vary = calloc((size_t)argc, sizeof *w.vary);
     w.step = calloc((size_t)argc, sizeof *w.step);
     w.common = calloc((size_t)argc, sizeof *w.common);
@@ -760,7 +990,10 @@ int sweep_main(int argc, char **argv, FILE *out, FILE *err) {
     }
     if (code == VH_EXIT_OK && w.num_rows > 0) code = prepare_out(&w, err);
     if (code == VH_EXIT_OK && w.num_rows > 0) code = run_rows(&w, out, err);
-    for (int r = 0; r < w.num_rows; r++) free(w.rows[r].json);
+    for (int r = 0; r < w.num_rows; r++) {
+        for (int k = 0; w.rows[r].reps && k < w.repeat; k++) free(w.rows[r].reps[k].json);
+        free(w.rows[r].reps);
+    }
     free(w.rows);
     free(w.command);
     pool_free(&pool);

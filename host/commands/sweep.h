@@ -11,9 +11,13 @@
  *       the changes of steps 1..i (a later step may override an earlier one)
  *
  * Common options: --set KEY=V (every row), --steps N, --warmup K, --np N,
- * --out DIR (default runs/sweep-<recipe>), --title TEXT. A sweep started
- * under mpirun is refused: it runs as one process and starts its rows
- * under mpirun itself (--np). $VITHOST_MPIRUN replaces the launcher
+ * --out DIR (default runs/sweep-<recipe>), --title TEXT, --repeat N (3):
+ * each row N times, the rows taking turns (row 0, row 1, ..., row 0, ...) so
+ * a busy machine's load falls on every row alike; the numbers are the
+ * medians, with img/s's min-max (whiskers on the chart) and a warning on a
+ * spread (max - min) / median over 10%. --repeat 1 runs each row once. A
+ * sweep started under mpirun is refused: it runs as one process and starts
+ * its rows under mpirun itself (--np). $VITHOST_MPIRUN replaces the launcher
  * ("mpirun"; e.g. "mpirun --bind-to core"). */
 #ifndef VITHOST_HOST_SWEEP_H
 #define VITHOST_HOST_SWEEP_H

@@ -3,6 +3,8 @@
 
 #include <stdio.h>
 
+#include "vithost/vh_cpu_engine.h"
+
 /* "12.3 MiB" */
 static void bytes_text(char *buf, size_t len, int64_t bytes) {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -84,6 +86,11 @@ vh_status banner_print(vh_session *s, const vh_banner *b, vh_diag *d) {
     else fprintf(s->out, "FLOPs per image unknown (the model does not count them)");
     if (b->peak_tflops > 0) fprintf(s->out, "; device peak %.1f GFLOP/s", b->peak_tflops * 1e3);
     fputc('\n', s->out);
+    if (s->run->device->kind == VH_DEVICE_KIND_CPU && vh_dtype_size(s->policy.compute_dtype) == 2) {
+        char line[256]; /* the 16-bit GEMMs' path, decided per shape class at first use */
+        fprintf(s->out, "vithost: %s\n",
+                vh_cpu_gemm16_summary(s->policy.compute_dtype, line, sizeof line));
+    }
     vh_status st = print_memory(s, d);
     if (st != VH_STATUS_OK) return st;
     fprintf(s->out, "vithost: each step calls, in order: %s\n", vh_step_order);

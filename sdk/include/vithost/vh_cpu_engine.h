@@ -8,7 +8,10 @@
 #ifndef VITHOST_VH_CPU_ENGINE_H
 #define VITHOST_VH_CPU_ENGINE_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "vh_export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,6 +30,32 @@ typedef struct vh_cpu_engine_info {
      * once every shape of a step has been seen (tests check it). */
     void (*thread_counters)(uint64_t *primitives_created, uint64_t *scratch_allocations);
 } vh_cpu_engine_info;
+
+/* ---- GEMMs with 16-bit operands (ABI 2.1 additions) ----------------------
+ * Each such GEMM runs either on oneDNN's native bf16 kernels or with its
+ * operands widened to f32 inside the GEMM; both give the fp32-accumulated
+ * result (bf16 products are exact in f32). The path is chosen per shape
+ * class (layout, batched or not, work within a factor of 4) by timing both
+ * on the class's first GEMM, once per process, unless the environment
+ * variable VITHOST_CPU_GEMM16=native|widen|auto (default auto) forces it. An
+ * invalid value is reported once on stderr and auto is used. native on a CPU
+ * without the kernels (no avx512_bf16; f16 on oneDNN 2.x) widens. Auto may
+ * choose differently in another process on a near tie: force a path to
+ * compare runs bit for bit across processes. */
+
+/* One line into buf (truncated to len), returned: how this process runs
+ * GEMMs with dtype operands (VH_DTYPE_BF16 or VH_DTYPE_F16), e.g.
+ * "bf16 GEMM: auto: native on 9 shape classes (1.92x widen), widen on 1
+ * (1.15x native)" or "bf16 GEMM: widen to f32 (VITHOST_CPU_GEMM16=widen)". */
+VH_SDK_API const char *vh_cpu_gemm16_summary(int32_t dtype, char *buf, size_t len);
+
+/* One line per shape class auto has decided: the class, its first shape
+ * (batch x m x n x k), the choice and both timings. "" when none. */
+VH_SDK_API const char *vh_cpu_gemm16_classes(char *buf, size_t len);
+
+/* Forgets every choice and reads VITHOST_CPU_GEMM16 again (tests, benchmarks).
+ * Call it while no GEMM runs. */
+VH_SDK_API void vh_cpu_gemm16_reset(void);
 
 #ifdef __cplusplus
 }

@@ -38,7 +38,7 @@ typedef struct vh_dnnl_matmul {
     int64_t sc[VH_DNNL_MAX_BATCH_DIMS + 2];
     /* 4-byte members last: no padding, so byte comparison is exact */
     int32_t batch_dims;  /* 0, 1 or 2 */
-    vh_dtype ab_dtype;   /* f32 or bf16 (bf16 only where vh_dnnl_native_bf16) */
+    vh_dtype ab_dtype;   /* f32 or bf16 (bf16 only where vh_gemm16_native) */
     vh_dtype c_dtype;
     float alpha;
     int32_t has_bias;    /* f32, n values, every row */
@@ -73,5 +73,24 @@ VH_CPU_HIDDEN uint64_t vh_dnnl_primitives_created(void);
 
 /* "oneDNN 2.6.3": the library this process runs on. */
 VH_CPU_HIDDEN const char *vh_dnnl_version_name(void);
+
+/* ---- 16-bit operands: native kernels or widened to f32 (gemm_choice.c) ---- */
+
+typedef struct vh_gemm16_shape {
+    vh_dtype dtype; /* of A and B: bf16 or f16 */
+    int trans_a, trans_b;
+    int64_t batch, m, n, k;
+} vh_gemm16_shape;
+
+/* Seconds one run of the call's matmul takes on a path, restricted to the
+ * first proxy->batch x m x n x k of its operands (native 1: the 16-bit
+ * operands to oneDNN; 0: widened to f32 first, the conversion counted);
+ * negative when the path cannot run it. */
+typedef double (*vh_gemm16_timer)(void *ctx, int native, const vh_gemm16_shape *proxy);
+
+/* 1: run this GEMM on the native 16-bit kernels; 0: widen to f32. Forced by
+ * VITHOST_CPU_GEMM16, else decided once per shape class by timing both paths
+ * with `timer` (gemm_choice.c). */
+VH_CPU_HIDDEN int vh_gemm16_native(const vh_gemm16_shape *s, vh_gemm16_timer timer, void *ctx);
 
 #endif

@@ -29,9 +29,11 @@
  * on Zen 5 (AVX-512) MACHINE-NOTES.md has it at about 2x OpenBLAS. bf16 on
  * this CPU: oneDNN 2.6 refuses a bf16 matmul below avx512_core (at primitive
  * creation), so bf16 operands are converted to f32 (exact) and multiplied in
- * f32: the same products, accumulated in fp32, that bf16 hardware gives;
- * where the ISA has avx512_bf16 they go to oneDNN as they are. f16 is always
- * converted (oneDNN 2.6 has no f16 matmul for CPUs).
+ * f32: the same products, accumulated in fp32, that bf16 hardware gives.
+ * Where the ISA has avx512_bf16 they may go to oneDNN as they are: per shape
+ * class, whichever of the two is faster on this CPU (gemm_choice.c; forced
+ * by VITHOST_CPU_GEMM16). f16 is always converted (oneDNN 2.6 has no f16
+ * matmul for CPUs).
  *
  * Routes, in order:
  * 1. fused: one oneDNN matmul: output scale alpha, bias (DNNL_ARG_BIAS,
@@ -56,6 +58,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu_ops.h"
 #include "dnnl_engine.h"
@@ -296,14 +299,54 @@ typedef struct gemm_views {
     int beta0;         /* the residual and beta C are already in C */
 } gemm_views;
 
-/* Operands: f32 or native bf16 as they are, others as fp32 copies; the bias
- * in fp32. */
+/* ---- 16-bit operands: native or widened (gemm_choice.c decides) ----------- */
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* vh_gemm16_timer on the call's own operands (ctx: its vh_gemm_args): the
+ * plain matmul of the proxy's leading block into scratch; the epilogue
+ * costs both paths the same and is left out. Widening converts both
+ * operands first, as view_inputs does. */
+static double time_path(void *ctx, int native, const vh_gemm16_shape *p) {
+    const vh_gemm_args *g = ctx;
+    vh_gemm_args pg = *g;
+    pg.m = p->m, pg.n = p->n, pg.k = p->k, pg.alpha = 1.0f;
+    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
+    double t = -1.0;
+    out_view c = {vh_cpu_scratch_alloc((size_t)(p->batch * p->m * p->n) * sizeof(float)),
+                  p->m * p->n, p->n};
+    if (c.p) {
+        const double t0 = seconds();
+        operand a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
+        operand b = operand_of(g->b, g->ab_dtype, g->trans_b, g->ldb, g->stride_b);
+        vh_status st = VH_STATUS_OK;
+        if (!native && (st = densify(&a, p->batch, p->m, p->k)) == VH_STATUS_OK)
+            st = densify(&b, p->batch, p->k, p->n);
+        vh_dnnl_matmul mm;
+        describe(&mm, &pg, p->batch, &a, &b, &c);
+        if (st == VH_STATUS_OK) st = vh_dnnl_matmul_run(&mm, a.p, b.p, NULL, c.p);
+        if (st == VH_STATUS_OK) t = seconds() - t0;
+    }
+    vh_cpu_scratch_end(mark);
+    return t;
+}
+
+static int native16(const vh_gemm_args *g, int64_t batch) {
+    const vh_gemm16_shape s = {g->ab_dtype, g->trans_a, g->trans_b, batch, g->m, g->n, g->k};
+    return vh_gemm16_native(&s, time_path, (void *)(uintptr_t)g);
+}
+
+/* Operands: f32, or 16-bit where the native kernels run them (above), as
+ * they are; others as fp32 copies; the bias in fp32. */
 static vh_status view_inputs(const vh_gemm_args *g, int64_t batch, int multiply, gemm_views *v) {
     vh_status st;
     v->a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
     v->b = operand_of(g->b, g->ab_dtype, g->trans_b, g->ldb, g->stride_b);
-    if (multiply && g->ab_dtype != VH_DTYPE_F32 &&
-        !(g->ab_dtype == VH_DTYPE_BF16 && vh_dnnl_native_bf16())) {
+    if (multiply && g->ab_dtype != VH_DTYPE_F32 && !native16(g, batch)) {
         if ((st = densify(&v->a, batch, g->m, g->k)) != VH_STATUS_OK ||
             (st = densify(&v->b, batch, g->k, g->n)) != VH_STATUS_OK)
             return st;

@@ -1,0 +1,264 @@
+/* op_stats.c - the timing layer over the run's device ops (see
+ * op_stats.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "op_stats.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* The layer that times now; the trampolines have no other way to find it
+ * (an op's first argument is the device's own state). */
+static vh_op_stats *active;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- FLOPs ------------------------------------------------------------------ */
+
+static double gemm_flops(const vh_gemm_args *a) {
+    double batch = a->batch > 1 ? (double)a->batch : 1.0;
+    return 2.0 * (double)a->m * (double)a->n * (double)a->k * batch;
+}
+
+/* Forward: Q K^T and P V; backward: dV, dP, dQ and dK. 2 N^2 d per matmul
+ * and head (the softmax's few flops per score are left out). */
+static double attention_flops(const vh_attention_args *a, double matmuls) {
+    double n = (double)a->tokens;
+    return matmuls * 2.0 * (double)a->batch * (double)a->heads * n * n * (double)a->head_dim;
+}
+
+/* ---- timing ------------------------------------------------------------------- */
+
+/* A device that queues ops is drained first, so the op's time is its own. */
+static double op_begin(vh_op_stats *s) {
+    if (s->inner.kind != VH_DEVICE_KIND_CPU) s->inner.synchronize(s->inner.device);
+    return now_seconds();
+}
+
+static vh_status op_end(vh_op_stats *s, int op, double t0, vh_status st, double flops) {
+    if (st == VH_STATUS_OK && s->inner.kind != VH_DEVICE_KIND_CPU)
+        st = s->inner.synchronize(s->inner.device);
+    s->stat[op].calls++;
+    s->stat[op].seconds += now_seconds() - t0;
+    s->stat[op].flops += flops;
+    return st;
+}
+
+/* The ops that take (device, one argument struct): name, struct, FLOPs of
+ * one call (an expression of `a`). */
+#define VH_ARGS_OPS(X)                                                        \
+    X(gemm, vh_gemm_args, gemm_flops(a))                                      \
+    X(layernorm_forward, vh_layernorm_args, 0.0)                              \
+    X(layernorm_backward, vh_layernorm_args, 0.0)                             \
+    X(gelu_forward, vh_eltwise_args, 0.0)                                     \
+    X(gelu_backward, vh_eltwise_args, 0.0)                                    \
+    X(add, vh_eltwise_args, 0.0)                                              \
+    X(mul, vh_eltwise_args, 0.0)                                              \
+    X(dropout_forward, vh_eltwise_args, 0.0)                                  \
+    X(scale_rows, vh_eltwise_args, 0.0)                                       \
+    X(bias_backward, vh_rows_args, 0.0)                                       \
+    X(softmax, vh_rows_args, 0.0)                                             \
+    X(attention_forward, vh_attention_args, attention_flops(a, 2.0))          \
+    X(attention_backward, vh_attention_args, attention_flops(a, 4.0))         \
+    X(softmax_cross_entropy, vh_xent_args, 0.0)                               \
+    X(mean_pool_forward, vh_tokens_args, 0.0)                                 \
+    X(mean_pool_backward, vh_tokens_args, 0.0)                                \
+    X(patchify, vh_tokens_args, 0.0)                                          \
+    X(embed_forward, vh_tokens_args, 0.0)                                     \
+    X(embed_backward, vh_tokens_args, 0.0)                                    \
+    X(multi_tensor_scale_check, vh_multi_tensor_args, 0.0)                    \
+    X(drop_path_scale, vh_eltwise_args, 0.0)
+
+#define OP_ENUM(member, type, flops) OP_##member,
+enum { VH_ARGS_OPS(OP_ENUM) OP_convert, OP_copy, OP_memset_zero, OP_COUNT };
+_Static_assert(OP_COUNT <= VH_OP_STATS_MAX, "raise VH_OP_STATS_MAX");
+
+/* One trampoline per op of that signature: all but the call is shared. */
+#define OP_TRAMPOLINE(member, type, flops)                                    \
+    static vh_status timed_##member(vh_device *dev, const type *a) {          \
+        vh_op_stats *s = active;                                              \
+        if (!s->counting) return s->inner.member(dev, a);                     \
+        double t0 = op_begin(s);                                              \
+        vh_status st = s->inner.member(dev, a);                               \
+        return op_end(s, OP_##member, t0, st, st == VH_STATUS_OK ? (flops) : 0.0); \
+    }
+VH_ARGS_OPS(OP_TRAMPOLINE)
+
+/* The three of their own signature. */
+static vh_status timed_convert(vh_device *dev, void *dst, vh_dtype dst_dtype, const void *src,
+                               vh_dtype src_dtype, size_t count, vh_stream *stream) {
+    vh_op_stats *s = active;
+    if (!s->counting) return s->inner.convert(dev, dst, dst_dtype, src, src_dtype, count, stream);
+    double t0 = op_begin(s);
+    vh_status st = s->inner.convert(dev, dst, dst_dtype, src, src_dtype, count, stream);
+    return op_end(s, OP_convert, t0, st, 0.0);
+}
+
+static vh_status timed_copy(vh_device *dev, void *dst, const void *src, size_t bytes,
+                            vh_copy_kind kind, vh_stream *stream) {
+    vh_op_stats *s = active;
+    if (!s->counting) return s->inner.copy(dev, dst, src, bytes, kind, stream);
+    double t0 = op_begin(s);
+    vh_status st = s->inner.copy(dev, dst, src, bytes, kind, stream);
+    return op_end(s, OP_copy, t0, st, 0.0);
+}
+
+static vh_status timed_memset_zero(vh_device *dev, void *ptr, size_t bytes, vh_stream *stream) {
+    vh_op_stats *s = active;
+    if (!s->counting) return s->inner.memset_zero(dev, ptr, bytes, stream);
+    double t0 = op_begin(s);
+    vh_status st = s->inner.memset_zero(dev, ptr, bytes, stream);
+    return op_end(s, OP_memset_zero, t0, st, 0.0);
+}
+
+#define OP_ENTRY(member, type, flops) \
+    {#member, offsetof(vh_device_ops, member), (void (*)(void))timed_##member},
+const op_stats_entry op_stats_entries[] = {
+    VH_ARGS_OPS(OP_ENTRY)
+    {"convert", offsetof(vh_device_ops, convert), (void (*)(void))timed_convert},
+    {"copy", offsetof(vh_device_ops, copy), (void (*)(void))timed_copy},
+    {"memset_zero", offsetof(vh_device_ops, memset_zero), (void (*)(void))timed_memset_zero},
+};
+const int op_stats_entry_count = (int)(sizeof op_stats_entries / sizeof op_stats_entries[0]);
+_Static_assert(sizeof op_stats_entries / sizeof op_stats_entries[0] == OP_COUNT,
+               "one entry per op, in enum order");
+
+/* What is not timed: memory, streams and events, extensions. A call added
+ * to vh_device_ops must join one list or the other. */
+static const size_t untimed_ops[] = {
+    offsetof(vh_device_ops, alloc),          offsetof(vh_device_ops, free),
+    offsetof(vh_device_ops, host_alloc),     offsetof(vh_device_ops, host_free),
+    offsetof(vh_device_ops, workspace),      offsetof(vh_device_ops, synchronize),
+    offsetof(vh_device_ops, stream_create),  offsetof(vh_device_ops, stream_destroy),
+    offsetof(vh_device_ops, stream_set),     offsetof(vh_device_ops, stream_synchronize),
+    offsetof(vh_device_ops, event_create),   offsetof(vh_device_ops, event_destroy),
+    offsetof(vh_device_ops, event_record),   offsetof(vh_device_ops, stream_wait_event),
+    offsetof(vh_device_ops, event_synchronize), offsetof(vh_device_ops, event_query),
+    offsetof(vh_device_ops, get_extension),
+};
+_Static_assert(OP_COUNT + sizeof untimed_ops / sizeof untimed_ops[0] ==
+                   (sizeof(vh_device_ops) - offsetof(vh_device_ops, alloc)) /
+                       sizeof(void (*)(void)),
+               "a call was added to vh_device_ops: list it in VH_ARGS_OPS or untimed_ops");
+
+/* ---- install ------------------------------------------------------------------- */
+
+static int has_op(const vh_device_ops *ops, size_t offset) {
+    void (*fn)(void);
+    memcpy(&fn, (const char *)ops + offset, sizeof fn);
+    return fn != NULL;
+}
+
+vh_status op_stats_install(vh_op_stats *stats, const vh_device_ops **device) {
+    if (active || !device || !*device) return VH_STATUS_ERR_INVALID_ARG;
+    memset(stats, 0, sizeof *stats);
+    stats->original = *device;
+    stats->inner = **device;
+    stats->ops = stats->inner;
+    /* an op the device lacks stays NULL, so a caller that checks sees it */
+    for (int i = 0; i < op_stats_entry_count; i++)
+        if (has_op(&stats->inner, op_stats_entries[i].offset))
+            memcpy((char *)&stats->ops + op_stats_entries[i].offset,
+                   &op_stats_entries[i].trampoline, sizeof op_stats_entries[i].trampoline);
+    active = stats;
+    *device = &stats->ops;
+    return VH_STATUS_OK;
+}
+
+void op_stats_uninstall(vh_op_stats *stats, const vh_device_ops **device) {
+    if (active != stats) return;
+    stats->counting = 0;
+    *device = stats->original;
+    active = NULL;
+}
+
+void op_stats_start(vh_op_stats *stats) {
+    memset(stats->stat, 0, sizeof stats->stat);
+    stats->step_seconds = 0.0;
+    stats->steps = 0;
+    stats->counting = 1;
+}
+
+void op_stats_stop(vh_op_stats *stats) { stats->counting = 0; }
+
+/* ---- printing ------------------------------------------------------------------- */
+
+static const vh_op_stats *sorting;
+
+static int by_time(const void *a, const void *b) {
+    double x = sorting->stat[*(const int *)a].seconds, y = sorting->stat[*(const int *)b].seconds;
+    return (x < y) - (x > y);
+}
+
+/* The called ops, longest first, into order; how many. */
+static int sorted_ops(const vh_op_stats *s, int *order) {
+    int n = 0;
+    for (int i = 0; i < op_stats_entry_count; i++)
+        if (s->stat[i].calls > 0) order[n++] = i;
+    sorting = s;
+    qsort(order, (size_t)n, sizeof *order, by_time);
+    return n;
+}
+
+static double total_seconds(const vh_op_stats *s) {
+    double t = 0.0;
+    for (int i = 0; i < op_stats_entry_count; i++) t += s->stat[i].seconds;
+    return t;
+}
+
+static double per_step(const vh_op_stats *s, double v) {
+    return s->steps > 0 ? v / (double)s->steps : 0.0;
+}
+
+static double percent(const vh_op_stats *s, double seconds) {
+    return s->step_seconds > 0 ? 100.0 * seconds / s->step_seconds : 0.0;
+}
+
+void op_stats_print(const vh_op_stats *s, FILE *out) {
+    int order[VH_OP_STATS_MAX];
+    int n = sorted_ops(s, order);
+    double total = total_seconds(s);
+    fprintf(out, "  ops         device ops per step (mean of %lld steps, this rank)%s\n",
+            (long long)s->steps,
+            s->inner.kind != VH_DEVICE_KIND_CPU ? "; synchronised around each op" : "");
+    fprintf(out, "    %-31s %9s %10s %8s %9s\n", "op", "calls", "ms", "% step", "GFLOP/s");
+    for (int k = 0; k < n; k++) {
+        const vh_op_stat *o = &s->stat[order[k]];
+        fprintf(out, "    %-31s %9.1f %10.3f %7.1f%%", op_stats_entries[order[k]].name,
+                per_step(s, (double)o->calls), 1e3 * per_step(s, o->seconds),
+                percent(s, o->seconds));
+        if (o->flops > 0 && o->seconds > 0) fprintf(out, " %9.1f\n", o->flops / o->seconds / 1e9);
+        else fputs("         -\n", out);
+    }
+    fprintf(out, "    %-31s %9s %10.3f %7.1f%%\n", "all ops", "", 1e3 * per_step(s, total),
+            percent(s, total));
+    fprintf(out, "    %-31s %9s %10.3f %7.1f%%\n", "not in an op (host, data, comm)", "",
+            1e3 * per_step(s, s->step_seconds - total), percent(s, s->step_seconds - total));
+    fprintf(out, "    %-31s %9s %10.3f %7.1f%%\n", "step (mean)", "",
+            1e3 * per_step(s, s->step_seconds), s->step_seconds > 0 ? 100.0 : 0.0);
+    fflush(out);
+}
+
+void op_stats_print_json(const vh_op_stats *s, FILE *out) {
+    int order[VH_OP_STATS_MAX];
+    int n = sorted_ops(s, order);
+    double total = total_seconds(s);
+    fprintf(out, "{\"step_ms\": %.6g, \"total_ms\": %.6g, \"other_ms\": %.6g, \"by_op\": {",
+            1e3 * per_step(s, s->step_seconds), 1e3 * per_step(s, total),
+            1e3 * per_step(s, s->step_seconds - total));
+    for (int k = 0; k < n; k++) {
+        const vh_op_stat *o = &s->stat[order[k]];
+        fprintf(out,
+                "%s\"%s\": {\"calls_per_step\": %.6g, \"ms_per_step\": %.6g, "
+                "\"percent_of_step\": %.4g, \"gflop_per_s\": ",
+                k ? ", " : "", op_stats_entries[order[k]].name, per_step(s, (double)o->calls),
+                1e3 * per_step(s, o->seconds), percent(s, o->seconds));
+        if (o->flops > 0 && o->seconds > 0) fprintf(out, "%.6g}", o->flops / o->seconds / 1e9);
+        else fputs("null}", out);
+    }
+    fputs("}}", out);
+}

@@ -1,0 +1,284 @@
+/* gemm_choice.c - which path a GEMM with 16-bit operands takes (gemm.c asks).
+ *
+ * Two paths give the same result: "native" hands the bf16 operands to
+ * oneDNN's bf16 kernels; "widen" converts them to f32 first and runs the f32
+ * kernels. The product of two bf16 values (8-bit significands) is exact in
+ * f32 (24 bits), and both paths accumulate in f32, so both deliver the
+ * fp32-accumulated GEMM the AMP policy promises; they differ only in the
+ * order of the f32 sums (last bits, like any two GEMM kernels). Which is
+ * faster depends on the CPU: on Zen 5 bf16 kernels run at about twice the
+ * f32 rate, on Intel cores without AMX (avx512_bf16 only) a bf16 dot product
+ * does no more work per cycle than two f32 FMAs and the native path is
+ * slower than widening (MACHINE-NOTES.md). So the engine measures.
+ *
+ * Shape class: (dtype, trans_a, trans_b, batched or not, floor(log2(batch *
+ * m * n * k)) / 2), i.e. the layout and the work within a factor of 4. A ViT
+ * step has about a dozen: the linear layers' forward (B^T), data gradient
+ * (plain) and weight gradient (A^T) in one or two size buckets each, and the
+ * batched attention products. The first GEMM of a class decides for all of
+ * it, once per process: on that call's own operands (as views, nothing is
+ * copied but the widening itself), one warm-up run of each path (creates
+ * the primitives), then two timed runs of each, interleaved, best of each.
+ * Work above PROXY_MACS (or an output above PROXY_OUT elements) is measured
+ * on a proxy: the same operands with batch, then the largest of m, n, k,
+ * halved until it fits (never below 256). That bounds a class's measure to
+ * about a millisecond on the CPUs seen. Widen wins only when faster by more
+ * than WIDEN_MARGIN: on a near tie native reads half the bytes, and a fixed
+ * preference keeps the choice from flipping between processes. Classes below
+ * MIN_TIMED_MACS (a few microseconds, shorter than the timing noise) are not
+ * timed and take native.
+ *
+ * VITHOST_CPU_GEMM16=native|widen|auto (default auto), read at the first
+ * 16-bit GEMM (and by vh_cpu_gemm16_reset). An invalid value is reported
+ * once on stderr and auto is used: a tuning knob must not stop a run.
+ * Native on a CPU without bf16 hardware (or f16 on oneDNN 2.x, which has no
+ * f16 CPU kernels) falls back to widen, and the summary says so.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dnnl_engine.h"
+#include "vithost/vh_cpu_engine.h"
+
+#define MAX_CLASSES 64
+#define PROXY_MACS (1LL << 26)
+#define PROXY_OUT (1LL << 21)
+#define PROXY_MIN_DIM 256
+#define MIN_TIMED_MACS (1LL << 20)
+#define WIDEN_MARGIN 1.10
+#define TIMED_RUNS 2
+
+typedef enum { MODE_AUTO, MODE_NATIVE, MODE_WIDEN } gemm16_mode;
+
+typedef struct shape_class {
+    vh_dtype dtype;
+    int trans_a, trans_b, batched, bucket;
+    int native;               /* the choice */
+    int timed;                /* 0: too small, or one path could not run */
+    double t_native, t_widen; /* seconds, best of TIMED_RUNS, on the proxy */
+    vh_gemm16_shape first;    /* the shape that decided */
+    vh_gemm16_shape proxy;
+} shape_class;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_mode_read;
+static gemm16_mode g_mode;
+static char g_bad[40]; /* an invalid value of the variable, for the summary */
+static shape_class g_classes[MAX_CLASSES];
+static int g_count;
+
+static void read_mode_locked(void) {
+    if (g_mode_read) return;
+    g_mode_read = 1;
+    g_mode = MODE_AUTO;
+    g_bad[0] = '\0';
+    const char *v = getenv("VITHOST_CPU_GEMM16");
+    if (!v || !*v || strcmp(v, "auto") == 0) return;
+    if (strcmp(v, "native") == 0) {
+        g_mode = MODE_NATIVE;
+    } else if (strcmp(v, "widen") == 0) {
+        g_mode = MODE_WIDEN;
+    } else {
+        snprintf(g_bad, sizeof g_bad, "%s", v);
+        fprintf(stderr, "vithost: VITHOST_CPU_GEMM16=%s is not native, widen or auto; "
+                        "using auto\n", g_bad);
+    }
+}
+
+static int hardware(vh_dtype t) { return t == VH_DTYPE_BF16 && vh_dnnl_native_bf16(); }
+
+static double macs(const vh_gemm16_shape *s) {
+    return (double)s->batch * (double)s->m * (double)s->n * (double)s->k;
+}
+
+static int same_class(const shape_class *a, const shape_class *b) {
+    return a->dtype == b->dtype && a->trans_a == b->trans_a && a->trans_b == b->trans_b &&
+           a->batched == b->batched && a->bucket == b->bucket;
+}
+
+static shape_class class_of(const vh_gemm16_shape *s) {
+    shape_class c = {.dtype = s->dtype, .trans_a = !!s->trans_a, .trans_b = !!s->trans_b,
+                     .batched = s->batch > 1, .first = *s};
+    const double w = macs(s);
+    c.bucket = w >= 1.0 ? (int)floor(log2(w)) / 2 : 0;
+    return c;
+}
+
+static shape_class *find_locked(const shape_class *key) {
+    for (int i = 0; i < g_count; i++)
+        if (same_class(&g_classes[i], key)) return &g_classes[i];
+    return NULL;
+}
+
+/* The first batch x m x n x k of the operands, within the proxy limits. */
+static vh_gemm16_shape proxy_of(const vh_gemm16_shape *s) {
+    vh_gemm16_shape p = *s;
+    for (;;) {
+        const double out = (double)p.batch * (double)p.m * (double)p.n;
+        if (macs(&p) <= (double)PROXY_MACS && out <= (double)PROXY_OUT) break;
+        if (p.batch > 1) {
+            p.batch = (p.batch + 1) / 2;
+            continue;
+        }
+        int64_t *big = &p.m;
+        if (p.n > *big) big = &p.n;
+        if (p.k > *big && macs(&p) > (double)PROXY_MACS) big = &p.k;
+        if (*big <= PROXY_MIN_DIM) break;
+        *big = (*big + 1) / 2;
+    }
+    return p;
+}
+
+/* Times both paths on the class's first shape and decides. */
+static void measure(shape_class *c, vh_gemm16_timer timer, void *ctx) {
+    c->proxy = proxy_of(&c->first);
+    c->native = 1;
+    if (macs(&c->first) < (double)MIN_TIMED_MACS) return;
+    const double wn = timer(ctx, 1, &c->proxy), ww = timer(ctx, 0, &c->proxy);
+    if (wn < 0.0 || ww < 0.0) { /* a path oneDNN cannot run: the other */
+        c->native = wn >= 0.0;
+        return;
+    }
+    double bn = HUGE_VAL, bw = HUGE_VAL;
+    for (int i = 0; i < TIMED_RUNS; i++) {
+        const double tn = timer(ctx, 1, &c->proxy), tw = timer(ctx, 0, &c->proxy);
+        if (tn >= 0.0 && tn < bn) bn = tn;
+        if (tw >= 0.0 && tw < bw) bw = tw;
+    }
+    c->timed = 1;
+    c->t_native = bn;
+    c->t_widen = bw;
+    c->native = !(bw * WIDEN_MARGIN < bn);
+}
+
+int vh_gemm16_native(const vh_gemm16_shape *s, vh_gemm16_timer timer, void *ctx) {
+    pthread_mutex_lock(&g_lock);
+    read_mode_locked();
+    const gemm16_mode mode = g_mode;
+    pthread_mutex_unlock(&g_lock);
+    if (!hardware(s->dtype) || mode == MODE_WIDEN) return 0;
+    if (mode == MODE_NATIVE) return 1;
+    shape_class key = class_of(s);
+    pthread_mutex_lock(&g_lock);
+    const shape_class *found = find_locked(&key);
+    const int known = found != NULL, choice = found ? found->native : 0;
+    pthread_mutex_unlock(&g_lock);
+    if (known) return choice;
+    /* Measured outside the lock (it runs oneDNN and OpenMP); a thread that
+     * measured the same class at the same time keeps the first answer. */
+    measure(&key, timer, ctx);
+    pthread_mutex_lock(&g_lock);
+    found = find_locked(&key);
+    if (!found && g_count < MAX_CLASSES) found = memcpy(&g_classes[g_count++], &key, sizeof key);
+    const int native = found ? found->native : key.native;
+    pthread_mutex_unlock(&g_lock);
+    return native;
+}
+
+void vh_cpu_gemm16_reset(void) {
+    pthread_mutex_lock(&g_lock);
+    g_mode_read = 0;
+    g_count = 0;
+    read_mode_locked();
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* ---- what the host prints ---------------------------------------------------- */
+
+static size_t append(char *buf, size_t len, size_t at, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static size_t append(char *buf, size_t len, size_t at, const char *fmt, ...) {
+    if (at >= len) return at;
+    va_list ap;
+    va_start(ap, fmt);
+    const int w = vsnprintf(buf + at, len - at, fmt, ap);
+    va_end(ap);
+    return w < 0 ? at : at + (size_t)w;
+}
+
+/* "native on 9 shape classes (1.92x widen's speed), widen on 1 (1.15x)" */
+static size_t auto_counts_locked(char *buf, size_t len, size_t at, vh_dtype t) {
+    int n[2] = {0, 0}, untimed = 0;
+    double logsum[2] = {0.0, 0.0};
+    int timed[2] = {0, 0};
+    for (int i = 0; i < g_count; i++) {
+        const shape_class *c = &g_classes[i];
+        if (c->dtype != t) continue;
+        n[c->native]++;
+        if (!c->timed) {
+            untimed += c->native;
+            continue;
+        }
+        logsum[c->native] += c->native ? log(c->t_widen / c->t_native)
+                                        : log(c->t_native / c->t_widen);
+        timed[c->native]++;
+    }
+    if (n[0] + n[1] == 0)
+        return append(buf, len, at, "auto, native or widen chosen per shape class at its "
+                                    "first GEMM (%s has bf16 kernels)", vh_dnnl_isa_name());
+    at = append(buf, len, at, "auto: native on %d shape class%s", n[1], n[1] == 1 ? "" : "es");
+    if (timed[1]) at = append(buf, len, at, " (%.2fx widen", exp(logsum[1] / timed[1]));
+    if (untimed) at = append(buf, len, at, "%s%d too small to time", timed[1] ? "; " : " (",
+                             untimed);
+    if (timed[1] || untimed) at = append(buf, len, at, ")");
+    at = append(buf, len, at, ", widen on %d", n[0]);
+    if (timed[0]) at = append(buf, len, at, " (%.2fx native)", exp(logsum[0] / timed[0]));
+    return at;
+}
+
+const char *vh_cpu_gemm16_summary(int32_t dtype, char *buf, size_t len) {
+    if (!buf || len == 0) return buf;
+    const vh_dtype t = dtype == VH_DTYPE_F16 ? VH_DTYPE_F16 : VH_DTYPE_BF16;
+    const int hw = hardware(t);
+    pthread_mutex_lock(&g_lock);
+    read_mode_locked();
+    size_t at = append(buf, len, 0, "%s GEMM: ", t == VH_DTYPE_F16 ? "f16" : "bf16");
+    if (!hw)
+        at = append(buf, len, at, "widen to f32 (no %s kernels for %s)%s",
+                    t == VH_DTYPE_F16 ? "f16" : "bf16", vh_dnnl_isa_name(),
+                    g_mode == MODE_NATIVE ? "; VITHOST_CPU_GEMM16=native not possible" : "");
+    else if (g_mode == MODE_NATIVE)
+        at = append(buf, len, at, "native (VITHOST_CPU_GEMM16=native)");
+    else if (g_mode == MODE_WIDEN)
+        at = append(buf, len, at, "widen to f32 (VITHOST_CPU_GEMM16=widen)");
+    else
+        at = auto_counts_locked(buf, len, at, t);
+    if (g_bad[0]) append(buf, len, at, "; VITHOST_CPU_GEMM16=%s ignored", g_bad);
+    pthread_mutex_unlock(&g_lock);
+    return buf;
+}
+
+static const char *layout(const shape_class *c) {
+    static const char *const names[4] = {"A.B", "A.B^T", "A^T.B", "A^T.B^T"};
+    return names[c->trans_a * 2 + c->trans_b];
+}
+
+const char *vh_cpu_gemm16_classes(char *buf, size_t len) {
+    if (!buf || len == 0) return buf;
+    buf[0] = '\0';
+    size_t at = 0;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < g_count; i++) {
+        const shape_class *c = &g_classes[i];
+        const vh_gemm16_shape *f = &c->first, *p = &c->proxy;
+        at = append(buf, len, at, "%s %-7s %s 2^%d-2^%d MACs, e.g. %lldx%lldx%lldx%lld: %s",
+                    c->dtype == VH_DTYPE_F16 ? "f16" : "bf16", layout(c),
+                    c->batched ? "batched" : "single ", 2 * c->bucket, 2 * c->bucket + 2,
+                    (long long)f->batch, (long long)f->m, (long long)f->n, (long long)f->k,
+                    c->native ? "native" : "widen");
+        if (c->timed)
+            at = append(buf, len, at, " (native %.3f ms, widen %.3f ms on %lldx%lldx%lldx%lld)",
+                        1e3 * c->t_native, 1e3 * c->t_widen, (long long)p->batch,
+                        (long long)p->m, (long long)p->n, (long long)p->k);
+        else
+            at = append(buf, len, at, " (not timed)");
+        at = append(buf, len, at, "\n");
+    }
+    pthread_mutex_unlock(&g_lock);
+    return buf;
+}

@@ -1,0 +1,236 @@
+/* test_gemm16.c - the two paths of a GEMM with bf16 operands (gemm_choice.c):
+ * native bf16 kernels and widening to f32, forced in turn by
+ * VITHOST_CPU_GEMM16 (re-read through vh_cpu_gemm16_reset), then auto.
+ *
+ * Each path must give the fp32-accumulated product of the stored bf16 values:
+ * products exact, sums in f32. The bound per element is the classic one for
+ * a k-term f32 sum, |got - ref| <= k 2^-24 sum_l |a_il b_lj| (in double, from
+ * the stored values); a path that rounded products or partial sums to bf16
+ * would be about 2^-9 off and fail by orders of magnitude. The two paths
+ * must agree within twice that. Where the CPU has no bf16 kernels (checked at
+ * run time through the engine extension; ctest also runs this binary with
+ * ONEDNN_MAX_CPU_ISA=AVX2) native falls back to widen, which the summary
+ * says and the test prints: not a failure.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "vithost/vh_cpu_engine.h"
+#include "vithost/vh_runtime.h"
+
+static const vh_device_ops *ops;
+static int hw_bf16;
+
+typedef struct shape {
+    int trans_a, trans_b;
+    int64_t batch, m, n, k;
+} shape;
+
+/* The ViT's layouts (linear forward B^T, data gradient, weight gradient A^T,
+ * batched attention), odd sizes, and two large enough for auto to time. */
+static const shape kShapes[] = {
+    {0, 1, 1, 197, 96, 64}, {0, 0, 1, 130, 64, 192}, {1, 0, 1, 64, 48, 300},
+    {0, 1, 4, 50, 50, 16},  {0, 0, 3, 50, 16, 50},   {1, 1, 1, 33, 17, 40},
+    {0, 1, 1, 512, 256, 256}, {1, 0, 1, 256, 128, 1024},
+};
+#define NSHAPES (sizeof kShapes / sizeof kShapes[0])
+
+static uint64_t rng_state = 12345;
+
+static double rnd(void) { /* splitmix64, uniform in [-1, 1) */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1p-52 - 1.0;
+}
+
+typedef struct problem {
+    shape s;
+    uint16_t *a, *b; /* bf16, stored as op(X) transposed when trans */
+    double *ref, *bound;
+} problem;
+
+static int64_t lda_of(const shape *s) { return s->trans_a ? s->m : s->k; }
+static int64_t ldb_of(const shape *s) { return s->trans_b ? s->k : s->n; }
+
+static double a_at(const problem *p, int64_t q, int64_t i, int64_t l) {
+    const shape *s = &p->s;
+    const int64_t idx = q * s->m * s->k + (s->trans_a ? l * s->m + i : i * s->k + l);
+    return vh_bf16_to_f32(p->a[idx]);
+}
+
+static double b_at(const problem *p, int64_t q, int64_t l, int64_t j) {
+    const shape *s = &p->s;
+    const int64_t idx = q * s->k * s->n + (s->trans_b ? j * s->k + l : l * s->n + j);
+    return vh_bf16_to_f32(p->b[idx]);
+}
+
+static problem make(const shape *s) {
+    problem p = {.s = *s};
+    const int64_t na = s->batch * s->m * s->k, nb = s->batch * s->k * s->n;
+    const int64_t nc = s->batch * s->m * s->n;
+    p.a = malloc((size_t)na * 2), p.b = malloc((size_t)nb * 2);
+    p.ref = malloc((size_t)nc * sizeof(double)), p.bound = malloc((size_t)nc * sizeof(double));
+    assert_true(p.a && p.b && p.ref && p.bound);
+    for (int64_t i = 0; i < na; i++) p.a[i] = vh_f32_to_bf16((float)(4.0 * rnd()));
+    for (int64_t i = 0; i < nb; i++) p.b[i] = vh_f32_to_bf16((float)rnd());
+    for (int64_t q = 0; q < s->batch; q++)
+        for (int64_t i = 0; i < s->m; i++)
+            for (int64_t j = 0; j < s->n; j++) {
+                double sum = 0, mag = 0;
+                for (int64_t l = 0; l < s->k; l++) {
+                    const double t = a_at(&p, q, i, l) * b_at(&p, q, l, j);
+                    sum += t, mag += fabs(t);
+                }
+                const int64_t c = (q * s->m + i) * s->n + j;
+                p.ref[c] = sum;
+                p.bound[c] = (double)s->k * 0x1p-24 * mag + 1e-30;
+            }
+    return p;
+}
+
+static void unmake(problem *p) { free(p->a), free(p->b), free(p->ref), free(p->bound); }
+
+/* C = A B through the device, f32 out. */
+static float *run_gemm(const problem *p) {
+    const shape *s = &p->s;
+    float *c = calloc((size_t)(s->batch * s->m * s->n), sizeof(float));
+    assert_non_null(c);
+    vh_gemm_args g = {.struct_size = sizeof g, .trans_a = s->trans_a, .trans_b = s->trans_b,
+                      .m = s->m, .n = s->n, .k = s->k, .alpha = 1.0f, .a = p->a,
+                      .lda = lda_of(s), .b = p->b, .ldb = ldb_of(s), .c = c, .ldc = s->n,
+                      .batch = s->batch, .stride_a = s->m * s->k, .stride_b = s->k * s->n,
+                      .stride_c = s->m * s->n, .ab_dtype = VH_DTYPE_BF16,
+                      .c_dtype = VH_DTYPE_F32};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    return c;
+}
+
+/* Every element within `scale` times its bound of the reference. */
+static void check_close(const problem *p, const float *got, const double *want, double scale,
+                        const char *what) {
+    const shape *s = &p->s;
+    for (int64_t c = 0; c < s->batch * s->m * s->n; c++) {
+        if (fabs((double)got[c] - want[c]) <= scale * p->bound[c]) continue;
+        fail_msg("%s: %lldx%lldx%lldx%lld (trans %d%d) element %lld: %.9g vs %.9g, bound %.3g",
+                 what, (long long)s->batch, (long long)s->m, (long long)s->n, (long long)s->k,
+                 s->trans_a, s->trans_b, (long long)c, got[c], want[c], scale * p->bound[c]);
+    }
+}
+
+static void set_mode(const char *v) {
+    assert_int_equal(setenv("VITHOST_CPU_GEMM16", v, 1), 0);
+    vh_cpu_gemm16_reset();
+}
+
+static const char *summary(void) {
+    static char line[256];
+    return vh_cpu_gemm16_summary(VH_DTYPE_BF16, line, sizeof line);
+}
+
+/* Each forced path against the reference, then the two against each other. */
+static void test_forced_paths(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSHAPES; i++) {
+        problem p = make(&kShapes[i]);
+        set_mode("native");
+        float *native = run_gemm(&p);
+        const char *line = summary();
+        if (hw_bf16) {
+            assert_non_null(strstr(line, "native (VITHOST_CPU_GEMM16=native)"));
+        } else {
+            assert_non_null(strstr(line, "widen to f32"));
+            assert_non_null(strstr(line, "native not possible"));
+            if (i == 0) printf("test_gemm16: no bf16 kernels on this CPU: native widens (%s)\n", line);
+        }
+        check_close(&p, native, p.ref, 1.0, "native");
+        set_mode("widen");
+        float *widen = run_gemm(&p);
+        assert_non_null(strstr(summary(), "widen to f32"));
+        check_close(&p, widen, p.ref, 1.0, "widen");
+        double *as_double = malloc((size_t)(p.s.batch * p.s.m * p.s.n) * sizeof(double));
+        assert_non_null(as_double);
+        for (int64_t c = 0; c < p.s.batch * p.s.m * p.s.n; c++) as_double[c] = native[c];
+        check_close(&p, widen, as_double, 2.0, "native vs widen");
+        free(as_double), free(native), free(widen);
+        unmake(&p);
+    }
+}
+
+static int count_of(const char *line, const char *what) {
+    const char *at = strstr(line, what);
+    return at ? atoi(at + strlen(what)) : -1;
+}
+
+/* auto decides each class once and says what it chose. */
+static void test_auto(void **state) {
+    (void)state;
+    set_mode("auto");
+    assert_non_null(strstr(summary(), hw_bf16 ? "at its first GEMM" : "widen to f32"));
+    for (size_t i = 0; i < NSHAPES; i++) {
+        problem p = make(&kShapes[i]);
+        float *c = run_gemm(&p);
+        check_close(&p, c, p.ref, 1.0, "auto");
+        free(c);
+        unmake(&p);
+    }
+    const char *line = summary();
+    printf("test_gemm16: %s\n", line);
+    if (!hw_bf16) return;
+    const int native = count_of(line, "native on "), widen = count_of(line, "widen on ");
+    assert_true(native >= 0 && widen >= 0);
+    static char classes[4096];
+    vh_cpu_gemm16_classes(classes, sizeof classes);
+    printf("%s", classes);
+    int lines = 0;
+    for (const char *q = classes; (q = strchr(q, '\n')); q++) lines++;
+    assert_int_equal(lines, native + widen);
+    assert_true(lines >= 5 && lines <= (int)NSHAPES); /* layouts and sizes; some share */
+    assert_non_null(strstr(classes, "ms")); /* the large shapes were timed */
+}
+
+/* An invalid value: reported (stderr and the summary), auto used. */
+static void test_invalid_value(void **state) {
+    (void)state;
+    set_mode("fastest");
+    const char *line = summary();
+    assert_non_null(strstr(line, "VITHOST_CPU_GEMM16=fastest ignored"));
+    if (hw_bf16) assert_non_null(strstr(line, "auto"));
+    problem p = make(&kShapes[0]);
+    float *c = run_gemm(&p);
+    check_close(&p, c, p.ref, 1.0, "invalid value");
+    free(c);
+    unmake(&p);
+    set_mode("auto");
+    assert_null(strstr(summary(), "ignored"));
+}
+
+static int setup(void **state) {
+    (void)state;
+    ops = vh_cpu_device_ops();
+    if (!ops) return -1;
+    const vh_cpu_engine_info *info = ops->get_extension(ops->device, VH_CPU_ENGINE_EXTENSION);
+    if (!info) return -1;
+    hw_bf16 = info->native_bf16;
+    printf("test_gemm16: %s, ISA %s, bf16 kernels: %s\n", info->engine, info->isa,
+           hw_bf16 ? "yes" : "no (native falls back to widen)");
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_forced_paths),
+        cmocka_unit_test(test_auto),
+        cmocka_unit_test(test_invalid_value),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

@@ -128,22 +128,19 @@ _Static_assert(sizeof op_stats_entries / sizeof op_stats_entries[0] == OP_COUNT,
                "one entry per op, in enum order");
 
 /* What is not timed: memory, streams and events, extensions. A call added
- * to vh_device_ops must join one list or the other. */
-static const size_t untimed_ops[] = {
-    offsetof(vh_device_ops, alloc),          offsetof(vh_device_ops, free),
-    offsetof(vh_device_ops, host_alloc),     offsetof(vh_device_ops, host_free),
-    offsetof(vh_device_ops, workspace),      offsetof(vh_device_ops, synchronize),
-    offsetof(vh_device_ops, stream_create),  offsetof(vh_device_ops, stream_destroy),
-    offsetof(vh_device_ops, stream_set),     offsetof(vh_device_ops, stream_synchronize),
-    offsetof(vh_device_ops, event_create),   offsetof(vh_device_ops, event_destroy),
-    offsetof(vh_device_ops, event_record),   offsetof(vh_device_ops, stream_wait_event),
-    offsetof(vh_device_ops, event_synchronize), offsetof(vh_device_ops, event_query),
-    offsetof(vh_device_ops, get_extension),
-};
-_Static_assert(OP_COUNT + sizeof untimed_ops / sizeof untimed_ops[0] ==
+ * to vh_device_ops must join one list or the other. (A macro list, not an
+ * array: only its length and that each member exists are needed.) */
+#define UNTIMED_OPS(X)                                                                  \
+    X(alloc) X(free) X(host_alloc) X(host_free) X(workspace) X(synchronize)             \
+    X(stream_create) X(stream_destroy) X(stream_set) X(stream_synchronize)              \
+    X(event_create) X(event_destroy) X(event_record) X(stream_wait_event)               \
+    X(event_synchronize) X(event_query) X(get_extension)
+#define UNTIMED_ONE(member) +1 + 0 * (int)offsetof(vh_device_ops, member)
+enum { UNTIMED_COUNT = 0 UNTIMED_OPS(UNTIMED_ONE) };
+_Static_assert(OP_COUNT + UNTIMED_COUNT ==
                    (sizeof(vh_device_ops) - offsetof(vh_device_ops, alloc)) /
                        sizeof(void (*)(void)),
-               "a call was added to vh_device_ops: list it in VH_ARGS_OPS or untimed_ops");
+               "a call was added to vh_device_ops: list it in VH_ARGS_OPS or UNTIMED_OPS");
 
 /* ---- install ------------------------------------------------------------------- */
 

@@ -55,6 +55,7 @@
  * A plain matmul oneDNN refuses (odd strides) is retried on dense copies, and
  * only then done by a plain loop (never seen on the ViT's shapes).
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime: the GEMM path timings */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

@@ -2,22 +2,25 @@
 """bench_step.py - vithost's full training step beside PyTorch's, in one run, on the same threads.
 
     /usr/bin/python3 bench/bench_step.py [--build build] [--configs T1,T2,T3] [--threads 2]
-                                         [--precision fp32,amp] [--torch /usr/bin/python3]
+                                         [--precision fp32,amp] [--torch PY1,PY2 ...]
                                          [--torch-bf16 auto|yes|no] [--quick]
 
 What one run prints (a benchmark, not a test: ctest never runs it):
 1. the CPU model and the ISA features that decide the engine's kernels (avx2, avx512f,
    avx512_bf16, amx), and the thread count both sides get;
 2. the GEMM peak of this machine as the SDK's CPU engine measures it, fp32 and bf16
-   (build/bench/bench_gemm);
+   (build/bench/bench_gemm), and per PyTorch peer (--torch, a comma list or repeated: the
+   first is the peer of record) its torch version and its own 2048^3 fp32 and bf16 matmul
+   rate on the same threads, so a peer on fallback kernels shows at once;
 3. per configuration and per vithost precision policy (--precision, a comma list: fp32, amp
    (bf16), fp16), the images/s of full training steps (data, forward, backward, AdamW):
    vithost through `vithost bench --json` (synthetic data, ddp, mta adamw; the median step after
    the warm-up) and PyTorch through bench/torch/train_step.py (fp32, and bf16 autocast), each
    PyTorch case run with libgomp's default wait policy and with OMP_WAIT_POLICY=PASSIVE, the
    faster counted;
-4. one table with the ratios: vithost fp32 / torch fp32 (and the issue's goal), vithost AMP-bf16 /
-   torch bf16 autocast, vithost AMP-bf16 / vithost fp32; the fp32 GEMM peak share of vithost.
+4. one table with the ratios, a column per peer: vithost fp32 / torch fp32 (and the issue's goal),
+   vithost AMP-bf16 / torch bf16 autocast; vithost AMP-bf16 / vithost fp32; the fp32 GEMM peak
+   share of vithost.
 
 Configurations (DESIGN.md's letters):
   T1  D64  L4  H4 P4,  28x28x1,  B128, 10 classes
@@ -110,6 +113,43 @@ def run_vithost(build, name, cfg, precision, env, quick):
         shutil.rmtree(work, ignore_errors=True)
 
 
+# A peer's own matmul rate: a torch on reference or generic BLAS kernels is a slow peer, not a
+# slow model. Median of up to 5 runs after a warm-up; stops early when one run is slow.
+MATMUL_PROBE = r"""
+import statistics, sys, time
+try:
+    import torch
+except Exception as exc:
+    print("SKIP", exc); sys.exit(3)
+torch.set_num_threads(int(sys.argv[1]))
+print("VERSION", torch.__version__)
+n = 2048
+for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    a, b = torch.randn(n, n).to(dt), torch.randn(n, n).to(dt)
+    torch.mm(a, b)
+    times, spent = [], 0.0
+    while len(times) < 5 and spent < 10.0:
+        t0 = time.perf_counter(); torch.mm(a, b); dt_s = time.perf_counter() - t0
+        times.append(dt_s); spent += dt_s
+    print("MATMUL", name, 2.0 * n ** 3 / statistics.median(times) / 1e9)
+"""
+
+
+def torch_peer(python, threads):
+    """(version, {"fp32": GFLOP/s, "bf16": GFLOP/s}) of one interpreter's torch."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               OMP_WAIT_POLICY="PASSIVE")
+    r = subprocess.run([python, "-c", MATMUL_PROBE, str(threads)], capture_output=True,
+                       text=True, env=env)
+    version, rates = None, {}
+    for line in r.stdout.splitlines():
+        if line.startswith("VERSION"):
+            version = line.split()[1]
+        elif line.startswith("MATMUL"):
+            rates[line.split()[1]] = float(line.split()[2])
+    return version, rates
+
+
 def run_torch(python, names, threads, autocast, quick):
     jobs = []
     for n in names:
@@ -164,7 +204,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--precision", default="fp32,amp",
                     help="vithost precision plugins, a comma list of fp32, amp (bf16), fp16")
-    ap.add_argument("--torch", default="/usr/bin/python3", help="interpreter that has torch")
+    ap.add_argument("--torch", action="append",
+                    help="interpreters that have torch, a comma list or repeated; the first is "
+                         "the peer of record (default /usr/bin/python3)")
     ap.add_argument("--quick", action="store_true", help="fewer steps on both sides (a smoke "
                     "test of the command, not a measurement)")
     ap.add_argument("--torch-bf16", choices=("auto", "yes", "no"), default="auto",
@@ -173,6 +215,8 @@ def main():
     args = ap.parse_args()
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+    pythons = [t.strip() for a in (args.torch or ["/usr/bin/python3"]) for t in a.split(",")
+               if t.strip()]
     for n in names:
         if n not in CONFIGS:
             sys.exit(f"bench_step: unknown config '{n}' (have {', '.join(CONFIGS)})")
@@ -190,16 +234,24 @@ def main():
     for n in names:
         for p in precisions:
             ours[p][n] = run_vithost(args.build, n, CONFIGS[n], p, env, args.quick)
-    torch32 = run_torch(args.torch, names, args.threads, "none", args.quick)
     want_bf16 = args.torch_bf16 == "yes" or (args.torch_bf16 == "auto" and "avx512_bf16" in isa)
     bf16_note = ""
-    if want_bf16:
-        torchbf = run_torch(args.torch, names, args.threads, "bf16", args.quick)
-    else:
-        torchbf = {}
+    if not want_bf16:
         bf16_note = ("PyTorch bf16 autocast: not timed, this CPU has no avx512_bf16 "
                      "(--torch-bf16 yes times it anyway)")
         print("  " + bf16_note)
+    peers = []
+    for py in pythons:
+        version, rates = torch_peer(py, args.threads)
+        # "+cu132" and the like name the wheel's GPU build, not the CPU kernels: left out
+        label = f"torch {version.split('+')[0]}" if version else f"torch ({py})"
+        mm = " ".join(f"{k} {v:.0f}" for k, v in rates.items()) or "-"
+        print(f"{label} ({py}): 2048^3 matmul GFLOP/s, {args.threads} threads: {mm}")
+        peer = {"python": py, "version": version, "label": label, "matmul_gflops": rates,
+                "fp32": run_torch(py, names, args.threads, "none", args.quick),
+                "bf16": run_torch(py, names, args.threads, "bf16", args.quick) if want_bf16
+                else {}}
+        peers.append(peer)
 
     def fmt(x, spec=".1f"):
         return format(x, spec) if x is not None else "-"
@@ -210,33 +262,40 @@ def main():
     print()
     print(f"full training step (data, forward, backward, AdamW), img/s, {args.threads} threads"
           f"{' (--quick: few steps, not a measurement)' if args.quick else ''}")
-    head = "| cfg | vithost fp32 | torch fp32 | vithost/torch fp32 (goal) |"
-    rule = "|---|---|---|---|"
+    head, rule = "| cfg | vithost fp32 |", "|---|---|"
+    for t in peers:
+        head += f" {t['label']} fp32 | vithost/{t['label']} fp32 (goal) |"
+        rule += "---|---|"
     for p in precisions:
         if p == "fp32":
             continue
         head += f" vithost {PRECISIONS[p]} | vs vithost fp32 |"
         rule += "---|---|"
         if p == "amp":
-            head += " torch bf16 autocast | vithost AMP-bf16/torch bf16 |"
-            rule += "---|---|"
+            for t in peers:
+                head += f" {t['label']} bf16 autocast | vithost AMP-bf16/{t['label']} bf16 |"
+                rule += "---|---|"
     head += " vithost fp32 GFLOP/s (% of f32 GEMM peak) |"
     rule += "---|"
     print(head)
     print(rule)
     for n in names:
-        v32, t32, tbf = ours.get("fp32", {}).get(n), torch32.get(n), torchbf.get(n)
-        goal = CONFIGS[n][11]
-        r32 = (f"{v32 / t32:.2f}x ({goal:.1f}x{'' if v32 / t32 >= goal else ' MISSED'})"
-               if v32 and t32 else "-")
-        line = f"| {n} | {fmt(v32)} | {fmt(t32)} | {r32} |"
+        v32, goal = ours.get("fp32", {}).get(n), CONFIGS[n][11]
+        line = f"| {n} | {fmt(v32)} |"
+        for t in peers:
+            t32 = t["fp32"].get(n)
+            r32 = (f"{v32 / t32:.2f}x ({goal:.1f}x{'' if v32 / t32 >= goal else ' MISSED'})"
+                   if v32 and t32 else "-")
+            line += f" {fmt(t32)} | {r32} |"
         for p in precisions:
             if p == "fp32":
                 continue
             v = ours[p].get(n)
             line += f" {fmt(v)} | {ratio(v, v32)} |"
             if p == "amp":
-                line += f" {fmt(tbf)} | {ratio(v, tbf)} |"
+                for t in peers:
+                    tbf = t["bf16"].get(n)
+                    line += f" {fmt(tbf)} | {ratio(v, tbf)} |"
         gf = v32 * flops_per_image(CONFIGS[n]) / 1e9 if v32 else None
         pk = peaks.get("f32")
         line += f" {f'{gf:.0f} ({100 * gf / pk:.0f}%)' if gf and pk else '-'} |"
@@ -245,7 +304,9 @@ def main():
         print(f"({bf16_note})")
     print("JSON " + json.dumps({"cpu": model, "isa": isa, "threads": args.threads,
                                 "gemm_peak_gflops": peaks, "vithost_img_s": ours,
-                                "torch_fp32_img_s": torch32, "torch_bf16_img_s": torchbf,
+                                "torch": [{k: t[k] for k in ("python", "version",
+                                                             "matmul_gflops", "fp32", "bf16")}
+                                          for t in peers],
                                 "quick": args.quick}))
 
 

@@ -9,6 +9,15 @@
 #include <string.h>
 #include <sys/wait.h>
 
+const char harness_tiny_vit[] =
+    "run: {steps: 8, batch_size: 8, eval_every: 0, peak_tflops: 0.5}\n"
+    "model: {plugin: vit, dim: 16, depth: 1, heads: 2, mlp_dim: 32, patch_size: 4}\n"
+    "precision: {plugin: fp32}\n"
+    "sharding: {plugin: ddp}\n"
+    "optim: {plugin: mta, algo: adamw, lr: 1.0e-3}\n"
+    "data: {plugin: synthetic, channels: 1, image_size: 8, num_classes: 4, train_size: 32,\n"
+    "       eval_size: 8, workers: 0}\n";
+
 char *harness_slurp(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return strdup("");

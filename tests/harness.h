@@ -19,6 +19,9 @@ int harness_mkdtemp(char *dir, size_t dir_len, const char *name);
 int harness_rmdir(const char *dir);
 /* Writes text into dir/name, replacing it; 0 on success. */
 int harness_write(const char *dir, const char *name, const char *text);
+/* A recipe of a ViT small enough that a step takes a millisecond (vit, fp32,
+ * ddp, mta, synthetic data; 8 steps): what the command tests run. */
+extern const char harness_tiny_vit[];
 /* The number after "key": in a JSON line; NAN when absent. */
 double harness_json_number(const char *line, const char *key);
 

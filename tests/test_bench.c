@@ -33,22 +33,12 @@ static void write_file(const char *name, const char *text) {
     assert_int_equal(harness_write(tmp_dir, name, text), 0);
 }
 
-/* A ViT small enough that a step takes a millisecond. */
-static const char tiny[] =
-    "run: {steps: 8, batch_size: 8, eval_every: 0, peak_tflops: 0.5}\n"
-    "model: {plugin: vit, dim: 16, depth: 1, heads: 2, mlp_dim: 32, patch_size: 4}\n"
-    "precision: {plugin: fp32}\n"
-    "sharding: {plugin: ddp}\n"
-    "optim: {plugin: mta, algo: adamw, lr: 1.0e-3}\n"
-    "data: {plugin: synthetic, channels: 1, image_size: 8, num_classes: 4, train_size: 32,\n"
-    "       eval_size: 8, workers: 0}\n";
-
 static int setup(void **state) {
     (void)state;
     if (harness_mkdtemp(tmp_dir, sizeof tmp_dir, "bench") != 0) return -1;
     setenv("VITHOST_PLUGIN_PATH", "", 1);
     setenv("OMP_NUM_THREADS", "1", 1); /* tiny steps: threads would only wait */
-    write_file("tiny.yaml", tiny);
+    write_file("tiny.yaml", harness_tiny_vit);
     return 0;
 }
 

@@ -41,23 +41,13 @@ static const char recipe[] =
     "optim: {plugin: test_optim, lr: 0.1}\n"
     "data: {plugin: test_data, train_size: 128, noise: 2}\n";
 
-/* The vit (it has `pretrained`), small enough that a step takes a millisecond. */
-static const char tiny[] =
-    "run: {steps: 8, batch_size: 8, eval_every: 0, peak_tflops: 0.5}\n"
-    "model: {plugin: vit, dim: 16, depth: 1, heads: 2, mlp_dim: 32, patch_size: 4}\n"
-    "precision: {plugin: fp32}\n"
-    "sharding: {plugin: ddp}\n"
-    "optim: {plugin: mta, algo: adamw, lr: 1.0e-3}\n"
-    "data: {plugin: synthetic, channels: 1, image_size: 8, num_classes: 4, train_size: 32,\n"
-    "       eval_size: 8, workers: 0}\n";
-
 static int setup(void **state) {
     (void)state;
     if (harness_mkdtemp(tmp_dir, sizeof tmp_dir, "checked-io") != 0) return -1;
     setenv("VITHOST_PLUGIN_PATH", "", 1);
     setenv("OMP_NUM_THREADS", "1", 1);
     write_file("recipe.yaml", recipe);
-    write_file("tiny.yaml", tiny);
+    write_file("tiny.yaml", harness_tiny_vit);
     return 0;
 }
 

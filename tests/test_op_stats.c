@@ -131,22 +131,13 @@ static void test_entries_are_distinct(void **state) {
 
 /* ---- the command ------------------------------------------------------------ */
 
-static const char tiny[] =
-    "run: {steps: 8, batch_size: 8, eval_every: 0, peak_tflops: 0.5}\n"
-    "model: {plugin: vit, dim: 16, depth: 1, heads: 2, mlp_dim: 32, patch_size: 4}\n"
-    "precision: {plugin: fp32}\n"
-    "sharding: {plugin: ddp}\n"
-    "optim: {plugin: mta, algo: adamw, lr: 1.0e-3}\n"
-    "data: {plugin: synthetic, channels: 1, image_size: 8, num_classes: 4, train_size: 32,\n"
-    "       eval_size: 8, workers: 0}\n";
-
 static void test_bench_ops(void **state) {
     (void)state;
     char dir[256];
     assert_int_equal(harness_mkdtemp(dir, sizeof dir, "opstats"), 0);
     setenv("VITHOST_PLUGIN_PATH", "", 1);
     setenv("OMP_NUM_THREADS", "1", 1);
-    assert_int_equal(harness_write(dir, "tiny.yaml", tiny), 0);
+    assert_int_equal(harness_write(dir, "tiny.yaml", harness_tiny_vit), 0);
     int rc = harness_sh(dir, VH_TEST_VITHOST " bench tiny.yaml --ops --steps 2 --json");
     char *out = harness_read(dir, "out"), *err = harness_read(dir, "err");
     if (rc != 0) fail_msg("exit %d: %s%s", rc, out, err);

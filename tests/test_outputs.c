@@ -65,16 +65,6 @@ static void assert_err(const char *what) {
     free(err);
 }
 
-/* A ViT small enough that a step takes a millisecond. */
-static const char tiny[] =
-    "run: {steps: 8, batch_size: 8, eval_every: 0, peak_tflops: 0.5}\n"
-    "model: {plugin: vit, dim: 16, depth: 1, heads: 2, mlp_dim: 32, patch_size: 4}\n"
-    "precision: {plugin: fp32}\n"
-    "sharding: {plugin: ddp}\n"
-    "optim: {plugin: mta, algo: adamw, lr: 1.0e-3}\n"
-    "data: {plugin: synthetic, channels: 1, image_size: 8, num_classes: 4, train_size: 32,\n"
-    "       eval_size: 8, workers: 0}\n";
-
 static const char metrics[] = "{\"step\":10,\"epoch\":0,\"loss\":2.1,\"img_per_s\":900}\n"
                               "{\"step\":20,\"epoch\":0,\"eval_top1\":0.61,\"eval_loss\":1.2}\n";
 
@@ -83,7 +73,7 @@ static int setup(void **state) {
     if (harness_mkdtemp(tmp_dir, sizeof tmp_dir, "outputs") != 0) return -1;
     setenv("VITHOST_PLUGIN_PATH", "", 1);
     setenv("OMP_NUM_THREADS", "1", 1); /* tiny steps: threads would only wait */
-    write_file("tiny.yaml", tiny);
+    write_file("tiny.yaml", harness_tiny_vit);
     return 0;
 }
 
@@ -210,12 +200,12 @@ static void test_sweep_out_refused_before_rows(void **state) {
     assert_unchanged("mine/sweep.md", "# my notes on the sweep\n");
     /* the recipe itself as an output */
     make_dir("rec");
-    write_file("rec/sweep.json", tiny);
+    write_file("rec/sweep.json", harness_tiny_vit);
     assert_int_equal(vithost("sweep rec/sweep.json --vary model.depth=1,2 --steps 2 --warmup 0 "
                              "--out rec"),
                      2);
     assert_err("rec/sweep.json is an input of this command");
-    assert_unchanged("rec/sweep.json", tiny);
+    assert_unchanged("rec/sweep.json", harness_tiny_vit);
 }
 
 /* Row 0 fails (depth 0 is refused): the chart is relative to row 1, under

@@ -516,20 +516,6 @@ vh_status checkpoint_resume_point(vh_session *s, const char *run_dir, char *out,
     return checkpoint_latest(run_dir, out, len, d);
 }
 
-/* Reads state.json (the host's own format) into text. */
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
-    fclose(f);
-    if (buf) buf[got] = '\0';
-    return buf;
-}
-
 static int json_int(const char *text, const char *key, int64_t *out) {
     char pattern[160];
     snprintf(pattern, sizeof pattern, "\"%s\": ", key);
@@ -635,7 +621,7 @@ static vh_status load_files(vh_session *s, const char *ckpt_dir, vh_diag *d) {
 vh_status checkpoint_load(vh_session *s, const char *ckpt_dir, vh_diag *d) {
     char path[4400];
     snprintf(path, sizeof path, "%s/state.json", ckpt_dir);
-    char *text = read_text(path);
+    char *text = weights_read_state(path);
     char offer[9000];
     if (!text) {
         int e = errno;

@@ -46,8 +46,7 @@ int weights_file_crc32(const char *path, uint32_t *crc, uint64_t *bytes) {
     return ok;
 }
 
-/* state.json whole; NULL with errno set when it cannot be read. */
-static char *read_state(const char *path) {
+char *weights_read_state(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     char *buf = NULL;
@@ -129,7 +128,7 @@ vh_status weights_verify_file(const char *path, vh_diag *d) {
     char name[256], state_path[4400];
     snprintf(name, sizeof name, "%.*s", (int)(len - ext), base);
     snprintf(state_path, sizeof state_path, "%.*sstate.json", (int)(base - path), path);
-    char *text = read_state(state_path);
+    char *text = weights_read_state(state_path);
     if (!text) /* no state.json: a plain file, nothing to check it against */
         return errno == ENOENT || errno == ENOTDIR
                    ? VH_STATUS_OK

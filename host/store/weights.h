@@ -43,4 +43,8 @@ int weights_file_crc32(const char *path, uint32_t *crc, uint64_t *bytes);
  * naming the file and what to do. */
 vh_status weights_verify_file(const char *path, vh_diag *d);
 
+/* A checkpoint's state.json whole (free it); NULL with errno set when it
+ * cannot be read in full. */
+char *weights_read_state(const char *path);
+
 #endif

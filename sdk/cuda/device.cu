@@ -1,29 +1,38 @@
-/* device_cuda.cu - the CUDA device: device memory, copies and conversions.
+/* device.cu - the CUDA device: open, memory, copies, conversions, streams,
+ * events, and the table of ops (cuda_internal.h lists the files behind it).
  *
  * Built into its own shared object (libvh_cuda.so) that the host dlopens only
  * when a recipe asks for `run.device: cuda`, so the CPU path never needs the
  * CUDA runtime or a driver. Compute ops (cuBLASLt GEMMs, fused kernels) join
  * this table as the SDK's device ops grow.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "cuda_internal.h"
 
 extern "C" {
 #include "vithost/vh_plugin.h"
 #include "vithost/vh_runtime.h"
 }
 
-struct vh_device {
-    int ordinal;
-    cudaStream_t stream; /* compute stream; every op is ordered on it */
-};
-
 static vh_device g_devices[16];
 
-static vh_status cuda_status(cudaError_t err) {
+cudaStream_t vh_cuda_stream(vh_device *dev, vh_stream *stream) {
+    return stream ? stream->stream : dev->main.stream;
+}
+
+vh_status vh_cuda_alloc_temp(vh_device *dev, size_t bytes, void **out) {
+    cudaSetDevice(dev->ordinal);
+    return vh_cuda_status(cudaMalloc(out, bytes ? bytes : 1));
+}
+
+void vh_cuda_free_temp(vh_device *dev, void *ptr) {
+    cudaSetDevice(dev->ordinal);
+    cudaFree(ptr);
+}
+
+vh_status vh_cuda_status(cudaError_t err) {
     if (err == cudaSuccess) return VH_STATUS_OK;
     if (err == cudaErrorMemoryAllocation) return VH_STATUS_ERR_NOMEM;
     return VH_STATUS_ERR_DEVICE;
@@ -31,7 +40,7 @@ static vh_status cuda_status(cudaError_t err) {
 
 static vh_status cuda_alloc(vh_device *dev, size_t bytes, void **out) {
     cudaSetDevice(dev->ordinal);
-    return cuda_status(cudaMalloc(out, bytes ? bytes : 1));
+    return vh_cuda_status(cudaMalloc(out, bytes ? bytes : 1));
 }
 
 static void cuda_free(vh_device *dev, void *ptr) {
@@ -47,20 +56,20 @@ static vh_status cuda_copy(vh_device *dev, void *dst, const void *src, size_t by
     cudaMemcpyKind k = kind == VH_COPY_KIND_HOST_TO_DEVICE   ? cudaMemcpyHostToDevice
                        : kind == VH_COPY_KIND_DEVICE_TO_HOST ? cudaMemcpyDeviceToHost
                                                              : cudaMemcpyDeviceToDevice;
-    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, k, dev->stream);
+    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, k, dev->main.stream);
     /* Host buffers may be reused as soon as this returns: wait for D2H/H2D. */
     if (err == cudaSuccess && k != cudaMemcpyDeviceToDevice)
-        err = cudaStreamSynchronize(dev->stream);
-    return cuda_status(err);
+        err = cudaStreamSynchronize(dev->main.stream);
+    return vh_cuda_status(err);
 }
 
 static vh_status cuda_memset_zero(vh_device *dev, void *ptr, size_t bytes, vh_stream *stream) {
     (void)stream;
-    return cuda_status(cudaMemsetAsync(ptr, 0, bytes, dev->stream));
+    return vh_cuda_status(cudaMemsetAsync(ptr, 0, bytes, dev->main.stream));
 }
 
 static vh_status cuda_synchronize(vh_device *dev) {
-    return cuda_status(cudaStreamSynchronize(dev->stream));
+    return vh_cuda_status(cudaStreamSynchronize(dev->main.stream));
 }
 
 __device__ static float load_elem(const void *src, int dtype, size_t i) {
@@ -89,9 +98,9 @@ static vh_status cuda_convert(vh_device *dev, void *dst, vh_dtype dst_dtype, con
     if (count == 0) return VH_STATUS_OK;
     size_t blocks = (count + 255) / 256;
     if (blocks > 65535) blocks = 65535;
-    convert_kernel<<<(unsigned)blocks, 256, 0, dev->stream>>>(dst, dst_dtype, src, src_dtype,
+    convert_kernel<<<(unsigned)blocks, 256, 0, dev->main.stream>>>(dst, dst_dtype, src, src_dtype,
                                                               count);
-    return cuda_status(cudaGetLastError());
+    return vh_cuda_status(cudaGetLastError());
 }
 
 extern "C" VH_SDK_API vh_status vh_cuda_device_open(const vh_cuda_open_args *args,
@@ -128,7 +137,7 @@ extern "C" VH_SDK_API vh_status vh_cuda_device_open(const vh_cuda_open_args *arg
     vh_device *dev = &g_devices[ordinal];
     dev->ordinal = ordinal;
     if ((e = cudaSetDevice(ordinal)) != cudaSuccess ||
-        (!dev->stream && (e = cudaStreamCreateWithFlags(&dev->stream, cudaStreamNonBlocking)) !=
+        (!dev->main.stream && (e = cudaStreamCreateWithFlags(&dev->main.stream, cudaStreamNonBlocking)) !=
                              cudaSuccess)) {
         snprintf(err, err_len, "CUDA device %d: %s", ordinal, cudaGetErrorString(e));
         return VH_STATUS_ERR_DEVICE;
@@ -147,7 +156,27 @@ extern "C" VH_SDK_API vh_status vh_cuda_device_open(const vh_cuda_open_args *arg
     t.memset_zero = cuda_memset_zero;
     t.synchronize = cuda_synchronize;
     t.convert = cuda_convert;
-    /* Compute ops stay NULL: the device refuses what it does not have. */
+    t.gemm = vh_cuda_gemm;
+    t.layernorm_forward = vh_cuda_layernorm_forward;
+    t.layernorm_backward = vh_cuda_layernorm_backward;
+    t.gelu_forward = vh_cuda_gelu_forward;
+    t.gelu_backward = vh_cuda_gelu_backward;
+    t.add = vh_cuda_add;
+    t.mul = vh_cuda_mul;
+    t.dropout_forward = vh_cuda_dropout_forward;
+    t.scale_rows = vh_cuda_scale_rows;
+    t.bias_backward = vh_cuda_bias_backward;
+    t.softmax = vh_cuda_softmax;
+    t.attention_forward = vh_cuda_attention_forward;
+    t.attention_backward = vh_cuda_attention_backward;
+    t.softmax_cross_entropy = vh_cuda_softmax_cross_entropy;
+    t.mean_pool_forward = vh_cuda_mean_pool_forward;
+    t.mean_pool_backward = vh_cuda_mean_pool_backward;
+    t.patchify = vh_cuda_patchify;
+    t.embed_forward = vh_cuda_embed_forward;
+    t.embed_backward = vh_cuda_embed_backward;
+    t.multi_tensor_scale_check = vh_cuda_multi_tensor_scale_check;
+    t.drop_path_scale = vh_cuda_drop_path_scale;
     const size_t n = out_size < sizeof t ? out_size : sizeof t;
     memcpy(out, &t, n);
     out->struct_size = (uint32_t)n;

@@ -1,0 +1,13 @@
+/* layernorm.cu - placeholder: the ops below are being written (issue 21). */
+#include "cuda_internal.h"
+
+vh_status vh_cuda_layernorm_forward(vh_device *dev, const vh_layernorm_args *args) {
+    (void)dev; (void)args;
+    return VH_STATUS_ERR_UNSUPPORTED;
+}
+
+vh_status vh_cuda_layernorm_backward(vh_device *dev, const vh_layernorm_args *args) {
+    (void)dev; (void)args;
+    return VH_STATUS_ERR_UNSUPPORTED;
+}
+

@@ -434,6 +434,104 @@ static void test_dropout_scale_rows_dtypes(void **state) {
     }
 }
 
+/* ---- 16-bit storage: the fp32 op on the widened values, rounded once -----------------
+ * The element-wise ops convert piece by piece and the row-wise ones a block of
+ * rows at a time (ops.c, layernorm.c): the same fp32 kernel on the same
+ * widened values, so the result must be the fp32 op's, rounded once, bit for
+ * bit. Sizes span many pieces, chunks and both threads. */
+
+static uint16_t *to16(vh_dtype t, const float *x, int64_t n) {
+    uint16_t *h = malloc((size_t)n * 2);
+    assert_non_null(h);
+    for (int64_t i = 0; i < n; i++) h[i] = t == VH_DTYPE_BF16 ? vh_f32_to_bf16(x[i]) : vh_f32_to_f16(x[i]);
+    return h;
+}
+
+static float *widened(vh_dtype t, const uint16_t *h, int64_t n) {
+    float *x = malloc((size_t)n * sizeof(float));
+    assert_non_null(x);
+    for (int64_t i = 0; i < n; i++) x[i] = t == VH_DTYPE_BF16 ? vh_bf16_to_f32(h[i]) : vh_f16_to_f32(h[i]);
+    return x;
+}
+
+static float *frand(int64_t n, double lo, double hi) {
+    float *x = malloc((size_t)n * sizeof(float));
+    assert_non_null(x);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * rnd());
+    return x;
+}
+
+/* out16 (n values of t) must be the f32 result rounded to t. */
+static void assert_rounded(const char *what, vh_dtype t, const uint16_t *out16, const float *f32,
+                           int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t want = t == VH_DTYPE_BF16 ? vh_f32_to_bf16(f32[i]) : vh_f32_to_f16(f32[i]);
+        if (out16[i] != want) fail_msg("%s: element %lld is 0x%04x, want 0x%04x", what, (long long)i, out16[i], want);
+    }
+}
+
+static void gelu_backward_16(vh_dtype t, int64_t n) {
+    float *x = frand(n, -4, 4), *g = frand(n, -1, 1), *d = frand(n, -1, 1);
+    uint16_t *x16 = to16(t, x, n), *g16 = to16(t, g, n), *d16 = to16(t, d, n);
+    float *xw = widened(t, x16, n), *gw = widened(t, g16, n), *dw = widened(t, d16, n);
+    vh_eltwise_args e = {.struct_size = sizeof e, .n = n, .dtype = t, .x = x16, .dout = g16, .dx = d16};
+    assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+    e.dtype = VH_DTYPE_F32, e.x = xw, e.dout = gw, e.dx = dw;
+    assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+    assert_rounded("gelu_backward", t, d16, dw, n);
+    free(x), free(g), free(d), free(x16), free(g16), free(d16), free(xw), free(gw), free(dw);
+}
+
+static void layernorm_16(vh_dtype t, int64_t rows, int64_t dim) {
+    const int64_t n = rows * dim;
+    float *x = frand(n, -2, 2), *g = frand(n, -1, 1), *d = frand(n, -1, 1);
+    float *w = frand(dim, 0.5, 1.5), *b = frand(dim, -0.5, 0.5);
+    float dw16[256] = {0}, db16[256] = {0}, dw32[256] = {0}, db32[256] = {0};
+    float *m = malloc((size_t)rows * 8), *r = m + rows, *o = malloc((size_t)n * 4);
+    uint16_t *x16 = to16(t, x, n), *g16 = to16(t, g, n), *d16 = to16(t, d, n), *o16 = to16(t, x, n);
+    float *xw = widened(t, x16, n), *gw = widened(t, g16, n), *dxw = widened(t, d16, n);
+    vh_layernorm_args a = {.struct_size = sizeof a, .rows = rows, .dim = dim, .eps = 1e-5f,
+                           .dtype = t, .x = x16, .weight = w, .bias = b, .mean = m, .rstd = r,
+                           .out = o16, .dout = g16, .dx = d16, .dweight = dw16, .dbias = db16};
+    assert_int_equal(ops->layernorm_forward(ops->device, &a), VH_STATUS_OK);
+    assert_int_equal(ops->layernorm_backward(ops->device, &a), VH_STATUS_OK);
+    a.dtype = VH_DTYPE_F32, a.x = xw, a.out = o, a.dout = gw, a.dx = dxw, a.dweight = dw32, a.dbias = db32;
+    assert_int_equal(ops->layernorm_forward(ops->device, &a), VH_STATUS_OK);
+    assert_int_equal(ops->layernorm_backward(ops->device, &a), VH_STATUS_OK);
+    assert_rounded("layernorm out", t, o16, o, n);
+    assert_rounded("layernorm dx", t, d16, dxw, n);
+    assert_memory_equal(dw16, dw32, sizeof dw16); /* f32 sums, same order */
+    assert_memory_equal(db16, db32, sizeof db16);
+    free(x), free(g), free(d), free(w), free(b), free(m), free(o), free(x16), free(g16);
+    free(d16), free(o16), free(xw), free(gw), free(dxw);
+}
+
+static void bias_backward_16(vh_dtype t, int64_t rows, int64_t cols) {
+    float *g = frand(rows * cols, -1, 1), s16[512] = {0}, s32[512] = {0};
+    uint16_t *g16 = to16(t, g, rows * cols);
+    float *gw = widened(t, g16, rows * cols);
+    vh_rows_args a = {.struct_size = sizeof a, .rows = rows, .cols = cols, .dtype = t,
+                      .out_dtype = VH_DTYPE_F32, .dout = g16, .out = s16};
+    assert_int_equal(ops->bias_backward(ops->device, &a), VH_STATUS_OK);
+    a.dtype = VH_DTYPE_F32, a.dout = gw, a.out = s32;
+    assert_int_equal(ops->bias_backward(ops->device, &a), VH_STATUS_OK);
+    assert_memory_equal(s16, s32, sizeof s16);
+    free(g), free(g16), free(gw);
+}
+
+static void test_16bit_is_rounded_f32(void **state) {
+    (void)state;
+    rng_state = 109;
+    for (int t = 1; t < 3; t++) {
+        gelu_backward_16(kTypes[t], 100003); /* 13 pieces, a tail, threaded */
+        gelu_backward_16(kTypes[t], 5000);   /* one piece, serial */
+        layernorm_16(kTypes[t], 37, 48);     /* under one chunk */
+        layernorm_16(kTypes[t], 1001, 192);  /* 16 chunks, a tail, threaded */
+        bias_backward_16(kTypes[t], 300, 37);
+        bias_backward_16(kTypes[t], 4160, 192); /* T2's rows, threaded */
+    }
+}
+
 /* ---- rows: bias gradient, softmax ---------------------------------------------------- */
 
 static void test_rows_dtypes(void **state) {
@@ -855,6 +953,7 @@ static void test_engine_info(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_engine_info),
+        cmocka_unit_test(test_16bit_is_rounded_f32),
         cmocka_unit_test(test_gemm_dtypes),
         cmocka_unit_test(test_gemm_bf16_exact),
         cmocka_unit_test(test_layernorm_dtypes),

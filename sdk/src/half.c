@@ -179,6 +179,19 @@ float *vh_cpu_f32_view(const void *p, vh_dtype t, int64_t n, int load) {
     return v;
 }
 
+float *vh_cpu_rows_load(vh_cpu_rows t, int64_t r0, int64_t nrows, int64_t dim, int load) {
+    if (!t.p) return NULL;
+    if (t.dtype == VH_DTYPE_F32) return (float *)t.p + r0 * dim;
+    float *v = vh_cpu_scratch_alloc((size_t)(nrows * dim > 0 ? nrows * dim : 1) * sizeof(float));
+    if (v && load) to_f32_span(v, (const uint16_t *)t.p + r0 * dim, t.dtype, nrows * dim);
+    return v;
+}
+
+void vh_cpu_rows_store(vh_cpu_rows t, int64_t r0, int64_t nrows, int64_t dim, const float *rows) {
+    if (t.p && rows && t.dtype != VH_DTYPE_F32)
+        from_f32_span((uint16_t *)t.p + r0 * dim, t.dtype, rows, nrows * dim);
+}
+
 void vh_cpu_f32_store(void *p, vh_dtype t, const float *view, int64_t n) {
     if (t == VH_DTYPE_F32 || !p || !view) return;
     vh_cpu_from_f32(p, t, view, n);

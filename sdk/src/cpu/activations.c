@@ -128,32 +128,40 @@ void vh_cpu_k_mul(float *out, const float *a, const float *b, int64_t n, int32_t
     }
 }
 
-/* Column sums of rows [r0, r1) into part (cols values, overwritten). */
-VH_CPU_CLONES static void column_sums(float *part, const float *dout, int64_t r0, int64_t r1,
-                                      int64_t cols) {
+/* Column sums of `rows` rows into part (cols values, overwritten). */
+VH_CPU_CLONES static void column_sums(float *part, const float *dout, int64_t rows, int64_t cols) {
     memset(part, 0, (size_t)cols * sizeof(float));
-    for (int64_t r = r0; r < r1; r++) {
+    for (int64_t r = 0; r < rows; r++) {
         const float *g = dout + r * cols;
 #pragma omp simd
         for (int64_t j = 0; j < cols; j++) part[j] += g[j];
     }
 }
 
-void vh_cpu_k_bias_backward(float *dbias, const float *dout, int64_t rows, int64_t cols) {
-    if (rows == 0 || cols == 0) return;
+int vh_cpu_k_bias_backward(float *dbias, vh_cpu_rows dout, int64_t rows, int64_t cols) {
+    if (rows == 0 || cols == 0) return 0;
     const int64_t chunks = (rows + BIAS_CHUNK_ROWS - 1) / BIAS_CHUNK_ROWS;
     float *part = vh_cpu_scratch_alloc((size_t)chunks * (size_t)cols * sizeof(float));
-#pragma omp parallel for schedule(static) PAR(rows * cols)
+    if (!part) return -1;
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed) PAR(rows * cols)
     for (int64_t c = 0; c < chunks; c++) {
-        const int64_t r1 = (c + 1) * BIAS_CHUNK_ROWS < rows ? (c + 1) * BIAS_CHUNK_ROWS : rows;
-        column_sums(part + c * cols, dout, c * BIAS_CHUNK_ROWS, r1, cols);
+        const int64_t r0 = c * BIAS_CHUNK_ROWS;
+        const int64_t n = rows - r0 < BIAS_CHUNK_ROWS ? rows - r0 : BIAS_CHUNK_ROWS;
+        vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
+        const float *g = vh_cpu_rows_load(dout, r0, n, cols, 1); /* 16-bit: widened here */
+        if (g) column_sums(part + c * cols, g, n, cols);
+        failed |= !g;
+        vh_cpu_scratch_end(mark);
     }
+    if (failed) return -1;
     for (int64_t c = 1; c < chunks; c++) { /* in order */
         const float *pc = part + c * cols;
 #pragma omp simd
         for (int64_t j = 0; j < cols; j++) part[j] += pc[j];
     }
     for (int64_t j = 0; j < cols; j++) dbias[j] += part[j];
+    return 0;
 }
 
 VH_CPU_CLONES static void softmax_span(float *p, int64_t rows, int64_t cols) {

@@ -203,17 +203,35 @@ VH_CPU_HIDDEN vh_status vh_cpu_embed_backward(vh_device *dev, const vh_tokens_ar
 VH_CPU_HIDDEN vh_status vh_cpu_multi_tensor_scale_check(vh_device *dev,
                                                         const vh_multi_tensor_args *args);
 
-/* ---- fp32 kernels (arguments already checked) ------------------------------ */
+/* ---- row tensors in their storage dtype -------------------------------------
+ * The row-wise kernels (layer norm, bias gradient) take their large tensors
+ * as stored and widen one block of rows at a time into the thread's scratch,
+ * narrowing outputs back while the block is still in cache: bf16 storage then
+ * moves half of f32's bytes instead of adding whole-tensor conversion passes.
+ * Call inside a scratch mark; NULL when the scratch could not be had (or p
+ * is NULL). f32 rows are used in place. */
+typedef struct vh_cpu_rows {
+    void *p;
+    vh_dtype dtype;
+} vh_cpu_rows;
+VH_CPU_HIDDEN float *vh_cpu_rows_load(vh_cpu_rows t, int64_t r0, int64_t nrows, int64_t dim,
+                                      int load);
+VH_CPU_HIDDEN void vh_cpu_rows_store(vh_cpu_rows t, int64_t r0, int64_t nrows, int64_t dim,
+                                     const float *rows);
 
-VH_CPU_HIDDEN void vh_cpu_k_layernorm_forward(float *out, float *mean, float *rstd,
-                                              const float *x, const float *weight,
-                                              const float *bias, int64_t rows, int64_t dim,
-                                              float eps);
+/* ---- kernels (arguments already checked) ------------------------------------
+ * fp32 but for the vh_cpu_rows tensors; those returning int give 0, or -1
+ * when scratch memory ran out (nothing is then stored). */
+
+VH_CPU_HIDDEN int vh_cpu_k_layernorm_forward(vh_cpu_rows out, float *mean, float *rstd,
+                                             vh_cpu_rows x, const float *weight,
+                                             const float *bias, int64_t rows, int64_t dim,
+                                             float eps);
 /* dweight/dbias may be NULL (skipped). */
-VH_CPU_HIDDEN void vh_cpu_k_layernorm_backward(float *dx, float *dweight, float *dbias,
-                                               const float *dout, const float *x,
-                                               const float *weight, const float *mean,
-                                               const float *rstd, int64_t rows, int64_t dim);
+VH_CPU_HIDDEN int vh_cpu_k_layernorm_backward(vh_cpu_rows dx, float *dweight, float *dbias,
+                                              vh_cpu_rows dout, vh_cpu_rows x,
+                                              const float *weight, const float *mean,
+                                              const float *rstd, int64_t rows, int64_t dim);
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n);
 /* The same on the caller's thread (for rows inside a parallel loop). */
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_serial(float *out, const float *x, int64_t n);
@@ -224,8 +242,8 @@ VH_CPU_HIDDEN void vh_cpu_k_gelu_backward(float *dx, const float *x, const float
 VH_CPU_HIDDEN void vh_cpu_k_add(float *out, const float *a, const float *b, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_mul(float *out, const float *a, const float *b, int64_t n,
                                 int32_t accumulate);
-VH_CPU_HIDDEN void vh_cpu_k_bias_backward(float *dbias, const float *dout, int64_t rows,
-                                          int64_t cols);
+VH_CPU_HIDDEN int vh_cpu_k_bias_backward(float *dbias, vh_cpu_rows dout, int64_t rows,
+                                         int64_t cols);
 VH_CPU_HIDDEN void vh_cpu_k_softmax(float *out, const float *x, int64_t rows, int64_t cols);
 VH_CPU_HIDDEN void vh_cpu_k_scale_rows(float *out, const float *in, const float *scale,
                                        int64_t rows, int64_t dim, int64_t div, int64_t mod,

@@ -3,8 +3,9 @@
  * Rows run in parallel. In backward, the parameter gradients are sums over
  * rows: each fixed chunk of rows sums its own, and the chunks are added in
  * order, so the result does not depend on the number of threads.
- * fp32 kernels: ops.c reads the arguments and converts other dtypes; the
- * statistics are fp32 whatever the storage. */
+ * x, out, dout and dx come as stored (vh_cpu_rows: a 16-bit block of rows is
+ * widened in the thread's scratch and narrowed back while in cache); the
+ * math and the statistics are fp32 whatever the storage. */
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -17,11 +18,11 @@
 /* Rows per task of the forward pass. */
 #define LN_ROW_BLOCK 16
 
-/* Rows [r0, r1) of the forward pass. */
+/* `rows` rows of the forward pass (the pointers at the block's first row). */
 VH_CPU_CLONES static void layernorm_rows(float *out, float *mean, float *rstd, const float *x,
-                                         const float *weight, const float *bias, int64_t r0,
-                                         int64_t r1, int64_t dim, float eps) {
-    for (int64_t r = r0; r < r1; r++) {
+                                         const float *weight, const float *bias, int64_t rows,
+                                         int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
         float *yr = out + r * dim;
         /* Sum x - x[0]: exact for a row far from 0 (x = 1000 + small), where
@@ -45,28 +46,38 @@ VH_CPU_CLONES static void layernorm_rows(float *out, float *mean, float *rstd, c
     }
 }
 
-void vh_cpu_k_layernorm_forward(float *out, float *mean, float *rstd, const float *x,
-                                const float *weight, const float *bias, int64_t rows,
-                                int64_t dim, float eps) {
+int vh_cpu_k_layernorm_forward(vh_cpu_rows out, float *mean, float *rstd, vh_cpu_rows x,
+                               const float *weight, const float *bias, int64_t rows, int64_t dim,
+                               float eps) {
     const int64_t blocks = (rows + LN_ROW_BLOCK - 1) / LN_ROW_BLOCK;
-#pragma omp parallel for schedule(static) if (rows * dim > VH_CPU_PAR_ELEMS)
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed) if (rows * dim > VH_CPU_PAR_ELEMS)
     for (int64_t b = 0; b < blocks; b++) {
-        const int64_t r0 = b * LN_ROW_BLOCK;
-        layernorm_rows(out, mean, rstd, x, weight, bias, r0,
-                       r0 + LN_ROW_BLOCK < rows ? r0 + LN_ROW_BLOCK : rows, dim, eps);
+        const int64_t r0 = b * LN_ROW_BLOCK, n = rows - r0 < LN_ROW_BLOCK ? rows - r0 : LN_ROW_BLOCK;
+        vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
+        const float *xb = vh_cpu_rows_load(x, r0, n, dim, 1);
+        float *ob = vh_cpu_rows_load(out, r0, n, dim, 0);
+        if (xb && ob) {
+            layernorm_rows(ob, mean + r0, rstd + r0, xb, weight, bias, n, dim, eps);
+            vh_cpu_rows_store(out, r0, n, dim, ob);
+        } else {
+            failed = 1;
+        }
+        vh_cpu_scratch_end(mark);
     }
+    return failed ? -1 : 0;
 }
 
-/* One chunk of rows [r0, r1) of the backward pass: dx of its rows, and its
- * partial dweight (pw) and dbias (pb), overwritten. */
+/* One chunk of `rows` rows of the backward pass (the pointers at its first
+ * row): dx of its rows, and its partial dweight (pw) and dbias (pb),
+ * overwritten. */
 VH_CPU_CLONES static void layernorm_backward_rows(float *dx, float *pw, float *pb,
                                                   const float *dout, const float *x,
                                                   const float *weight, const float *mean,
-                                                  const float *rstd, int64_t r0, int64_t r1,
-                                                  int64_t dim) {
+                                                  const float *rstd, int64_t rows, int64_t dim) {
     memset(pw, 0, (size_t)dim * sizeof(float));
     memset(pb, 0, (size_t)dim * sizeof(float));
-    for (int64_t r = r0; r < r1; r++) {
+    for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim, *gr = dout + r * dim;
         const float m = mean[r], s = rstd[r];
         float sum_g = 0.0f, sum_gx = 0.0f;
@@ -89,22 +100,40 @@ VH_CPU_CLONES static void layernorm_backward_rows(float *dx, float *pw, float *p
     }
 }
 
-void vh_cpu_k_layernorm_backward(float *dx, float *dweight, float *dbias, const float *dout,
-                                 const float *x, const float *weight, const float *mean,
-                                 const float *rstd, int64_t rows, int64_t dim) {
-    if (rows == 0 || dim == 0) return;
+/* Chunk c of the backward pass, its 16-bit rows widened in scratch. */
+static int layernorm_backward_chunk(vh_cpu_rows dx, float *pw, vh_cpu_rows dout, vh_cpu_rows x,
+                                    const float *weight, const float *mean, const float *rstd,
+                                    int64_t c, int64_t rows, int64_t dim) {
+    const int64_t r0 = c * LN_CHUNK_ROWS, n = rows - r0 < LN_CHUNK_ROWS ? rows - r0 : LN_CHUNK_ROWS;
+    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
+    float *db = vh_cpu_rows_load(dx, r0, n, dim, 1);
+    const float *gb = vh_cpu_rows_load(dout, r0, n, dim, 1);
+    const float *xb = vh_cpu_rows_load(x, r0, n, dim, 1);
+    const int ok = db && gb && xb;
+    if (ok) {
+        layernorm_backward_rows(db, pw, pw + dim, gb, xb, weight, mean + r0, rstd + r0, n, dim);
+        vh_cpu_rows_store(dx, r0, n, dim, db);
+    }
+    vh_cpu_scratch_end(mark);
+    return ok ? 0 : -1;
+}
+
+int vh_cpu_k_layernorm_backward(vh_cpu_rows dx, float *dweight, float *dbias, vh_cpu_rows dout,
+                                vh_cpu_rows x, const float *weight, const float *mean,
+                                const float *rstd, int64_t rows, int64_t dim) {
+    if (rows == 0 || dim == 0) return 0;
     const int64_t chunks = (rows + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
     /* Per chunk of rows: partial dweight (dim values) then partial dbias. */
     float *part = vh_cpu_scratch_alloc((size_t)chunks * 2 * (size_t)dim * sizeof(float));
+    if (!part) return -1;
+    int failed = 0;
 
     /* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight. */
-#pragma omp parallel for schedule(static) if (rows * dim > VH_CPU_PAR_ELEMS)
-    for (int64_t c = 0; c < chunks; c++) {
-        float *pw = part + c * 2 * dim;
-        const int64_t r1 = (c + 1) * LN_CHUNK_ROWS < rows ? (c + 1) * LN_CHUNK_ROWS : rows;
-        layernorm_backward_rows(dx, pw, pw + dim, dout, x, weight, mean, rstd,
-                                c * LN_CHUNK_ROWS, r1, dim);
-    }
+#pragma omp parallel for schedule(static) reduction(| : failed) if (rows * dim > VH_CPU_PAR_ELEMS)
+    for (int64_t c = 0; c < chunks; c++)
+        failed |= layernorm_backward_chunk(dx, part + c * 2 * dim, dout, x, weight, mean, rstd, c,
+                                           rows, dim) != 0;
+    if (failed) return -1;
     /* Chunks in order: the same sums whatever the number of threads. */
     for (int64_t c = 1; c < chunks; c++) {
         const float *pc = part + c * 2 * dim;
@@ -115,4 +144,5 @@ void vh_cpu_k_layernorm_backward(float *dx, float *dweight, float *dbias, const 
         for (int64_t j = 0; j < dim; j++) dweight[j] += part[j];
     if (dbias)
         for (int64_t j = 0; j < dim; j++) dbias[j] += part[dim + j];
+    return 0;
 }

@@ -9,9 +9,14 @@
  *   converted back, rounded to nearest even once. Accumulating outputs
  *   (gradients, +=) are loaded first, so the existing low-precision value is
  *   added to in fp32 and rounded once.
- * Why copies rather than typed kernels: these ops are memory-bound and small
- * next to the GEMMs (under 20% of a step), a conversion pass costs less than
- * the op, and one kernel per op keeps the fp32 numbers the fixtures check.
+ * Why copies rather than typed kernels: one kernel per op keeps the fp32
+ * numbers the fixtures check. But a whole-tensor copy is a memory pass of its
+ * own, and on large activations bf16 storage would then cost more traffic
+ * than f32 (AMP's gelu_backward ran 2.6x slower than fp32's). So the
+ * element-wise ops (rows marked OP_PIECES) convert piece by piece: each
+ * thread converts a piece of every tensor into its scratch, runs the kernel
+ * on it and stores it back while it is still in L1/L2, and bf16 moves half
+ * of f32's bytes. Same kernel, same values, bit for bit.
  *
  * That is one wrapper for every op but the multi-tensor one (op_run); what
  * differs between ops is a row of the table at the end of this file: the
@@ -54,6 +59,8 @@ enum {
     T_WRITE = 2,       /* the view is stored back after the kernel */
     T_READ_ACC = 4,    /* read when the call accumulates (element-wise `accumulate`) */
     T_NULL_OK = 8,     /* may be NULL: the kernel gets NULL (the plan checks when it may) */
+    T_RAW = 16,        /* handed over as stored: the kernel widens it a block at a time
+                          (vh_cpu_rows) and stores it itself */
     IN = T_READ,
     OUT = T_WRITE,
     ACC = T_READ | T_WRITE, /* outputs added to, and outputs with gaps to keep */
@@ -93,12 +100,22 @@ typedef struct op_call {
     void *ptr[OP_MAX_TENSORS]; /* the row's tensors, read from a (a plan may redirect one) */
     int64_t size[SZ_COUNT];
     int accumulate; /* loads the T_READ_ACC tensors */
+    int *nomem;     /* a kernel sets *nomem when its scratch ran out */
 } op_call;
 
 typedef enum op_plan { OP_RUN, OP_EMPTY, OP_INVALID } op_plan;
 
+/* Rows whose every tensor is SZ_ALL and whose kernel treats element i
+ * alone (no index-dependent draw): they may run piece by piece. */
+enum { OP_PIECES = 1 };
+
+/* Elements per piece of a 16-bit element-wise op: three f32 views of it
+ * (96 KiB) stay in L2. */
+#define OP_PIECE ((int64_t)1 << 13)
+
 typedef struct cpu_op {
     size_t args_size, min_size; /* sizeof the args struct; offsetof its stream */
+    int flags;                  /* OP_PIECES */
     size_t dtypes[4];           /* the dtype members it takes (f32, f16, bf16); 0 ends */
     op_plan (*plan)(op_call *c);
     void (*kernel)(const op_call *c, float *const *v); /* v: the views, in row order */
@@ -128,6 +145,10 @@ static vh_status op_compute(const cpu_op *op, const op_call *c, int count) {
     vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
     for (int i = 0; i < count && st == VH_STATUS_OK; i++) {
         const op_tensor *t = &op->t[i];
+        if (t->how & T_RAW) {
+            v[i] = c->ptr[i]; /* as stored: the kernel reads it through raw() */
+            continue;
+        }
         const int load = (t->how & T_READ) || ((t->how & T_READ_ACC) && c->accumulate);
         v[i] = vh_cpu_f32_view(c->ptr[i], dtype_at(&c->a, t->dtype), c->size[t->size], load);
         if (!v[i] && c->ptr[i]) st = VH_STATUS_ERR_NOMEM;
@@ -135,17 +156,45 @@ static vh_status op_compute(const cpu_op *op, const op_call *c, int count) {
     if (st == VH_STATUS_OK) {
         op->kernel(c, v);
         for (int i = 0; i < count; i++)
-            if (op->t[i].how & T_WRITE)
+            if ((op->t[i].how & T_WRITE) && !(op->t[i].how & T_RAW))
                 vh_cpu_f32_store(c->ptr[i], dtype_at(&c->a, op->t[i].dtype), v[i],
                                  c->size[op->t[i].size]);
     }
     vh_cpu_scratch_end(mark);
-    return st;
+    return st != VH_STATUS_OK || !*c->nomem ? st : VH_STATUS_ERR_NOMEM;
+}
+
+/* An OP_PIECES op with a 16-bit tensor: op_compute on each piece, the
+ * pieces spread over the threads (the kernel of a piece is serial: a piece is
+ * under VH_CPU_PAR_ELEMS). */
+static vh_status op_compute_pieces(const cpu_op *op, const op_call *c, int count) {
+    const int64_t n = c->size[SZ_ALL], pieces = (n + OP_PIECE - 1) / OP_PIECE;
+    size_t elem[OP_MAX_TENSORS];
+    for (int i = 0; i < count; i++) elem[i] = vh_dtype_size(dtype_at(&c->a, op->t[i].dtype));
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed) if (n > VH_CPU_PAR_ELEMS)
+    for (int64_t p = 0; p < pieces; p++) {
+        const int64_t o = p * OP_PIECE;
+        op_call piece = *c;
+        piece.a.ew.n = piece.size[SZ_ALL] = n - o < OP_PIECE ? n - o : OP_PIECE;
+        for (int i = 0; i < count; i++)
+            if (c->ptr[i]) piece.ptr[i] = (char *)c->ptr[i] + (size_t)o * elem[i];
+        failed |= op_compute(op, &piece, count) != VH_STATUS_OK;
+    }
+    return failed ? VH_STATUS_ERR_NOMEM : VH_STATUS_OK;
+}
+
+static int has_16bit(const cpu_op *op, const op_call *c, int count) {
+    for (int i = 0; i < count; i++)
+        if (dtype_at(&c->a, op->t[i].dtype) != VH_DTYPE_F32) return 1;
+    return 0;
 }
 
 static vh_status op_run(const cpu_op *op, const void *in) {
     op_call c;
+    int nomem = 0;
     memset(&c, 0, sizeof c);
+    c.nomem = &nomem;
     if (!read_args(&c.a, op->args_size, op->min_size, in)) return VH_STATUS_ERR_INVALID_ARG;
     for (int i = 0; i < 4 && op->dtypes[i]; i++)
         if (!vh_cpu_is_float(dtype_at(&c.a, op->dtypes[i]))) return VH_STATUS_ERR_INVALID_ARG;
@@ -156,6 +205,8 @@ static vh_status op_run(const cpu_op *op, const void *in) {
     if (plan != OP_RUN) return plan == OP_EMPTY ? VH_STATUS_OK : VH_STATUS_ERR_INVALID_ARG;
     for (int i = 0; i < count; i++)
         if (!c.ptr[i] && !(op->t[i].how & T_NULL_OK)) return VH_STATUS_ERR_INVALID_ARG;
+    if ((op->flags & OP_PIECES) && has_16bit(op, &c, count))
+        return op_compute_pieces(op, &c, count);
     return op_compute(op, &c, count);
 }
 
@@ -282,15 +333,25 @@ static op_plan plan_embed_backward(op_call *c) {
 
 /* ---- kernel calls: v holds the row's tensors as fp32 views, in row order ------------ */
 
+/* A T_RAW tensor of the row, as stored. */
+static vh_cpu_rows raw(float *const *v, int32_t dtype) {
+    vh_cpu_rows r = {v ? (void *)*v : NULL, (vh_dtype)dtype};
+    return r;
+}
+
 static void k_layernorm_forward(const op_call *c, float *const *v) {
     const vh_layernorm_args *a = &c->a.ln;
-    vh_cpu_k_layernorm_forward(v[0], a->mean, a->rstd, v[1], v[2], v[3], a->rows, a->dim, a->eps);
+    if (vh_cpu_k_layernorm_forward(raw(&v[0], a->dtype), a->mean, a->rstd, raw(&v[1], a->dtype),
+                                   v[2], v[3], a->rows, a->dim, a->eps))
+        *c->nomem = 1;
 }
 
 static void k_layernorm_backward(const op_call *c, float *const *v) {
     const vh_layernorm_args *a = &c->a.ln;
-    vh_cpu_k_layernorm_backward(v[0], v[1], v[2], v[3], v[4], v[5], a->mean, a->rstd, a->rows,
-                                a->dim);
+    if (vh_cpu_k_layernorm_backward(raw(&v[0], a->dtype), v[1], v[2], raw(&v[3], a->dtype),
+                                    raw(&v[4], a->dtype), v[5], a->mean, a->rstd, a->rows,
+                                    a->dim))
+        *c->nomem = 1;
 }
 
 static void k_gelu_forward(const op_call *c, float *const *v) {
@@ -318,7 +379,8 @@ static void k_scale_rows(const op_call *c, float *const *v) {
 }
 
 static void k_bias_backward(const op_call *c, float *const *v) {
-    vh_cpu_k_bias_backward(v[0], v[1], c->a.rows.rows, c->a.rows.cols);
+    const vh_rows_args *a = &c->a.rows;
+    if (vh_cpu_k_bias_backward(v[0], raw(&v[1], a->dtype), a->rows, a->cols)) *c->nomem = 1;
 }
 
 static void k_softmax(const op_call *c, float *const *v) {
@@ -369,13 +431,21 @@ static void k_embed_backward(const op_call *c, float *const *v) {
  * (pointer member, dtype member, size, how); element-wise and cross-entropy
  * tensors are all `dtype` and SZ_ALL. */
 
-#define CPU_OP(name_, type_, dtypes_, plan_, kernel_, ...)                                 \
-    static const cpu_op op_##name_ = {sizeof(type_), offsetof(type_, stream), dtypes_,     \
-                                      plan_, kernel_, {__VA_ARGS__}};                      \
+#define CPU_OP_ENTRY(name_, type_)                                                         \
     vh_status vh_cpu_##name_(vh_device *dev, const type_ *in) {                            \
         (void)dev;                                                                         \
         return op_run(&op_##name_, in);                                                    \
     }
+/* (Two bodies, not one macro forwarding to another: a forwarded dtype list
+ * would be split at its commas.) */
+#define CPU_OP(name_, type_, dtypes_, plan_, kernel_, ...)                                 \
+    static const cpu_op op_##name_ = {sizeof(type_), offsetof(type_, stream), 0, dtypes_,  \
+                                      plan_, kernel_, {__VA_ARGS__}};                      \
+    CPU_OP_ENTRY(name_, type_)
+#define CPU_OP_PIECES(name_, type_, dtypes_, plan_, kernel_, ...)                          \
+    static const cpu_op op_##name_ = {sizeof(type_), offsetof(type_, stream), OP_PIECES,   \
+                                      dtypes_, plan_, kernel_, {__VA_ARGS__}};             \
+    CPU_OP_ENTRY(name_, type_)
 
 #define TENSOR(type_, ptr_, dtype_, size_, how_) \
     {offsetof(type_, ptr_), offsetof(type_, dtype_), (size_), (how_)}
@@ -395,21 +465,22 @@ static void k_embed_backward(const op_call *c, float *const *v) {
 #define TK_DTYPES {TK_D(dtype), TK_D(param_dtype), TK_D(grad_dtype), TK_D(image_dtype)}
 
 CPU_OP(layernorm_forward, vh_layernorm_args, LN_FWD_DTYPES, plan_layernorm_forward,
-       k_layernorm_forward, LN(out, dtype, SZ_ALL, OUT), LN(x, dtype, SZ_ALL, IN),
+       k_layernorm_forward, LN(out, dtype, SZ_ALL, OUT | T_RAW), LN(x, dtype, SZ_ALL, IN | T_RAW),
        LN(weight, param_dtype, SZ_ROW, IN), LN(bias, param_dtype, SZ_ROW, IN))
 CPU_OP(layernorm_backward, vh_layernorm_args, LN_BWD_DTYPES, plan_layernorm,
-       k_layernorm_backward, LN(dx, dtype, SZ_ALL, ACC),
+       k_layernorm_backward, LN(dx, dtype, SZ_ALL, ACC | T_RAW),
        LN(dweight, grad_dtype, SZ_ROW, ACC | T_NULL_OK),
-       LN(dbias, grad_dtype, SZ_ROW, ACC | T_NULL_OK), LN(dout, dtype, SZ_ALL, IN),
-       LN(x, dtype, SZ_ALL, IN), LN(weight, param_dtype, SZ_ROW, IN))
+       LN(dbias, grad_dtype, SZ_ROW, ACC | T_NULL_OK), LN(dout, dtype, SZ_ALL, IN | T_RAW),
+       LN(x, dtype, SZ_ALL, IN | T_RAW), LN(weight, param_dtype, SZ_ROW, IN))
 
-CPU_OP(gelu_forward, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_gelu_forward, EW(out, OUT),
-       EW(x, IN))
-CPU_OP(gelu_backward, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_gelu_backward, EW(dx, ACC),
-       EW(x, IN), EW(dout, IN))
-CPU_OP(add, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_add, EW(out, OUT), EW(a, IN), EW(b, IN))
-CPU_OP(mul, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_mul, EW(out, OUT | T_READ_ACC),
-       EW(a, IN), EW(b, IN))
+CPU_OP_PIECES(gelu_forward, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_gelu_forward,
+              EW(out, OUT), EW(x, IN))
+CPU_OP_PIECES(gelu_backward, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_gelu_backward,
+              EW(dx, ACC), EW(x, IN), EW(dout, IN))
+CPU_OP_PIECES(add, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_add, EW(out, OUT), EW(a, IN),
+              EW(b, IN))
+CPU_OP_PIECES(mul, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_mul, EW(out, OUT | T_READ_ACC),
+              EW(a, IN), EW(b, IN))
 CPU_OP(dropout_forward, vh_eltwise_args, EW_DTYPES, plan_dropout, k_dropout_forward,
        EW(out, OUT), EW(mask, OUT), EW(x, IN))
 /* The plan redirects out to dx and x to dout where the caller names those. */
@@ -417,7 +488,7 @@ CPU_OP(scale_rows, vh_eltwise_args, EW_DTYPES, plan_scale_rows, k_scale_rows,
        EW(out, OUT | T_READ_ACC), EW(x, IN))
 
 CPU_OP(bias_backward, vh_rows_args, RW_DTYPES, plan_rows, k_bias_backward,
-       RW(out, out_dtype, SZ_ROW, ACC), RW(dout, dtype, SZ_ALL, IN))
+       RW(out, out_dtype, SZ_ROW, ACC), RW(dout, dtype, SZ_ALL, IN | T_RAW))
 CPU_OP(softmax, vh_rows_args, RW_DTYPES, plan_rows, k_softmax, RW(out, out_dtype, SZ_ALL, OUT),
        RW(x, dtype, SZ_ALL, IN))
 

@@ -38,18 +38,30 @@ struct vh_stream {
     cudaStream_t stream;
 };
 
+/* `event` stays the first member: libvh_comm_nccl.so (sdk/comm_nccl/comm_nccl.c,
+ * plain C) reads it to order its collectives after the caller's stream. */
 struct vh_event {
     cudaEvent_t event;
 };
 
 typedef struct vh_cuda_gemm_state vh_cuda_gemm_state; /* gemm.cu */
 
+/* vh_device_ops.workspace: one buffer per stream (a buffer shared by two
+ * streams would race), from the caching allocator. */
+#define VH_CUDA_MAX_WORKSPACES 16
+typedef struct vh_cuda_workspace {
+    cudaStream_t stream; /* NULL: slot free */
+    void *ptr;
+    size_t bytes;
+} vh_cuda_workspace;
+
 struct vh_device {
     int ordinal;
+    int opened;                /* set once by the first open (device.cu) */
     vh_stream main;            /* the default stream (non-blocking) */
     vh_cuda_alloc allocator;   /* caching allocator over cudaMalloc */
-    void *workspace;           /* vh_device_ops.workspace, grown on demand */
-    size_t workspace_bytes;
+    vh_cuda_workspace workspaces[VH_CUDA_MAX_WORKSPACES]; /* under ws_mutex */
+    void *ws_mutex;            /* a pthread_mutex_t (device.cu) */
     vh_cuda_gemm_state *gemm;  /* cuBLASLt handle, workspace and plan cache */
     int sm_count;              /* multiprocessors, for grid sizes */
 };
@@ -63,9 +75,14 @@ vh_status vh_cuda_status(cudaError_t err);
 static inline vh_status vh_cuda_launched(void) { return vh_cuda_status(cudaGetLastError()); }
 
 /* Device memory from the caching allocator, freed to its cache. For an op's
- * temporary buffers: ordered on `stream` (the block is reused only by work
- * issued after the free on the same stream, or after a synchronize). */
+ * temporary buffers: ordered on a stream (the block is reused only by work
+ * issued after the free on the same stream, or after a synchronize of that
+ * stream or the device). vh_cuda_alloc_temp orders on the calling thread's
+ * current stream; an op that runs on a stream it was given uses
+ * vh_cuda_alloc_temp_on with that stream. Free both with vh_cuda_free_temp
+ * once the op's work is issued (no synchronize needed). */
 vh_status vh_cuda_alloc_temp(vh_device *dev, size_t bytes, void **out);
+vh_status vh_cuda_alloc_temp_on(vh_device *dev, cudaStream_t stream, size_t bytes, void **out);
 void vh_cuda_free_temp(vh_device *dev, void *ptr);
 
 /* Reads a caller's argument struct of any minor into *dst (zeroes what an

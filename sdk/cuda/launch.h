@@ -29,4 +29,56 @@ static inline unsigned vh_cuda_eltwise_blocks(int64_t n) {
 /* Ceil division, for tiles. */
 static inline int64_t vh_cuda_ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
 
+/* ---- attention (attention.cu) ----
+ * Tiled products: VH_CUDA_ATTN_TILE^2 threads per block, one output element
+ * each; grid (batch * heads, column tiles, row tiles). The fused forward:
+ * VH_CUDA_ATTN_ROWS query rows per block of VH_CUDA_THREADS threads, keys in
+ * tiles of VH_CUDA_ATTN_KEYS; grid (batch * heads, row blocks). */
+#define VH_CUDA_ATTN_TILE 16
+#define VH_CUDA_ATTN_ROWS 16
+#define VH_CUDA_ATTN_KEYS 32
+/* The fused forward's largest head: its kernel is compiled for 32, 64, 128. */
+#define VH_CUDA_ATTN_MAX_HEAD_DIM 128
+/* The limit of gridDim.y and gridDim.z. */
+#define VH_CUDA_ATTN_GRID_YZ_MAX 65535
+
+/* Tiles of the products over an extent of n (tokens or head_dim). */
+static inline int64_t vh_cuda_attn_tiles(int64_t n) {
+    return vh_cuda_ceil_div(n, VH_CUDA_ATTN_TILE);
+}
+
+/* Query-row blocks of the fused forward over n tokens. */
+static inline int64_t vh_cuda_attn_row_blocks(int64_t n) {
+    return vh_cuda_ceil_div(n, VH_CUDA_ATTN_ROWS);
+}
+
+/* The compiled head size of the fused forward that holds head_dim (32, 64
+ * or 128), or 0 when head_dim is over VH_CUDA_ATTN_MAX_HEAD_DIM (the tiled
+ * path runs then). */
+static inline int vh_cuda_attn_fused_dim(int64_t head_dim) {
+    if (head_dim <= 0 || head_dim > VH_CUDA_ATTN_MAX_HEAD_DIM) return 0;
+    return head_dim <= 32 ? 32 : head_dim <= 64 ? 64 : 128;
+}
+
+/* Threads of the attention's row kernels (softmax and its gradient) over
+ * rows of n: whole warps, at least one, at most VH_CUDA_THREADS. */
+static inline unsigned vh_cuda_attn_row_threads(int64_t n) {
+    int64_t t = vh_cuda_ceil_div(n, 32) * 32;
+    if (t < 32) t = 32;
+    return (unsigned)(t > VH_CUDA_THREADS ? VH_CUDA_THREADS : t);
+}
+
+/* 1 when every attention grid fits the hardware's limits: batch * heads
+ * blocks in gridDim.x (2^31 - 1), the tiles and row blocks of tokens and the
+ * tiles of head_dim in gridDim.y and .z (the row kernels loop, grid-stride). */
+static inline int vh_cuda_attn_grid_fits(int64_t batch, int64_t heads, int64_t tokens,
+                                         int64_t head_dim) {
+    const int64_t x_max = 2147483647;
+    if (batch <= 0 || heads <= 0 || tokens <= 0 || head_dim <= 0) return 1;
+    if (batch > x_max / heads) return 0;
+    return vh_cuda_attn_tiles(tokens) <= VH_CUDA_ATTN_GRID_YZ_MAX &&
+           vh_cuda_attn_tiles(head_dim) <= VH_CUDA_ATTN_GRID_YZ_MAX &&
+           vh_cuda_attn_row_blocks(tokens) <= VH_CUDA_ATTN_GRID_YZ_MAX;
+}
+
 #endif

@@ -18,6 +18,7 @@
 #include "agree.h"
 #include "exit_codes.h"
 #include "runtime.h"
+#include "vithost/vh_cuda_ext.h"
 #include "vithost/vh_runtime.h"
 
 /* dlopen of the first `file` found where backends live. *found: whether a
@@ -86,6 +87,31 @@ int32_t run_launcher_local_rank(void) {
     return n >= 0 && n < 1000000 ? (int32_t)n : 0;
 }
 
+/* The GPU of a rank: its place among the ranks of its machine, modulo the
+ * GPUs this process sees (more ranks than GPUs share them round-robin). The
+ * count comes from the CUDA runtime that libvh_cuda.so loaded, so the host
+ * links no CUDA; when it cannot be read (no driver, no GPU) the local rank
+ * is passed as it is and the library's open says what is missing. */
+static int32_t cuda_ordinal(void *cuda_lib, int32_t local_rank) {
+    int (*device_count)(int *);
+    *(void **)&device_count = dlsym(cuda_lib, "cudaGetDeviceCount");
+    int count = 0;
+    if (!device_count || device_count(&count) != 0 || count <= 0) return local_rank;
+    return local_rank % count;
+}
+
+int64_t run_device_peak_bytes(const vh_run *run) {
+    const vh_device_ops *dev = run->device;
+    if (!dev || dev->kind == VH_DEVICE_KIND_CPU || !dev->get_extension) return -1;
+    const vh_cuda_memory *mem = dev->get_extension(dev->device, VH_CUDA_MEMORY_EXTENSION);
+    vh_cuda_memory_info info = {.struct_size = sizeof info};
+    if (!mem || !VH_STRUCT_HAS(mem, vh_cuda_memory, read) || !mem->read ||
+        mem->read(dev->device, &info) != VH_STATUS_OK ||
+        !VH_STRUCT_HAS(&info, vh_cuda_memory_info, peak_bytes))
+        return -1;
+    return (int64_t)info.peak_bytes;
+}
+
 vh_status run_open_device(vh_run *run, vh_diag *d) {
     const char *device = run_config_string(run, "device");
     if (strcmp(device, "cpu") == 0) {
@@ -108,11 +134,11 @@ vh_status run_open_device(vh_run *run, vh_diag *d) {
     if (!open_fn)
         return diag_set(d, VH_STATUS_ERR_DEVICE, "libvh_cuda.so lacks %s: rebuild vithost",
                         VH_CUDA_OPEN_SYMBOL);
-    /* The GPU of this rank: its place among the ranks of its machine. */
     /* The device opens before the communicator (NCCL needs it), so the
      * launcher's environment says which GPU is this rank's. */
     vh_cuda_open_args args = {.struct_size = sizeof args, .abi_major = VH_ABI_MAJOR,
-                              .abi_minor = VH_ABI_MINOR, .ordinal = run_launcher_local_rank()};
+                              .abi_minor = VH_ABI_MINOR,
+                              .ordinal = cuda_ordinal(run->cuda_lib, run_launcher_local_rank())};
     vh_status st = open_fn(&args, &run->cuda_ops, sizeof run->cuda_ops, why, sizeof why);
     if (st != VH_STATUS_OK)
         return diag_set(d, st, "run.device is cuda: %s (use `--set run.device=cpu`)", why);

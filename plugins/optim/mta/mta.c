@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cuda_step.h"
 #include "mta.h"
 #include "vithost/vh_config.h"
 #include "vithost/vh_optim.h"
@@ -175,6 +176,8 @@ static vh_status check_policy(vh_host *host, const vh_precision_policy *policy, 
 
 /* ---- vtable --------------------------------------------------------------- */
 
+static void mta_destroy(void *self);
+
 static vh_status mta_create(vh_host *host, const vh_optim_setup *setup, void **self) {
     if (!host || !self) return VH_STATUS_ERR_INVALID_ARG;
     *self = NULL;
@@ -187,13 +190,6 @@ static vh_status mta_create(vh_host *host, const vh_optim_setup *setup, void **s
     if (setup->total_steps < 0)
         return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "total_steps %lld is negative",
                                (long long)setup->total_steps);
-    const vh_device_ops *dev = host->api->device(host);
-    if (dev && dev->kind != VH_DEVICE_KIND_CPU)
-        return host->api->fail(host, VH_STATUS_ERR_UNSUPPORTED,
-                               "mta updates fp32 masters with CPU kernels; device %s has no "
-                               "multi-tensor ops yet (use run.device: cpu)",
-                               dev->name ? dev->name : "?");
-
     mta_config cfg;
     memset(&cfg, 0, sizeof cfg);
     vh_status st = read_config(host, &cfg);
@@ -212,6 +208,13 @@ static vh_status mta_create(vh_host *host, const vh_optim_setup *setup, void **s
     o->last_step = -1;
     o->grad_norm = NAN;
     mta_worklist_init(&o->work, host);
+    /* Off the CPU the update runs through the device's "vh.cuda.mta"
+     * extension; a device without it is refused here, before any step. */
+    const vh_device_ops *dev = host->api->device(host);
+    if (dev && dev->kind != VH_DEVICE_KIND_CPU && (st = mta_cuda_open(o, dev)) != VH_STATUS_OK) {
+        mta_destroy(o);
+        return st;
+    }
     *self = o;
     return VH_STATUS_OK;
 }
@@ -219,6 +222,7 @@ static vh_status mta_create(vh_host *host, const vh_optim_setup *setup, void **s
 static void mta_destroy(void *self) {
     mta *o = self;
     if (!o) return;
+    mta_cuda_close(o);
     mta_worklist_free(&o->work);
     o->host->api->free(o->host, o);
 }

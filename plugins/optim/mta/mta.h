@@ -53,6 +53,9 @@ typedef struct mta {
     int64_t last_step; /* the host's step of the last update; -1 before */
     double grad_norm;  /* global gradient norm of the last update (clipping on), else NAN */
     mta_worklist work;
+    /* On a CUDA device: the "vh.cuda.mta" extension and its buffers
+     * (cuda_step.c); NULL on the CPU. */
+    struct mta_cuda *cuda;
 } mta;
 
 /* "adamw", "sgd", "lamb". */

@@ -24,6 +24,9 @@
  * DDP) the local sums are the global ones and no collective runs: the
  * SDK's vh_slices_reduce_sums holds that rule. The rate, weight decay and
  * clipping limit are the update's args (the SDK's shared keys).
+ *
+ * On a CUDA device (o->cuda) the checks, the clipping factor and the
+ * counters stay here; the passes over the elements are cuda_step.c's.
  */
 #include <math.h>
 #include <stddef.h>
@@ -33,6 +36,7 @@
 #endif
 
 #include "algos.h"
+#include "cuda_step.h"
 #include "mta.h"
 #include "vithost/vh_optim_schedule.h"
 #include "vithost/vh_types.h"
@@ -169,6 +173,9 @@ static vh_status clip_scale(mta *o, const vh_optim_step_args *args, float *scale
     double sq = 0.0;
     if (args->has_grad_sum_sq) {
         sq = args->grad_sum_sq;
+    } else if (o->cuda) {
+        vh_status st = mta_cuda_grad_sum_sq(o, slices, &sq);
+        if (st != VH_STATUS_OK) return st;
     } else {
         mta_worklist *w = &o->work;
         const mta_chunk *chunks = w->chunks;
@@ -201,7 +208,7 @@ static int decays(const vh_param_slice *sl) { return (sl->flags & VH_PARAM_FLAG_
 
 /* Scalars of update number t = updates + 1, computed in double and rounded
  * to float where torch rounds its Python floats. */
-static mta_adam_args adam_args(const mta *o, double lr, float grad_scale) {
+mta_adam_args mta_adam_args_of(const mta *o, double lr, float grad_scale) {
     const mta_config *c = &o->cfg;
     const double t = (double)(o->updates + 1);
     const double bc1 = 1.0 - pow(c->beta1, t);
@@ -223,7 +230,7 @@ static mta_adam_args adam_args(const mta *o, double lr, float grad_scale) {
 }
 
 static void adamw_pass(mta *o, const vh_param_slices *slices, double lr, float grad_scale) {
-    const mta_adam_args a = adam_args(o, lr, grad_scale);
+    const mta_adam_args a = mta_adam_args_of(o, lr, grad_scale);
     const float decay = (float)(1.0 - lr * o->weight_decay);
     const mta_chunk *chunks = o->work.chunks;
     const int64_t nc = o->work.num_chunks;
@@ -264,7 +271,7 @@ static void sgd_pass(mta *o, const vh_param_slices *slices, double lr, float gra
 /* The LAMB trust ratio ||p|| / ||u|| of a tensor, 1 when either is 0. Like
  * apex FusedLAMB (use_nvlamb=False) and timm's Lamb (always_adapt=False),
  * tensors without weight decay keep ratio 1 unless always_adapt is set. */
-static double trust_ratio(const double *sums, int adapt) {
+double mta_trust_ratio(const double *sums, int adapt) {
     if (!adapt) return 1.0;
     const double p_norm = sqrt(sums[0]), u_norm = sqrt(sums[1]);
     return p_norm > 0.0 && u_norm > 0.0 ? p_norm / u_norm : 1.0;
@@ -275,7 +282,7 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
     mta_worklist *w = &o->work;
     vh_status st = mta_worklist_map_tensors(w, slices, o->table, sum_comm(o, slices));
     if (st != VH_STATUS_OK) return st;
-    const mta_adam_args a = adam_args(o, lr, grad_scale);
+    const mta_adam_args a = mta_adam_args_of(o, lr, grad_scale);
     const float wd = (float)o->weight_decay;
     const mta_chunk *chunks = w->chunks;
     double *part = w->partials;
@@ -307,7 +314,7 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
         const int64_t b = chunks[c].begin, n = chunks[c].count;
         const float wd_sl = decays(sl) ? wd : 0.0f;
         const double *sums = &w->tensor_sums[2 * w->slice_tensor[chunks[c].slice]];
-        const double ratio = trust_ratio(sums, always || wd_sl != 0.0f);
+        const double ratio = mta_trust_ratio(sums, always || wd_sl != 0.0f);
         float *p = master_view(o, sl, b, n);
         mta_lamb_apply_chunk(&a, wd_sl, (float)(lr * ratio), p, f32_at(sl->state[0], b),
                              f32_at(sl->state[1], b), n);
@@ -316,11 +323,13 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
     return VH_STATUS_OK;
 }
 
-/* Checks the slices and builds the chunks (and 16-bit scratch). */
+/* Checks the slices and builds the chunks (and 16-bit scratch); on a CUDA
+ * device the extension cuts its own chunks. */
 static vh_status prepare(mta *o, const vh_param_slices *slices) {
     int any_half = 0;
     vh_status st = check_slices(o, slices, &any_half);
-    if (st == VH_STATUS_OK) st = mta_worklist_build(&o->work, slices);
+    if (st != VH_STATUS_OK || o->cuda) return st;
+    st = mta_worklist_build(&o->work, slices);
 #ifdef _OPENMP
     /* every thread a parallel loop below may run on */
     if (st == VH_STATUS_OK && any_half)
@@ -329,6 +338,16 @@ static vh_status prepare(mta *o, const vh_param_slices *slices) {
     if (st == VH_STATUS_OK && any_half) st = mta_worklist_reserve_scratch(&o->work, 1);
 #endif
     return st;
+}
+
+/* The update passes of the CPU kernels. */
+static vh_status cpu_passes(mta *o, const vh_param_slices *slices, double lr, float grad_scale) {
+    switch (o->cfg.algo) {
+    case MTA_ALGO_ADAMW: adamw_pass(o, slices, lr, grad_scale); break;
+    case MTA_ALGO_SGD: sgd_pass(o, slices, lr, grad_scale); break;
+    case MTA_ALGO_LAMB: return lamb_passes(o, slices, lr, grad_scale);
+    }
+    return VH_STATUS_OK;
 }
 
 vh_status mta_update(mta *o, const vh_optim_step_args *args_in, double *lr_out) {
@@ -351,13 +370,9 @@ vh_status mta_update(mta *o, const vh_optim_step_args *args_in, double *lr_out) 
     if (o->clip_grad_norm > 0.0 && (st = clip_scale(o, &args, &grad_scale)) != VH_STATUS_OK)
         return st;
 
-    switch (o->cfg.algo) {
-    case MTA_ALGO_ADAMW: adamw_pass(o, slices, lr, grad_scale); break;
-    case MTA_ALGO_SGD: sgd_pass(o, slices, lr, grad_scale); break;
-    case MTA_ALGO_LAMB:
-        if ((st = lamb_passes(o, slices, lr, grad_scale)) != VH_STATUS_OK) return st;
-        break;
-    }
+    st = o->cuda ? mta_cuda_update(o, slices, lr, grad_scale)
+                 : cpu_passes(o, slices, lr, grad_scale);
+    if (st != VH_STATUS_OK) return st;
     o->updates++;
     o->last_step = args.step;
     if (lr_out) *lr_out = lr;

@@ -187,6 +187,7 @@ vh_status bench_run(vh_run *run, const vh_bench_options *o, vh_bench_result *r, 
     r->warmup = o->warmup;
     r->mfu = NAN;
     r->loss = NAN;
+    r->device_mem_bytes = -1;
     vh_session s;
     memset(&s, 0, sizeof s);
     double *ms = calloc((size_t)o->steps, sizeof *ms);
@@ -208,16 +209,17 @@ vh_status bench_run(vh_run *run, const vh_bench_options *o, vh_bench_result *r, 
     if (st == VH_STATUS_OK) st = timed_steps(&s, o, ms, &phases, r, d);
     if (st == VH_STATUS_OK) st = slowest_rank(&s, ms, o->steps, d);
     /* phases and loss: means over ranks; memory and skips: the largest */
-    double mean[VH_STEP_PHASE_COUNT + 1], most[3];
+    double mean[VH_STEP_PHASE_COUNT + 1], most[4];
     for (int p = 0; p < VH_STEP_PHASE_COUNT; p++)
         mean[p] = 1e3 * phases.seconds[p] / (double)o->steps;
     mean[VH_STEP_PHASE_COUNT] = r->loss;
     most[0] = (double)metrics_peak_rss_bytes();
     most[1] = (double)r->skipped_steps;
     most[2] = (double)r->model_state_bytes;
+    most[3] = (double)run_device_peak_bytes(run);
     if (st == VH_STATUS_OK)
         st = session_reduce_scalars(&s, mean, VH_STEP_PHASE_COUNT + 1, VH_REDUCE_OP_AVG, d);
-    if (st == VH_STATUS_OK) st = session_reduce_scalars(&s, most, 3, VH_REDUCE_OP_MAX, d);
+    if (st == VH_STATUS_OK) st = session_reduce_scalars(&s, most, 4, VH_REDUCE_OP_MAX, d);
     if (st == VH_STATUS_OK) {
         r->world_size = run->comm.world_size > 0 ? run->comm.world_size : 1;
         r->global_batch = s.batch_size * r->world_size;
@@ -225,6 +227,7 @@ vh_status bench_run(vh_run *run, const vh_bench_options *o, vh_bench_result *r, 
         for (int p = 0; p < VH_STEP_PHASE_COUNT; p++) r->phase_ms[p] = mean[p];
         r->loss = mean[VH_STEP_PHASE_COUNT];
         r->peak_mem_bytes = (int64_t)most[0];
+        r->device_mem_bytes = (int64_t)most[3];
         r->skipped_steps = (int64_t)most[1];
         r->model_state_bytes = (int64_t)most[2];
         qsort(ms, (size_t)o->steps, sizeof *ms, compare_double);
@@ -292,8 +295,11 @@ void bench_print_json(const vh_run *run, const vh_bench_result *r, FILE *out) {
     json_number(out, "mfu", r->mfu, ", ");
     json_number(out, "peak_tflops", r->peak_tflops > 0 ? r->peak_tflops : NAN, ", ");
     json_string(out, "peak_source", r->peak_source ? r->peak_source : "unknown", ", ");
-    fprintf(out, "\"peak_mem_bytes\": %lld, \"device_mem_bytes\": null, ",
-            (long long)r->peak_mem_bytes);
+    fprintf(out, "\"peak_mem_bytes\": %lld, ", (long long)r->peak_mem_bytes);
+    if (r->device_mem_bytes >= 0)
+        fprintf(out, "\"device_mem_bytes\": %lld, ", (long long)r->device_mem_bytes);
+    else
+        fputs("\"device_mem_bytes\": null, ", out);
     fprintf(out, "\"model_state_bytes\": %lld, \"activation_bytes\": %lld, ",
             (long long)r->model_state_bytes, (long long)r->activation_bytes);
     fputs("\"phase_ms\": {", out);
@@ -359,9 +365,15 @@ void bench_print(const vh_run *run, const vh_bench_result *r, FILE *out) {
     mib_text(host, sizeof host, r->peak_mem_bytes);
     mib_text(state, sizeof state, r->model_state_bytes);
     mib_text(act, sizeof act, r->activation_bytes);
-    fprintf(out, "  memory      peak host %s (largest rank); per rank: model state %s, "
+    char dev[48] = "";
+    if (r->device_mem_bytes >= 0) {
+        char mib[32];
+        mib_text(mib, sizeof mib, r->device_mem_bytes);
+        snprintf(dev, sizeof dev, ", device %s", mib);
+    }
+    fprintf(out, "  memory      peak host %s%s (largest rank); per rank: model state %s, "
                  "activations %s\n",
-            host, state, act);
+            host, dev, state, act);
     double total = 0.0;
     for (int p = 0; p < VH_STEP_PHASE_COUNT; p++) total += r->phase_ms[p];
     fputs("  phases      ", out);

@@ -29,8 +29,8 @@
  * img_per_s_min/max are the global batch over the slowest and the fastest
  * step; step_spread is (max - min) / median of the step times (the text
  * warns past 10%: a busy machine). mfu is null when no peak is known;
- * device_mem_bytes is null until the device ops can report their memory
- * (on the CPU, peak_mem_bytes is it). */
+ * device_mem_bytes is the device allocator's peak (largest rank), null where
+ * the device does not report one (the CPU: peak_mem_bytes is it). */
 #ifndef VITHOST_HOST_BENCH_COMMAND_H
 #define VITHOST_HOST_BENCH_COMMAND_H
 
@@ -57,6 +57,7 @@ typedef struct vh_bench_result {
     double img_per_s, tflops, mfu, peak_tflops; /* mfu NAN when peak unknown */
     const char *peak_source;                    /* what the peak is */
     int64_t peak_mem_bytes, model_state_bytes, activation_bytes;
+    int64_t device_mem_bytes; /* the device allocator's peak, -1: not known (CPU) */
     double phase_ms[VH_STEP_PHASE_COUNT];
     double loss;
     vh_dtype compute_dtype;

@@ -79,6 +79,10 @@ void run_close(vh_run *run);
 /* ---- backends.c ---- */
 /* Opens run.device: the CPU table, or libvh_cuda.so for cuda. */
 vh_status run_open_device(vh_run *run, vh_diag *d);
+/* Peak bytes of device memory the device's allocator has handed out since
+ * it opened (libvh_cuda's "vh.cuda.memory" extension), or -1 where the device
+ * does not say (the CPU: its memory is the host's, peak_mem_bytes). */
+int64_t run_device_peak_bytes(const vh_run *run);
 /* Opens run.comm after the device: self is built in; mpi and nccl come from
  * libvh_comm_<name>.so next to the executable (<exe dir>/lib) or in the
  * install libdir. A missing backend is VH_STATUS_ERR_COMM with one message

@@ -215,6 +215,8 @@ vh_status metrics_train(vh_metrics *m, const vh_train_metrics *v) {
     put_number(&l, "tflops", v->tflops);
     put_number(&l, "mfu", v->mfu);
     put(&l, ",\"peak_mem_bytes\":%lld", (long long)v->peak_mem_bytes);
+    if (v->peak_device_mem_bytes >= 0)
+        put(&l, ",\"peak_device_mem_bytes\":%lld", (long long)v->peak_device_mem_bytes);
     put_number(&l, "loss_scale", v->loss_scale);
     put(&l, ",\"skipped_steps\":%lld", (long long)v->skipped_steps);
     if (v->skipped) put(&l, ",\"skipped\":true");

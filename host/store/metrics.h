@@ -42,6 +42,7 @@ typedef struct vh_train_metrics {
     int64_t step, epoch;
     double loss, lr, img_per_s, tflops, mfu;
     int64_t peak_mem_bytes;
+    int64_t peak_device_mem_bytes; /* the device allocator's peak; -1: not known (CPU) */
     double loss_scale;
     int64_t skipped_steps;
     int skipped; /* this step's optimizer step was skipped (overflow) */

@@ -125,6 +125,7 @@ static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int 
                           .comm_bytes_per_step = ls->window_comm_bytes / steps,
                           .comm_wait_ms_per_step = 1e3 * ls->window_comm_wait / steps,
                           .peak_mem_bytes = metrics_peak_rss_bytes(),
+                          .peak_device_mem_bytes = run_device_peak_bytes(s->run),
                           .loss_scale = ls->scale.loss_scale,
                           .skipped_steps = ls->scale.skipped_steps, .skipped = skipped};
     metrics_train(&s->metrics, &m);

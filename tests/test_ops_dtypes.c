@@ -573,8 +573,8 @@ static void test_rows_dtypes(void **state) {
 
 /* ---- attention ------------------------------------------------------------------------ */
 
-static void run_attention(vh_dtype dt, vh_dtype pt, int second) {
-    const int64_t B = 2, N = 13, H = 2, Dh = 8, D = H * Dh;
+static void run_attention(vh_dtype dt, vh_dtype pt, int second, int64_t Dh) {
+    const int64_t B = 2, N = 13, H = 2, D = H * Dh;
     vh_attention_args a = {.struct_size = sizeof a, .batch = B, .tokens = N, .heads = H,
                            .head_dim = Dh, .scale = 1.0f / sqrtf((float)Dh), .dtype = dt,
                            .probs_dtype = pt};
@@ -662,11 +662,15 @@ static void run_attention(vh_dtype dt, vh_dtype pt, int second) {
 static void test_attention_dtypes(void **state) {
     (void)state;
     rng_state = 106;
+    /* head_dim 8: the fused small-head blocks; 24: the batched matmuls (and
+     * for all-bf16 calls the native bf16 path, where the engine takes it:
+     * the _gemm16_native / _widen runs of this test force each) */
     for (int t = 0; t < 3; t++)
-        for (int second = 0; second < 2; second++) {
-            run_attention(kTypes[t], kTypes[t], second);
-            run_attention(kTypes[t], VH_DTYPE_F32, second);
-        }
+        for (int second = 0; second < 2; second++)
+            for (int64_t dh = 8; dh <= 24; dh += 16) {
+                run_attention(kTypes[t], kTypes[t], second, dh);
+                run_attention(kTypes[t], VH_DTYPE_F32, second, dh);
+            }
 }
 
 /* ---- loss ------------------------------------------------------------------------------- */

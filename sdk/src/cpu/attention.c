@@ -24,31 +24,29 @@
  * one 3-D matmul per sample, then per block. Small heads (head_dim <= 16)
  * take the fused blocks below instead (measured there).
  *
- * dtypes: bf16/f16 qkv, out, dout, dqkv are converted to fp32 (their whole
+ * dtypes: all-bf16 calls (qkv, out and probs) run on oneDNN's bf16 kernels
+ * where the engine's per-shape choice says they are faster (attention16.c).
+ * Otherwise bf16/f16 qkv, out, dout, dqkv are converted to fp32 (their whole
  * extent, gaps included) and back, rounded once; probs are kept in
  * probs_dtype, and P V uses the probabilities as stored (as autocast's bmm
- * would), so forward and backward see the same P. The GEMMs run in f32 even
- * where oneDNN has bf16 kernels: dS is fp32, and mixing it with bf16 K and Q
- * would need one more rounding; native bf16 attention is left to the
- * precision work, where it can be measured on bf16 hardware.
+ * would), so forward and backward see the same P.
  */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "attention.h"
 #include "cpu_ops.h"
 #include "dnnl_engine.h"
 
-/* A strided (B, H, rows, cols) operand. */
-typedef struct view4 {
-    float *p;
-    int64_t s[4];
-} view4;
+static char *elem_at(const view4 *v, int64_t offset) {
+    return (char *)v->p + offset * (int64_t)vh_dtype_size(v->t);
+}
 
-/* C (+)= alpha A B over (B, H) blocks: A (rows m, k), B (k, n), C (m, n). */
-static vh_status bmm(int64_t nb, int64_t nh, int64_t m, int64_t n, int64_t k, float alpha,
-                     const view4 *a, const view4 *b, const view4 *c, int accumulate) {
+vh_status vh_cpu_attention_bmm(int64_t nb, int64_t nh, int64_t m, int64_t n, int64_t k,
+                               float alpha, const view4 *a, const view4 *b, const view4 *c,
+                               int accumulate) {
     vh_dnnl_matmul mm;
     vh_dnnl_matmul_init(&mm);
     mm.batch_dims = 2;
@@ -57,7 +55,8 @@ static vh_status bmm(int64_t nb, int64_t nh, int64_t m, int64_t n, int64_t k, fl
     memcpy(mm.sa, a->s, sizeof mm.sa);
     memcpy(mm.sb, b->s, sizeof mm.sb);
     memcpy(mm.sc, c->s, sizeof mm.sc);
-    mm.ab_dtype = mm.c_dtype = VH_DTYPE_F32;
+    mm.ab_dtype = a->t;
+    mm.c_dtype = c->t;
     mm.alpha = alpha;
     mm.sum = accumulate ? 1.0f : 0.0f;
     vh_status st = vh_dnnl_matmul_run(&mm, a->p, b->p, NULL, c->p);
@@ -70,8 +69,8 @@ static vh_status bmm(int64_t nb, int64_t nh, int64_t m, int64_t n, int64_t k, fl
     }
     mm.sa[3] = mm.sb[3] = mm.sc[3] = 0;
     for (int64_t q = 0; q < nb; q++) {
-        st = vh_dnnl_matmul_run(&mm, a->p + q * a->s[0], b->p + q * b->s[0], NULL,
-                                c->p + q * c->s[0]);
+        st = vh_dnnl_matmul_run(&mm, elem_at(a, q * a->s[0]), elem_at(b, q * b->s[0]), NULL,
+                                elem_at(c, q * c->s[0]));
         if (st != VH_STATUS_OK) break;
     }
     if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
@@ -81,25 +80,23 @@ static vh_status bmm(int64_t nb, int64_t nh, int64_t m, int64_t n, int64_t k, fl
     mm.sa[0] = a->s[2], mm.sa[1] = a->s[3];
     mm.sb[0] = b->s[2], mm.sb[1] = b->s[3];
     mm.sc[0] = c->s[2], mm.sc[1] = 1;
-    mm.ab_dtype = mm.c_dtype = VH_DTYPE_F32;
+    mm.ab_dtype = a->t;
+    mm.c_dtype = c->t;
     mm.alpha = alpha;
     mm.sum = accumulate ? 1.0f : 0.0f;
     for (int64_t bh = 0; bh < nb * nh; bh++) {
         const int64_t q = bh / nh, h = bh % nh;
-        st = vh_dnnl_matmul_run(&mm, a->p + q * a->s[0] + h * a->s[1],
-                                b->p + q * b->s[0] + h * b->s[1], NULL,
-                                c->p + q * c->s[0] + h * c->s[1]);
+        st = vh_dnnl_matmul_run(&mm, elem_at(a, q * a->s[0] + h * a->s[1]),
+                                elem_at(b, q * b->s[0] + h * b->s[1]), NULL,
+                                elem_at(c, q * c->s[0] + h * c->s[1]));
         if (st != VH_STATUS_OK) return st;
     }
     return VH_STATUS_OK;
 }
 
-/* Rows of the softmax loops per task: whole rows to each thread, few calls. */
-#define ROW_BLOCK 64
 
 /* dS = P * (dP - rowsum(dP * P)) in place of dP, rows of n. */
-VH_CPU_CLONES static void softmax_grad_rows(float *ds, const float *p, int64_t rows,
-                                            int64_t n) {
+VH_CPU_CLONES static void softmax_grad_span(float *ds, const float *p, int64_t rows, int64_t n) {
     for (int64_t r = 0; r < rows; r++) {
         const float *pi = p + r * n;
         float *di = ds + r * n;
@@ -109,6 +106,10 @@ VH_CPU_CLONES static void softmax_grad_rows(float *ds, const float *p, int64_t r
 #pragma omp simd
         for (int64_t j = 0; j < n; j++) di[j] = pi[j] * (di[j] - rs);
     }
+}
+
+void vh_cpu_softmax_grad_rows(float *ds, const float *p, int64_t rows, int64_t n) {
+    softmax_grad_span(ds, p, rows, n);
 }
 
 /* ---- fused blocks -------------------------------------------------------------
@@ -370,24 +371,22 @@ static int64_t out_extent(const vh_attention_args *a) {
            a->heads * a->head_dim;
 }
 
-/* q, k or v (which 0, 1, 2) as (B, H, tokens, head_dim), or transposed
- * (B, H, head_dim, tokens). */
-static view4 qkv_part(const vh_attention_args *a, float *qkv, int which, int transposed) {
-    view4 v = {qkv + which * a->heads * a->head_dim,
-               {a->qkv_batch_stride, a->head_dim, a->qkv_token_stride, 1}};
+view4 vh_cpu_attention_qkv(const vh_attention_args *a, void *qkv, vh_dtype t, int which,
+                           int transposed) {
+    view4 v = {qkv, t, {a->qkv_batch_stride, a->head_dim, a->qkv_token_stride, 1}};
+    v.p = elem_at(&v, which * a->heads * a->head_dim);
     if (transposed) v.s[2] = 1, v.s[3] = a->qkv_token_stride;
     return v;
 }
 
-static view4 out_part(const vh_attention_args *a, float *out) {
-    view4 v = {out, {a->out_batch_stride, a->head_dim, a->out_token_stride, 1}};
+view4 vh_cpu_attention_out(const vh_attention_args *a, void *out, vh_dtype t) {
+    view4 v = {out, t, {a->out_batch_stride, a->head_dim, a->out_token_stride, 1}};
     return v;
 }
 
-/* probs-shaped (B, H, N, N), dense, or transposed. */
-static view4 square(const vh_attention_args *a, float *p, int transposed) {
+view4 vh_cpu_attention_square(const vh_attention_args *a, void *p, vh_dtype t, int transposed) {
     const int64_t n = a->tokens;
-    view4 v = {p, {a->heads * n * n, n * n, transposed ? 1 : n, transposed ? n : 1}};
+    view4 v = {p, t, {a->heads * n * n, n * n, transposed ? 1 : n, transposed ? n : 1}};
     return v;
 }
 
@@ -398,6 +397,8 @@ vh_status vh_cpu_attention_forward(vh_device *dev, const vh_attention_args *args
     vh_attention_args a;
     vh_status st = check(&a, args, 0);
     if (st != VH_STATUS_OK || empty(&a)) return st;
+    if (!fused(&a) && (st = vh_cpu_attention16_forward(&a)) != VH_STATUS_ERR_UNSUPPORTED)
+        return st;
     const int64_t B = a.batch, H = a.heads, N = a.tokens, Dh = a.head_dim;
     const int64_t np = B * H * N * N, nq = qkv_extent(&a), no = out_extent(&a);
     vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
@@ -412,9 +413,9 @@ vh_status vh_cpu_attention_forward(vh_device *dev, const vh_attention_args *args
             vh_cpu_f32_store(a.out, a.dtype, out, no);
         }
     } else if (qkv && out && p) {
-        const view4 q = qkv_part(&a, qkv, 0, 0), kt = qkv_part(&a, qkv, 1, 1);
-        const view4 v = qkv_part(&a, qkv, 2, 0), s = square(&a, p, 0), o = out_part(&a, out);
-        st = bmm(B, H, N, N, Dh, a.scale, &q, &kt, &s, 0);
+        const view4 q = vh_cpu_attention_qkv(&a, qkv, VH_DTYPE_F32, 0, 0), kt = vh_cpu_attention_qkv(&a, qkv, VH_DTYPE_F32, 1, 1);
+        const view4 v = vh_cpu_attention_qkv(&a, qkv, VH_DTYPE_F32, 2, 0), s = vh_cpu_attention_square(&a, p, VH_DTYPE_F32, 0), o = vh_cpu_attention_out(&a, out, VH_DTYPE_F32);
+        st = vh_cpu_attention_bmm(B, H, N, N, Dh, a.scale, &q, &kt, &s, 0);
         if (st == VH_STATUS_OK) {
             const int64_t rows = B * H * N, blocks = (rows + ROW_BLOCK - 1) / ROW_BLOCK;
 #pragma omp parallel for schedule(static) if (np > VH_CPU_PAR_ELEMS)
@@ -427,7 +428,7 @@ vh_status vh_cpu_attention_forward(vh_device *dev, const vh_attention_args *args
                 vh_cpu_from_f32(a.probs, a.probs_dtype, p, np);
                 vh_cpu_to_f32(p, a.probs, a.probs_dtype, np);
             }
-            st = bmm(B, H, N, Dh, N, 1.0f, &s, &v, &o, 0);
+            st = vh_cpu_attention_bmm(B, H, N, Dh, N, 1.0f, &s, &v, &o, 0);
         }
         if (st == VH_STATUS_OK) vh_cpu_f32_store(a.out, a.dtype, out, no);
     }
@@ -440,6 +441,8 @@ vh_status vh_cpu_attention_backward(vh_device *dev, const vh_attention_args *arg
     vh_attention_args a;
     vh_status st = check(&a, args, 1);
     if (st != VH_STATUS_OK || empty(&a)) return st;
+    if (!fused(&a) && (st = vh_cpu_attention16_backward(&a)) != VH_STATUS_ERR_UNSUPPORTED)
+        return st;
     const int64_t B = a.batch, H = a.heads, N = a.tokens, Dh = a.head_dim;
     const int64_t np = B * H * N * N, nq = qkv_extent(&a), no = out_extent(&a);
     vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
@@ -453,24 +456,24 @@ vh_status vh_cpu_attention_backward(vh_device *dev, const vh_attention_args *arg
         st = run_blocks(&a, qkv, dout, dqkv, p, 1);
         if (st == VH_STATUS_OK) vh_cpu_f32_store(a.dqkv, a.dtype, dqkv, nq);
     } else if (qkv && dout && dqkv && p && ds) {
-        const view4 go = out_part(&a, dout), vt = qkv_part(&a, qkv, 2, 1);
-        const view4 dsv = square(&a, ds, 0), dst = square(&a, ds, 1), pt = square(&a, p, 1);
-        const view4 k = qkv_part(&a, qkv, 1, 0), q = qkv_part(&a, qkv, 0, 0);
-        const view4 dq = qkv_part(&a, dqkv, 0, 0), dk = qkv_part(&a, dqkv, 1, 0);
-        const view4 dv = qkv_part(&a, dqkv, 2, 0);
-        st = bmm(B, H, N, N, Dh, 1.0f, &go, &vt, &dsv, 0); /* dP */
+        const view4 go = vh_cpu_attention_out(&a, dout, VH_DTYPE_F32), vt = vh_cpu_attention_qkv(&a, qkv, VH_DTYPE_F32, 2, 1);
+        const view4 dsv = vh_cpu_attention_square(&a, ds, VH_DTYPE_F32, 0), dst = vh_cpu_attention_square(&a, ds, VH_DTYPE_F32, 1), pt = vh_cpu_attention_square(&a, p, VH_DTYPE_F32, 1);
+        const view4 k = vh_cpu_attention_qkv(&a, qkv, VH_DTYPE_F32, 1, 0), q = vh_cpu_attention_qkv(&a, qkv, VH_DTYPE_F32, 0, 0);
+        const view4 dq = vh_cpu_attention_qkv(&a, dqkv, VH_DTYPE_F32, 0, 0), dk = vh_cpu_attention_qkv(&a, dqkv, VH_DTYPE_F32, 1, 0);
+        const view4 dv = vh_cpu_attention_qkv(&a, dqkv, VH_DTYPE_F32, 2, 0);
+        st = vh_cpu_attention_bmm(B, H, N, N, Dh, 1.0f, &go, &vt, &dsv, 0); /* dP */
         if (st == VH_STATUS_OK) {
             const int64_t rows = B * H * N, blocks = (rows + ROW_BLOCK - 1) / ROW_BLOCK;
 #pragma omp parallel for schedule(static) if (np > VH_CPU_PAR_ELEMS)
             for (int64_t rb = 0; rb < blocks; rb++) {
                 const int64_t r0 = rb * ROW_BLOCK;
-                softmax_grad_rows(ds + r0 * N, p + r0 * N,
+                vh_cpu_softmax_grad_rows(ds + r0 * N, p + r0 * N,
                                   rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK, N);
             }
-            st = bmm(B, H, N, Dh, N, a.scale, &dsv, &k, &dq, 1);
+            st = vh_cpu_attention_bmm(B, H, N, Dh, N, a.scale, &dsv, &k, &dq, 1);
         }
-        if (st == VH_STATUS_OK) st = bmm(B, H, N, Dh, N, a.scale, &dst, &q, &dk, 1);
-        if (st == VH_STATUS_OK) st = bmm(B, H, N, Dh, N, 1.0f, &pt, &go, &dv, 1);
+        if (st == VH_STATUS_OK) st = vh_cpu_attention_bmm(B, H, N, Dh, N, a.scale, &dst, &q, &dk, 1);
+        if (st == VH_STATUS_OK) st = vh_cpu_attention_bmm(B, H, N, Dh, N, 1.0f, &pt, &go, &dv, 1);
         if (st == VH_STATUS_OK) vh_cpu_f32_store(a.dqkv, a.dtype, dqkv, nq);
     }
     vh_cpu_scratch_end(mark);

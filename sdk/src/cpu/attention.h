@@ -1,0 +1,45 @@
+/* attention.h - what attention.c (the fp32 path and the fused small-head
+ * blocks) shares with attention16.c (bf16 operands on the native kernels). */
+#ifndef VH_CPU_ATTENTION_H
+#define VH_CPU_ATTENTION_H
+
+#include "cpu_ops.h"
+
+/* Rows of the softmax loops per task: whole rows to each thread, few calls. */
+#define ROW_BLOCK 64
+
+/* A strided (B, H, rows, cols) operand of dtype t; strides in elements. */
+typedef struct view4 {
+    void *p;
+    vh_dtype t;
+    int64_t s[4];
+} view4;
+
+/* C (+)= alpha A B over (B, H) blocks: A (rows m, k), B (k, n), C (m, n); A
+ * and B of one dtype (f32, or bf16 where the native kernels run), C f32 or
+ * 16-bit (rounded once). One oneDNN matmul when it takes the strides, else
+ * one per sample, else one per block. */
+VH_CPU_HIDDEN vh_status vh_cpu_attention_bmm(int64_t nb, int64_t nh, int64_t m, int64_t n,
+                                             int64_t k, float alpha, const view4 *a,
+                                             const view4 *b, const view4 *c, int accumulate);
+
+/* q, k or v (which 0, 1, 2) of a qkv tensor as (B, H, tokens, head_dim), or
+ * transposed (B, H, head_dim, tokens); out/dout as (B, H, tokens, head_dim);
+ * a probs-shaped (B, H, N, N) dense tensor, or transposed. */
+VH_CPU_HIDDEN view4 vh_cpu_attention_qkv(const vh_attention_args *a, void *qkv, vh_dtype t,
+                                         int which, int transposed);
+VH_CPU_HIDDEN view4 vh_cpu_attention_out(const vh_attention_args *a, void *out, vh_dtype t);
+VH_CPU_HIDDEN view4 vh_cpu_attention_square(const vh_attention_args *a, void *p, vh_dtype t,
+                                            int transposed);
+
+/* dS = P * (dP - rowsum(dP * P)) in place of dP, `rows` rows of n. */
+VH_CPU_HIDDEN void vh_cpu_softmax_grad_rows(float *ds, const float *p, int64_t rows, int64_t n);
+
+/* attention16.c: the op with bf16 qkv/out/probs on oneDNN's bf16 kernels,
+ * where the engine's per-shape choice says native is faster. Returns
+ * VH_STATUS_ERR_UNSUPPORTED (having written nothing) when it does not apply:
+ * the caller then runs the widened fp32 path. `a` is checked and not empty. */
+VH_CPU_HIDDEN vh_status vh_cpu_attention16_forward(const vh_attention_args *a);
+VH_CPU_HIDDEN vh_status vh_cpu_attention16_backward(const vh_attention_args *a);
+
+#endif

@@ -479,6 +479,11 @@ static void gelu_backward_16(vh_dtype t, int64_t n) {
     e.dtype = VH_DTYPE_F32, e.x = xw, e.dout = gw, e.dx = dw;
     assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
     assert_rounded("gelu_backward", t, d16, dw, n);
+    vh_eltwise_args f = {.struct_size = sizeof f, .n = n, .dtype = t, .x = x16, .out = g16};
+    assert_int_equal(ops->gelu_forward(ops->device, &f), VH_STATUS_OK);
+    f.dtype = VH_DTYPE_F32, f.x = xw, f.out = gw;
+    assert_int_equal(ops->gelu_forward(ops->device, &f), VH_STATUS_OK);
+    assert_rounded("gelu_forward", t, g16, gw, n);
     free(x), free(g), free(d), free(x16), free(g16), free(d16), free(xw), free(gw), free(dw);
 }
 

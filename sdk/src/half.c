@@ -72,10 +72,7 @@ float vh_f16_to_f32(uint16_t h) {
 #include "cpu/cpu_ops.h"
 
 __attribute__((always_inline)) static inline uint16_t bf16_of(float x) {
-    uint32_t u = f32_bits(x);
-    const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)(nan ? ((u >> 16) | 0x40u) : rounded);
+    return vh_cpu_bf16_round(x);
 }
 
 __attribute__((always_inline)) static inline uint16_t f16_of(float x) {

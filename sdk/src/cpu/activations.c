@@ -94,6 +94,48 @@ VH_CPU_CLONES static void mul_span(float *out, const float *a, const float *b, i
     }
 }
 
+/* bf16 tensors in the loop itself: no conversion pass, not even through
+ * L1 (GELU's backward is AMP's largest element-wise op). The same fp32 math
+ * on the same widened values as the f32 span, rounded once. */
+VH_CPU_CLONES static void gelu_forward_span_bf16(uint16_t *out, const uint16_t *x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float pdf;
+        const float v = vh_cpu_bf16_widen(x[i]);
+        out[i] = vh_cpu_bf16_round(v * gelu_cdf(v, &pdf));
+    }
+}
+
+VH_CPU_CLONES static void gelu_backward_span_bf16(uint16_t *dx, const uint16_t *x,
+                                                  const uint16_t *dout, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float pdf;
+        const float v = vh_cpu_bf16_widen(x[i]);
+        const float cdf = gelu_cdf(v, &pdf);
+        float d = vh_cpu_bf16_widen(dx[i]);
+        d += vh_cpu_bf16_widen(dout[i]) * (cdf + v * pdf);
+        dx[i] = vh_cpu_bf16_round(d);
+    }
+}
+
+void vh_cpu_k_gelu_forward_bf16(uint16_t *out, const uint16_t *x, int64_t n) {
+    const int64_t pieces = PIECES(n);
+#pragma omp parallel for schedule(static) PAR(n)
+    for (int64_t p = 0; p < pieces; p++)
+        gelu_forward_span_bf16(out + p * VH_CPU_PIECE, x + p * VH_CPU_PIECE, PIECE_LEN(n, p));
+}
+
+void vh_cpu_k_gelu_backward_bf16(uint16_t *dx, const uint16_t *x, const uint16_t *dout,
+                                 int64_t n) {
+    const int64_t pieces = PIECES(n);
+#pragma omp parallel for schedule(static) PAR(n)
+    for (int64_t p = 0; p < pieces; p++) {
+        const int64_t o = p * VH_CPU_PIECE;
+        gelu_backward_span_bf16(dx + o, x + o, dout + o, PIECE_LEN(n, p));
+    }
+}
+
 void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n) {
     const int64_t pieces = PIECES(n);
 #pragma omp parallel for schedule(static) PAR(n)

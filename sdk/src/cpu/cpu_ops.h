@@ -92,6 +92,24 @@ VH_CPU_HIDDEN uint64_t vh_cpu_scratch_allocations(void);
 
 /* ---- dtypes ------------------------------------------------------------- */
 
+/* bf16 <-> f32 inside a kernel's own loop (vectorises under `omp simd`):
+ * widening is exact; rounding is to nearest even, NaN kept quiet. The
+ * array conversions of half.c are these two. */
+__attribute__((always_inline)) static inline float vh_cpu_bf16_widen(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+__attribute__((always_inline)) static inline uint16_t vh_cpu_bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)(nan ? ((u >> 16) | 0x40u) : rounded);
+}
+
 static inline int vh_cpu_is_float(vh_dtype t) {
     return t == VH_DTYPE_F32 || t == VH_DTYPE_F16 || t == VH_DTYPE_BF16;
 }
@@ -239,6 +257,10 @@ VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_serial(float *out, const float *x, int6
 VH_CPU_HIDDEN void vh_cpu_softmax_rows(float *p, int64_t rows, int64_t cols);
 VH_CPU_HIDDEN void vh_cpu_k_gelu_backward(float *dx, const float *x, const float *dout,
                                           int64_t n);
+/* The same on bf16 tensors, converted inside the loop. */
+VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_bf16(uint16_t *out, const uint16_t *x, int64_t n);
+VH_CPU_HIDDEN void vh_cpu_k_gelu_backward_bf16(uint16_t *dx, const uint16_t *x,
+                                               const uint16_t *dout, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_add(float *out, const float *a, const float *b, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_mul(float *out, const float *a, const float *b, int64_t n,
                                 int32_t accumulate);

@@ -120,6 +120,9 @@ typedef struct cpu_op {
     op_plan (*plan)(op_call *c);
     void (*kernel)(const op_call *c, float *const *v); /* v: the views, in row order */
     op_tensor t[OP_MAX_TENSORS]; /* in the kernel's argument order; ptr 0 ends */
+    /* or NULL: the kernel on bf16 tensors as stored, when every tensor is
+     * bf16 (c->ptr in row order) */
+    void (*kernel_bf16)(const op_call *c);
 } cpu_op;
 
 /* Every dtype member is an int32_t (vh_types.h), read through its offset. */
@@ -190,6 +193,12 @@ static int has_16bit(const cpu_op *op, const op_call *c, int count) {
     return 0;
 }
 
+static int all_bf16(const cpu_op *op, const op_call *c, int count) {
+    for (int i = 0; i < count; i++)
+        if (dtype_at(&c->a, op->t[i].dtype) != VH_DTYPE_BF16) return 0;
+    return 1;
+}
+
 static vh_status op_run(const cpu_op *op, const void *in) {
     op_call c;
     int nomem = 0;
@@ -205,6 +214,10 @@ static vh_status op_run(const cpu_op *op, const void *in) {
     if (plan != OP_RUN) return plan == OP_EMPTY ? VH_STATUS_OK : VH_STATUS_ERR_INVALID_ARG;
     for (int i = 0; i < count; i++)
         if (!c.ptr[i] && !(op->t[i].how & T_NULL_OK)) return VH_STATUS_ERR_INVALID_ARG;
+    if (op->kernel_bf16 && all_bf16(op, &c, count)) {
+        op->kernel_bf16(&c);
+        return VH_STATUS_OK;
+    }
     if ((op->flags & OP_PIECES) && has_16bit(op, &c, count))
         return op_compute_pieces(op, &c, count);
     return op_compute(op, &c, count);
@@ -362,6 +375,14 @@ static void k_gelu_backward(const op_call *c, float *const *v) {
     vh_cpu_k_gelu_backward(v[0], v[1], v[2], c->a.ew.n);
 }
 
+static void k_gelu_forward_bf16(const op_call *c) {
+    vh_cpu_k_gelu_forward_bf16(c->ptr[0], c->ptr[1], c->a.ew.n);
+}
+
+static void k_gelu_backward_bf16(const op_call *c) {
+    vh_cpu_k_gelu_backward_bf16(c->ptr[0], c->ptr[1], c->ptr[2], c->a.ew.n);
+}
+
 static void k_add(const op_call *c, float *const *v) { vh_cpu_k_add(v[0], v[1], v[2], c->a.ew.n); }
 
 static void k_mul(const op_call *c, float *const *v) {
@@ -440,11 +461,16 @@ static void k_embed_backward(const op_call *c, float *const *v) {
  * would be split at its commas.) */
 #define CPU_OP(name_, type_, dtypes_, plan_, kernel_, ...)                                 \
     static const cpu_op op_##name_ = {sizeof(type_), offsetof(type_, stream), 0, dtypes_,  \
-                                      plan_, kernel_, {__VA_ARGS__}};                      \
+                                      plan_, kernel_, {__VA_ARGS__}, NULL};                \
     CPU_OP_ENTRY(name_, type_)
 #define CPU_OP_PIECES(name_, type_, dtypes_, plan_, kernel_, ...)                          \
     static const cpu_op op_##name_ = {sizeof(type_), offsetof(type_, stream), OP_PIECES,   \
-                                      dtypes_, plan_, kernel_, {__VA_ARGS__}};             \
+                                      dtypes_, plan_, kernel_, {__VA_ARGS__}, NULL};       \
+    CPU_OP_ENTRY(name_, type_)
+/* An OP_PIECES row with a kernel of its own for all-bf16 calls. */
+#define CPU_OP_BF16(name_, kernel_bf16_, type_, dtypes_, plan_, kernel_, ...)               \
+    static const cpu_op op_##name_ = {sizeof(type_), offsetof(type_, stream), OP_PIECES,   \
+                                      dtypes_, plan_, kernel_, {__VA_ARGS__}, kernel_bf16_}; \
     CPU_OP_ENTRY(name_, type_)
 
 #define TENSOR(type_, ptr_, dtype_, size_, how_) \
@@ -473,10 +499,10 @@ CPU_OP(layernorm_backward, vh_layernorm_args, LN_BWD_DTYPES, plan_layernorm,
        LN(dbias, grad_dtype, SZ_ROW, ACC | T_NULL_OK), LN(dout, dtype, SZ_ALL, IN | T_RAW),
        LN(x, dtype, SZ_ALL, IN | T_RAW), LN(weight, param_dtype, SZ_ROW, IN))
 
-CPU_OP_PIECES(gelu_forward, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_gelu_forward,
-              EW(out, OUT), EW(x, IN))
-CPU_OP_PIECES(gelu_backward, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_gelu_backward,
-              EW(dx, ACC), EW(x, IN), EW(dout, IN))
+CPU_OP_BF16(gelu_forward, k_gelu_forward_bf16, vh_eltwise_args, EW_DTYPES, plan_eltwise,
+            k_gelu_forward, EW(out, OUT), EW(x, IN))
+CPU_OP_BF16(gelu_backward, k_gelu_backward_bf16, vh_eltwise_args, EW_DTYPES, plan_eltwise,
+            k_gelu_backward, EW(dx, ACC), EW(x, IN), EW(dout, IN))
 CPU_OP_PIECES(add, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_add, EW(out, OUT), EW(a, IN),
               EW(b, IN))
 CPU_OP_PIECES(mul, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_mul, EW(out, OUT | T_READ_ACC),

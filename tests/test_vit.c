@@ -544,13 +544,14 @@ static const vh_precision_policy amp_bf16_policy = {
 #define AMP_NO_WORSE 1.5
 #define AMP_FLOOR (2 * AMP_U)
 
-/* One tensor of ours against autocast's (within tol) and against the exact
- * one (within the no-worse bound); returns failures, printing each. */
+/* One tensor of ours against autocast's (within tol; tol < 0: not
+ * compared) and against the exact one (within the no-worse bound); returns
+ * failures, printing each. */
 static int check_amp_tensor(const char *name, const float *got, const float *amp,
                             const float *exact, size_t n, double tol) {
     char report[512];
     int failures = 0;
-    if (!vh_fixture_compare(name, got, amp, n, tol, report, sizeof report))
+    if (tol >= 0.0 && !vh_fixture_compare(name, got, amp, n, tol, report, sizeof report))
         failures++, printf("vs autocast: %s\n", report);
     double ours = vh_fixture_error(got, exact, n, NULL);
     double theirs = vh_fixture_error(amp, exact, n, NULL);
@@ -564,8 +565,10 @@ static int check_amp_tensor(const char *name, const float *got, const float *amp
     return failures;
 }
 
-/* An AMP-bf16 fixture (amp_name) against ours and its float64 twin. */
-static void amp_against_autocast(const char *amp_name, const char *exact_name, int num_grads) {
+/* An AMP-bf16 fixture (amp_name) against ours and its float64 twin;
+ * to_autocast 0: gradients held to the exact ones only (see _odd below). */
+static void amp_against_autocast(const char *amp_name, const char *exact_name, int num_grads,
+                                 int to_autocast) {
     vh_fixture amp, exact;
     load_fixture(&amp, amp_name);
     load_fixture(&exact, exact_name);
@@ -582,7 +585,8 @@ static void amp_against_autocast(const char *amp_name, const char *exact_name, i
     const vh_fixture_array *xl = vh_fixture_tensor(&exact, "logits");
     float *logits = logits_f32(&out);
     assert_int_equal(al->numel, (size_t)(out.logits.shape[0] * out.logits.shape[1]));
-    failures += check_amp_tensor("logits", logits, al->f32, xl->f32, al->numel, TOL_AMP_LOGITS);
+    failures += check_amp_tensor("logits", logits, al->f32, xl->f32, al->numel,
+                                 to_autocast ? TOL_AMP_LOGITS : -1.0);
     /* The loss, fp32 on both sides, is each side's cross-entropy of its own
      * logits: a sample's loss moves by at most sum_c |p_c - target_c| <= 2
      * times the largest change of its logits, so the two losses differ by at
@@ -615,7 +619,8 @@ static void amp_against_autocast(const char *amp_name, const char *exact_name, i
             assert_int_equal(h.glayout[u].dtypes[p],
                              (d->flags & VH_PARAM_FLAG_NORM) ? VH_DTYPE_F32 : VH_DTYPE_BF16);
             float *got = grad_f32(&h, u, p);
-            failures += check_amp_tensor(gname, got, ag->f32, xg->f32, ag->numel, TOL_AMP_GRAD);
+            failures += check_amp_tensor(gname, got, ag->f32, xg->f32, ag->numel,
+                                         to_autocast ? TOL_AMP_GRAD : -1.0);
             free(got);
             grads++;
         }
@@ -630,14 +635,19 @@ static void amp_against_autocast(const char *amp_name, const char *exact_name, i
 /* head_dim 16: the fused small-head attention blocks */
 static void test_amp_bf16_against_autocast(void **state) {
     (void)state;
-    amp_against_autocast("vit_token_bf_amp_bf16", "vit_token_bf", 32);
+    amp_against_autocast("vit_token_bf_amp_bf16", "vit_token_bf", 32, 1);
 }
 
 /* head_dim 12: the batched attention products, on the bf16 kernels where
- * the engine takes them (test_vit_gemm16_native / _widen force each path) */
+ * the engine takes them (test_vit_gemm16_native / _widen force each path).
+ * vit_odd's bf16 step lands far from the exact one on both sides (its bias
+ * gradients sum 3 samples with cancellation: autocast up to 80u from exact,
+ * ours up to 53u), so two bf16 steps differ by more than the token fixture's
+ * tolerance without either being wrong: its logits and gradients are held
+ * to the exact ones (no further than autocast's), its loss to autocast's. */
 static void test_amp_bf16_against_autocast_odd(void **state) {
     (void)state;
-    amp_against_autocast("vit_odd_amp_bf16", "vit_odd", -1);
+    amp_against_autocast("vit_odd_amp_bf16", "vit_odd", -1, 0);
 }
 
 /* ---- activation memory ----------------------------------------------------- */

@@ -102,12 +102,24 @@ __attribute__((always_inline)) static inline float vh_cpu_bf16_widen(uint16_t h)
     return f;
 }
 
-__attribute__((always_inline)) static inline uint16_t vh_cpu_bf16_round(float x) {
+__attribute__((always_inline)) static inline float vh_cpu_bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* (The bf16 bits in a 32-bit value: loops whose every value is 32-bit
+ * vectorise at full width.) */
+__attribute__((always_inline)) static inline uint32_t vh_cpu_bf16_round32(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
     const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)(nan ? ((u >> 16) | 0x40u) : rounded);
+    return nan ? ((u >> 16) | 0x40u) : rounded;
+}
+
+__attribute__((always_inline)) static inline uint16_t vh_cpu_bf16_round(float x) {
+    return (uint16_t)vh_cpu_bf16_round32(x);
 }
 
 static inline int vh_cpu_is_float(vh_dtype t) {

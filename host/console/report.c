@@ -28,9 +28,12 @@ void report_step(vh_progress *p, const vh_train_metrics *m, int64_t total, int s
 void report_eval(vh_progress *p, int64_t step, int64_t epoch, const vh_eval_result *r) {
     progress_clear(p);
     fprintf(p->out,
-            "eval  step %lld epoch %lld: top1 %.2f%% top5 %.2f%% loss %.4f (%lld images)\n",
-            (long long)step, (long long)epoch, 100.0 * r->top1, 100.0 * r->top5, r->loss,
-            (long long)r->samples);
+            "eval  step %lld epoch %lld: top1 %.2f%% top5 %.2f%% loss %.4f",
+            (long long)step, (long long)epoch, 100.0 * r->top1, 100.0 * r->top5, r->loss);
+    if (r->has_ema)
+        fprintf(p->out, "; ema top1 %.2f%% top5 %.2f%% loss %.4f", 100.0 * r->ema_top1,
+                100.0 * r->ema_top5, r->ema_loss);
+    fprintf(p->out, " (%lld images)\n", (long long)r->samples);
     progress_flush(p);
 }
 
@@ -46,6 +49,7 @@ void report_finished(vh_progress *p, int64_t steps, float loss, const vh_eval_re
     fprintf(p->out, "vithost: finished %lld steps", (long long)steps);
     if (isfinite(loss)) fprintf(p->out, "; final loss %.4f", (double)loss);
     if (eval) fprintf(p->out, "; eval top1 %.2f%%", 100.0 * eval->top1);
+    if (eval && eval->has_ema) fprintf(p->out, " (ema %.2f%%)", 100.0 * eval->ema_top1);
     fprintf(p->out, "; peak memory %.1f MiB; run folder %s\n",
             (double)metrics_peak_rss_bytes() / 1048576.0, dir);
     progress_flush(p);

@@ -105,6 +105,7 @@ vh_status session_evaluate(vh_session *s, vh_eval_result *res, vh_diag *d) {
     if (st != VH_STATUS_OK) return st;
     /* No score of NaN logits is meaningful: an error, not an accuracy. */
     if (totals[4] != 0.0) return not_finite(s, bad, bad_input, d);
+    res->has_ema = 0; /* (the loop fills the EMA's: train/ema.h) */
     res->samples = (int64_t)totals[0];
     res->top1 = totals[0] > 0 ? totals[1] / totals[0] : 0.0;
     res->top5 = totals[0] > 0 ? totals[2] / totals[0] : 0.0;

@@ -17,6 +17,20 @@
 #include "metrics.h"
 #include "runtime.h"
 
+struct vh_session;
+
+/* Host state a checkpoint carries beside the plugins' (the EMA of the
+ * weights, train/ema.h), set by the loop: save and load write and read
+ * CKPT/<name>.safetensors (collective); state.json holds its checksum and
+ * *counter as "<name>_updates". name NULL: none. */
+typedef struct vh_checkpoint_extra {
+    const char *name;
+    void *ctx;
+    int64_t *counter;
+    vh_status (*save)(void *ctx, struct vh_session *s, const char *path, vh_diag *d);
+    vh_status (*load)(void *ctx, struct vh_session *s, const char *path, vh_diag *d);
+} vh_checkpoint_extra;
+
 typedef struct vh_session {
     vh_run *run;
     FILE *out;
@@ -49,6 +63,7 @@ typedef struct vh_session {
     int64_t step, epoch;   /* steps done; epoch of the pass in progress */
     int epoch_in_progress; /* a training pass was started (or resumed) */
     vh_metrics metrics;
+    vh_checkpoint_extra ckpt_extra;
 } vh_session;
 
 vh_status session_open(vh_session *s, vh_run *run, vh_diag *d);
@@ -104,6 +119,9 @@ extern const char vh_step_order[];
 typedef struct vh_eval_result {
     int64_t samples;
     double loss, top1, top5;
+    /* the same with the EMA weights swapped in (train/ema.h), when has_ema */
+    int has_ema;
+    double ema_loss, ema_top1, ema_top5;
 } vh_eval_result;
 
 /* One evaluation pass over the eval split, summed over ranks. */

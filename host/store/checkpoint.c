@@ -93,21 +93,28 @@ static vh_status write_state_json(vh_session *s, const char *path, blob *blobs, 
                                   vh_diag *d) {
     /* The model and optimizer files' checksums, read back from what was
      * written (the page cache holds them): a damaged copy is caught on load. */
-    char sums[256] = "";
-    for (int i = 0; i < 2; i++) {
+    char sums[512] = "";
+    for (int i = 0; i < 3; i++) {
+        /* the third: the host's own file (the EMA), when the run keeps one */
+        const char *name = i < 2 ? checked_files[i] : s->ckpt_extra.name;
         char file[4400];
-        snprintf(file, sizeof file, "%.*s/%s.safetensors",
-                 (int)(strrchr(path, '/') - path), path, checked_files[i]);
         uint32_t crc;
         uint64_t bytes;
-        if (i == 1 && s->state_slots == 0) continue;
+        if ((i == 1 && s->state_slots == 0) || !name) continue;
+        snprintf(file, sizeof file, "%.*s/%s.safetensors",
+                 (int)(strrchr(path, '/') - path), path, name);
         if (!weights_file_crc32(file, &crc, &bytes))
             return diag_set(d, VH_STATUS_ERR_IO, "cannot read back %s: %s", file,
                             strerror(errno));
         size_t used = strlen(sums);
         snprintf(sums + used, sizeof sums - used,
-                 ",\n  \"%s_crc32\": \"%08x\",\n  \"%s_bytes\": %llu", checked_files[i],
-                 (unsigned)crc, checked_files[i], (unsigned long long)bytes);
+                 ",\n  \"%s_crc32\": \"%08x\",\n  \"%s_bytes\": %llu", name,
+                 (unsigned)crc, name, (unsigned long long)bytes);
+        if (i == 2 && s->ckpt_extra.counter) {
+            used = strlen(sums);
+            snprintf(sums + used, sizeof sums - used, ",\n  \"%s_updates\": %lld", name,
+                     (long long)*s->ckpt_extra.counter);
+        }
     }
     size_t len = 512 + sizeof sums;
     for (int i = 0; i < n; i++) len += 2 * blobs[i].size + 64;
@@ -344,6 +351,10 @@ static vh_status checkpoint_write(vh_session *s, const char *run_dir, int64_t ke
     if (st == VH_STATUS_OK && s->state_slots > 0) {
         snprintf(path, sizeof path, "%s/optim.safetensors", p.tmp);
         st = optim_state_save(s, path, d);
+    }
+    if (st == VH_STATUS_OK && s->ckpt_extra.name) {
+        snprintf(path, sizeof path, "%s/%s.safetensors", p.tmp, s->ckpt_extra.name);
+        st = s->ckpt_extra.save(s->ckpt_extra.ctx, s, path, d);
     }
     if (!rank0) return st;
     /* Rank 0's blobs stand for every rank: plugins' states are the same on
@@ -596,6 +607,32 @@ static int json_blob(const char *text, const char *key, unsigned char **out, siz
     return 1;
 }
 
+/* The host's own file (the EMA: session.h's ckpt_extra), checked against
+ * its checksum, and its counter from state.json. */
+static vh_status load_extra(vh_session *s, const char *ckpt_dir, vh_status st, vh_diag *d) {
+    const vh_checkpoint_extra *x = &s->ckpt_extra;
+    if (st != VH_STATUS_OK || !x->name) return st;
+    char path[4400], key[64];
+    snprintf(path, sizeof path, "%s/state.json", ckpt_dir);
+    snprintf(key, sizeof key, "%s_updates", x->name);
+    char *text = weights_read_state(path);
+    int64_t counter = 0;
+    int has = text && json_int(text, key, &counter) && counter >= 0;
+    free(text);
+    snprintf(path, sizeof path, "%s/%s.safetensors", ckpt_dir, x->name);
+    struct stat sb;
+    if (!has || stat(path, &sb) != 0)
+        return diag_set(d, VH_STATUS_ERR_FORMAT,
+                        "%s has no %s.safetensors or no \"%s\" in its state.json: it was "
+                        "written without the recipe's %s (resume with the recipe the run "
+                        "started with)",
+                        ckpt_dir, x->name, key, x->name);
+    st = weights_verify_file(path, d);
+    if (st == VH_STATUS_OK) st = x->load(x->ctx, s, path, d);
+    if (st == VH_STATUS_OK && x->counter) *x->counter = counter;
+    return st;
+}
+
 /* The files (checksums) and then the weights and optimizer state; a
  * damaged file is refused offering the checkpoint before it. */
 static vh_status load_files(vh_session *s, const char *ckpt_dir, vh_diag *d) {
@@ -609,6 +646,7 @@ static vh_status load_files(vh_session *s, const char *ckpt_dir, vh_diag *d) {
         snprintf(path, sizeof path, "%s/optim.safetensors", ckpt_dir);
         st = optim_state_load(s, path, d);
     }
+    st = load_extra(s, ckpt_dir, st, d);
     if (st == VH_STATUS_ERR_FORMAT || st == VH_STATUS_ERR_IO || st == VH_STATUS_ERR_NUMERIC) {
         char offer[9000];
         previous_offer(ckpt_dir, offer, sizeof offer);

@@ -230,13 +230,19 @@ vh_status metrics_train(vh_metrics *m, const vh_train_metrics *v) {
 }
 
 vh_status metrics_eval(vh_metrics *m, int64_t step, int64_t epoch, double top1, double top5,
-                       double loss, int64_t samples) {
+                       double loss, int64_t samples, const double *ema) {
     if (!m->open) return VH_STATUS_OK;
     line l = {.len = 0};
     put(&l, "{\"step\":%lld,\"epoch\":%lld", (long long)step, (long long)epoch);
     put_number(&l, "eval_top1", top1);
     put_number(&l, "eval_top5", top5);
     put_number(&l, "eval_loss", loss);
-    put(&l, ",\"eval_samples\":%lld}", (long long)samples);
+    put(&l, ",\"eval_samples\":%lld", (long long)samples);
+    if (ema) {
+        put_number(&l, "ema_top1", ema[0]);
+        put_number(&l, "ema_top5", ema[1]);
+        put_number(&l, "ema_loss", ema[2]);
+    }
+    put(&l, "}");
     return write_line(m, step, &l);
 }

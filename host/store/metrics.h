@@ -64,8 +64,10 @@ void metrics_close(vh_metrics *m);
 /* Write one line each. They return metrics_check's status; under warn a
  * failure is printed on stderr and the status stays OK. */
 vh_status metrics_train(vh_metrics *m, const vh_train_metrics *v);
+/* ema: top-1, top-5 and loss of the EMA weights (ema_top1, ema_top5,
+ * ema_loss), or NULL when the run keeps no EMA. */
 vh_status metrics_eval(vh_metrics *m, int64_t step, int64_t epoch, double top1, double top5,
-                       double loss, int64_t samples);
+                       double loss, int64_t samples, const double *ema);
 /* OK, or the first failed write (VH_STATUS_ERR_IO naming the file and the
  * errno) copied into d: the run ends with it. */
 vh_status metrics_check(const vh_metrics *m, vh_diag *d);

@@ -12,6 +12,7 @@
 #include "banner.h"
 #include "checkpoint.h"
 #include "comm_stats.h"
+#include "ema.h"
 #include "flops_probe.h"
 #include "outcome.h"
 #include "progress.h"
@@ -40,6 +41,7 @@ typedef struct loop_state {
     int64_t window_steps;
     /* skipped steps, their limits and cause, the last good checkpoint */
     vh_outcome oc;
+    vh_ema *ema; /* the EMA of the weights (cfg.decay 0: none) */
 } loop_state;
 
 /* ---- evaluation and checkpoints inside the loop --------------------------- */
@@ -65,11 +67,30 @@ static vh_status eval_inside_pass(vh_session *s, vh_eval_result *res, vh_diag *d
     return st;
 }
 
+/* The same evaluation with the EMA weights swapped in, and back. */
+static vh_status eval_ema(loop_state *ls, int inside_pass, vh_diag *d) {
+    vh_session *s = ls->s;
+    vh_eval_result r;
+    vh_status st = ema_swap(ls->ema, s, d);
+    if (st != VH_STATUS_OK) return st;
+    st = inside_pass ? eval_inside_pass(s, &r, d) : session_evaluate(s, &r, d);
+    vh_diag back;
+    vh_status st2 = ema_swap(ls->ema, s, &back);
+    if (st2 != VH_STATUS_OK) return diag_set(d, st2, "%s", back.text);
+    if (st != VH_STATUS_OK) return st;
+    ls->last_eval.has_ema = 1;
+    ls->last_eval.ema_top1 = r.top1;
+    ls->last_eval.ema_top5 = r.top5;
+    ls->last_eval.ema_loss = r.loss;
+    return VH_STATUS_OK;
+}
+
 static vh_status run_eval(loop_state *ls, int inside_pass, vh_diag *d) {
     vh_session *s = ls->s;
     double t0 = progress_now();
     vh_status st = inside_pass ? eval_inside_pass(s, &ls->last_eval, d)
                                : session_evaluate(s, &ls->last_eval, d);
+    if (st == VH_STATUS_OK && ls->ema->cfg.decay > 0.0) st = eval_ema(ls, inside_pass, d);
     progress_pause(&ls->prog, t0);
     /* (NaN/Inf: after skipped steps, their cause; else the good checkpoint) */
     if (st == VH_STATUS_ERR_NUMERIC)
@@ -78,8 +99,10 @@ static vh_status run_eval(loop_state *ls, int inside_pass, vh_diag *d) {
     ls->last_eval_step = s->step;
     outcome_evaluated(&ls->oc, s->step, ls->last_eval.loss);
     report_eval(&ls->prog, s->step, s->epoch, &ls->last_eval);
-    metrics_eval(&s->metrics, s->step, s->epoch, ls->last_eval.top1, ls->last_eval.top5,
-                 ls->last_eval.loss, ls->last_eval.samples);
+    const vh_eval_result *e = &ls->last_eval;
+    const double ema[3] = {e->ema_top1, e->ema_top5, e->ema_loss};
+    metrics_eval(&s->metrics, s->step, s->epoch, e->top1, e->top5, e->loss, e->samples,
+                 e->has_ema ? ema : NULL);
     return metrics_check(&s->metrics, d);
 }
 
@@ -187,6 +210,8 @@ static vh_status run_step(loop_state *ls, double *lr, step_result *r, vh_diag *d
     if (st != VH_STATUS_OK) return st;
     s->step++;
     ls->steps_this_run++;
+    st = ema_step(ls->ema, s, s->step, r->skipped, d);
+    if (st != VH_STATUS_OK) return st;
     /* Every rank trained a full batch of its own (the sampler's rule). */
     ls->prog.window_images += batch.size * ls->world;
     ls->window_comm_bytes += cs->bytes;
@@ -342,11 +367,12 @@ static vh_status train_loop(loop_state *ls, vh_diag *d) {
     return progress_check(&ls->prog, d);
 }
 
-static vh_status setup_loop(loop_state *ls, vh_session *s, const char *dir,
+static vh_status setup_loop(loop_state *ls, vh_session *s, vh_ema *ema, const char *dir,
                             const vh_train_options *o, vh_diag *d) {
     vh_run *run = s->run;
     memset(ls, 0, sizeof *ls);
     ls->s = s;
+    ls->ema = ema;
     ls->dir = dir;
     ls->last_eval_step = -1;
     ls->world = run->comm.world_size > 0 ? run->comm.world_size : 1;
@@ -396,18 +422,24 @@ static vh_status setup_loop(loop_state *ls, vh_session *s, const char *dir,
 /* The parameters a run starts from: its checkpoint when resumed, else the
  * weights the model's recipe names (model.initial_weights), else the init
  * rules. */
-static vh_status starting_weights(vh_session *s, const char *dir, int resume, char *ckpt,
-                                  size_t ckpt_len, vh_diag *d) {
+static vh_status starting_weights(vh_session *s, vh_ema *ema, const char *dir, int resume,
+                                  char *ckpt, size_t ckpt_len, vh_diag *d) {
+    /* The EMA first: a checkpoint carries it (ema_attach) */
+    vh_status st = ema_init(ema, s, d);
+    if (st != VH_STATUS_OK) return st;
+    ema_attach(ema, s);
     if (resume) {
-        vh_status st = checkpoint_resume_point(s, dir, ckpt, ckpt_len, d);
+        st = checkpoint_resume_point(s, dir, ckpt, ckpt_len, d);
         return st == VH_STATUS_OK ? checkpoint_load(s, ckpt, d) : st;
     }
     const char *initial = NULL;
     session_trace(s, "model.initial_weights");
-    vh_status st = s->model->initial_weights(s->self[VH_ROLE_MODEL], &initial);
+    st = s->model->initial_weights(s->self[VH_ROLE_MODEL], &initial);
     if (st != VH_STATUS_OK)
         return session_plugin_error(s, VH_ROLE_MODEL, st, "model.initial_weights", d);
-    return weights_load_model(s, initial, VH_WEIGHTS_MODE_PRETRAINED, d);
+    st = weights_load_model(s, initial, VH_WEIGHTS_MODE_PRETRAINED, d);
+    /* the average starts at the starting weights (timm copies the model) */
+    return st == VH_STATUS_OK ? ema_reset(ema, s, d) : st;
 }
 
 static vh_status print_banner(const loop_state *ls, const char *ckpt, vh_diag *d) {
@@ -441,12 +473,14 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
     if (st == VH_STATUS_OK) st = session_open(&s, run, d);
     if (st == VH_STATUS_OK && rank0) st = run_folder_create(run, dir, d);
     char ckpt[4300] = "";
-    if (st == VH_STATUS_OK) st = starting_weights(&s, dir, o->resume, ckpt, sizeof ckpt, d);
+    vh_ema ema;
+    memset(&ema, 0, sizeof ema);
+    if (st == VH_STATUS_OK) st = starting_weights(&s, &ema, dir, o->resume, ckpt, sizeof ckpt, d);
     if (st == VH_STATUS_OK && rank0)
         st = metrics_open(&s.metrics, dir, o->resume ? s.step : -1,
                           strcmp(run_config_string(run, "write_errors"), "warn") == 0, d);
     loop_state ls;
-    if (st == VH_STATUS_OK) st = setup_loop(&ls, &s, dir, o, d);
+    if (st == VH_STATUS_OK) st = setup_loop(&ls, &s, &ema, dir, o, d);
     if (st == VH_STATUS_OK) outcome_init(&ls.oc, run, ckpt, s.step);
     if (st == VH_STATUS_OK) {
         /* Handlers first: once the banner is out, a signal stops cleanly. */
@@ -460,6 +494,7 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
     }
     run_fail_all_ranks(run, st, d->text);
     session_close(&s);
+    ema_free(&ema);
     run_folder_unlock(lock);
     if (quiet) {
         run->opts.out = stdout;

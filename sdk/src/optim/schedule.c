@@ -31,6 +31,20 @@ const vh_config_key vh_optim_shared_keys[] = {
     {"step_gamma", VH_CONFIG_TYPE_FLOAT, "0.1", "step: decay factor, in (0, 1]", NULL, 0, 1, 0},
     {"clip_grad_norm", VH_CONFIG_TYPE_FLOAT, "0",
      "clip the global gradient 2-norm (all ranks) to this value; 0 = off", NULL, 0, 1e9, 0},
+    /* Read by the host, not the optimizer: the EMA of the weights
+     * (host/train/ema.h), evaluated and saved beside the raw weights. */
+    {"ema_decay", VH_CONFIG_TYPE_FLOAT, "0",
+     "EMA of the weights: ema = d ema + (1 - d) w after the optimizer steps it updates on, "
+     "evaluated and checkpointed beside the raw weights (ema.safetensors); 0 = off, else "
+     "below 1 (e.g. 0.9998)",
+     NULL, 0, 1, 0},
+    {"ema_warmup_steps", VH_CONFIG_TYPE_INT, "0",
+     "EMA: up to this optimizer step the decay is min(ema_decay, (1 + n) / (10 + n)), n the "
+     "updates made so far (TensorFlow's num_updates rule); 0 = none",
+     NULL, 0, 1e15, 0},
+    {"ema_every", VH_CONFIG_TYPE_INT, "1",
+     "EMA: update after every this many optimizer steps (a skipped step does not update)",
+     NULL, 1, 1e9, 0},
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 

@@ -23,6 +23,10 @@
  * `pad_crop: 2, hflip: true` is the usual choice; a mirror does not suit
  * digits (MNIST, KMNIST).
  *
+ * `pad: p` (off by default) frames every image, training and evaluation, in
+ * p pixels of byte 0 at load, so 28x28 images become (28 + 2p) x (28 + 2p):
+ * fine-tuning a model at a larger image size (28 -> 32 with pad 2).
+ *
  * Order and per-rank split, prefetching, batches and the resumable position:
  * vh_data_pass (shuffled per epoch for training, in order and every sample
  * once for evaluation); its vh_data_pass_fill_u8 converts and augments.
@@ -70,6 +74,10 @@ static const vh_config_key schema[] = {
     {"pad_crop", VH_CONFIG_TYPE_INT, "0",
      "training: random rows x cols crop of the image padded by this many pixels of byte 0 "
      "(black; -mean/std normalised) per side, offsets keyed by (seed, epoch, sample); 0: none",
+     NULL, 0, 64, 0},
+    {"pad", VH_CONFIG_TYPE_INT, "0",
+     "pixels of byte 0 (black) added on every side of every image, training and evaluation, "
+     "at load: 28x28 with pad 2 is 32x32 (fine-tuning at another image size); 0: none",
      NULL, 0, 64, 0},
     {"hflip", VH_CONFIG_TYPE_BOOL, "false",
      "training: mirror left-right with probability 1/2, keyed by (seed, epoch, sample); not for "
@@ -408,6 +416,32 @@ static vh_status load_set(idx_data *d, vh_split split, const char *root, const c
     return VH_STATUS_OK;
 }
 
+/* `pad`: every image of both splits re-laid into a frame of byte 0, pad
+ * pixels wider on every side (before normalisation, so the border is the
+ * background's -mean/std, as pad_crop's). */
+static vh_status pad_images(idx_data *d, int32_t pad) {
+    vh_host *host = d->host;
+    vh_data_pass_u8 *u = &d->images;
+    const int64_t rows = u->rows, cols = u->cols, prow = rows + 2 * pad, pcol = cols + 2 * pad;
+    for (int split = 0; split < 2; split++) {
+        const int64_t n = d->sets[split].count;
+        uint8_t *out = host->api->alloc(host, (size_t)(n * prow * pcol) + 1);
+        if (!out)
+            return host->api->fail(host, VH_STATUS_ERR_NOMEM,
+                                   "idx: out of memory padding %lld images to %lldx%lld",
+                                   (long long)n, (long long)prow, (long long)pcol);
+        memset(out, 0, (size_t)(n * prow * pcol) + 1);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t y = 0; y < rows; y++)
+                memcpy(out + (i * prow + y + pad) * pcol + pad,
+                       u->pixels[split] + (i * rows + y) * cols, (size_t)cols);
+        host->api->free(host, u->pixels[split]);
+        u->pixels[split] = out;
+    }
+    u->rows = (int32_t)prow, u->cols = (int32_t)pcol;
+    return VH_STATUS_OK;
+}
+
 /* ---- the plugin ----------------------------------------------------------- */
 
 static void idx_destroy(void *self) {
@@ -466,6 +500,10 @@ static vh_status idx_create(vh_host *host, const vh_data_setup *setup, void **se
     if (st == VH_STATUS_OK)
         st = load_set(d, VH_SPLIT_TRAIN, root, "train_images", "train_labels");
     if (st == VH_STATUS_OK) st = load_set(d, VH_SPLIT_EVAL, root, "eval_images", "eval_labels");
+    int64_t pad = 0;
+    if (st == VH_STATUS_OK && (st = host->api->config_int(host, "pad", &pad)) == VH_STATUS_OK &&
+        pad > 0)
+        st = pad_images(d, (int32_t)pad);
     d->images.planes = 1;
     d->images.lut = d->lut;
     if (st == VH_STATUS_OK) {

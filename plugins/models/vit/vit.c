@@ -14,6 +14,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "vit.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,12 +53,20 @@ static const vh_config_key schema[] = {
      "stochastic depth: rate of the last block, rising linearly from 0", NULL, 0, 0.99, 0},
     {"label_smoothing", VH_CONFIG_TYPE_FLOAT, "0.0", "of the cross-entropy loss", NULL, 0, 0.99,
      0},
+    {"checkpoint_blocks", VH_CONFIG_TYPE_STRING, "none",
+     "activation checkpointing: none, all, or k (blocks 0, k, 2k, ...); a checkpointed block "
+     "keeps only its input and runs its forward again in backward: the same bits, less memory",
+     NULL, 0, 0, 0},
     {"init", VH_CONFIG_TYPE_INT, NULL, "seed of the initial weights; default: run.seed", NULL,
      0, 2147483647.0, VH_CONFIG_KEY_FLAG_OPTIONAL},
     {"pretrained", VH_CONFIG_TYPE_PATH, NULL,
      "safetensors file (timm names) to start from; a head of another class count is "
      "re-initialised",
      NULL, 0, 0, VH_CONFIG_KEY_FLAG_OPTIONAL},
+    {"reset_head", VH_CONFIG_TYPE_BOOL, "false",
+     "with pretrained: head.* starts from its init rules even when the file's class count "
+     "matches (a new head, timm's reset_classifier)",
+     NULL, 0, 0, 0},
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -185,8 +194,34 @@ static vh_status read_training(vit *m, const vh_model_setup *setup) {
     if (setup->rank != 0)
         m->dropout_seed = vh_splitmix64(m->dropout_seed ^ vh_splitmix64((uint64_t)setup->rank));
     m->pretrained = NULL;
+    api->config_bool(host, "reset_head", &m->reset_head);
+    if (m->reset_head && !api->config_has(host, "pretrained"))
+        return api->config_fail(host, "reset_head",
+                                "needs model.pretrained (without it every weight is new)");
     if (api->config_has(host, "pretrained"))
         return api->config_string(host, "pretrained", &m->pretrained);
+    return VH_STATUS_OK;
+}
+
+/* `checkpoint_blocks`: none, all, or every k-th block from block 0. */
+static vh_status read_checkpointing(vit *m) {
+    vh_host *host = m->host;
+    const char *text;
+    vh_status st = host->api->config_string(host, "checkpoint_blocks", &text);
+    if (st != VH_STATUS_OK) return st;
+    if (strcmp(text, "none") == 0 || strcmp(text, "all") == 0) {
+        m->checkpoint_every = text[0] == 'a';
+        return VH_STATUS_OK;
+    }
+    char *end;
+    errno = 0;
+    long long k = strtoll(text, &end, 10);
+    if (end == text || *end || errno || k < 1)
+        return host->api->config_fail(host, "checkpoint_blocks",
+                                      "'%s' is not none, all or an interval k >= 1 (k "
+                                      "checkpoints blocks 0, k, 2k, ...)",
+                                      text);
+    m->checkpoint_every = k;
     return VH_STATUS_OK;
 }
 
@@ -197,6 +232,7 @@ static vh_status read_config(vit *m, const vh_model_setup *setup) {
     vh_status st = read_shape(m->host, &s);
     if (st == VH_STATUS_OK) st = read_data_shape(m, setup, s.patch);
     if (st == VH_STATUS_OK) st = read_training(m, setup);
+    if (st == VH_STATUS_OK) st = read_checkpointing(m);
     if (st != VH_STATUS_OK) return st;
     m->patch = s.patch;
     m->grid_h = m->image_h / s.patch, m->grid_w = m->image_w / s.patch;
@@ -276,6 +312,11 @@ static vh_status vit_create(vh_host *host, const vh_model_setup *setup_in, void 
                    m->classifier == VIT_CLASSIFIER_TOKEN ? "token" : "pooled",
                    m->layout == VIT_LAYOUT_BATCH_FIRST ? "batch_first" : "batch_second",
                    (long long)m->table.numel, vh_dtype_name(m->act));
+    if (m->checkpoint_every > 0)
+        host->api->log(host, VH_LOG_LEVEL_INFO,
+                       "activation checkpointing: %lld of %lld blocks keep only their input "
+                       "and recompute their forward in backward",
+                       (long long)vit_checkpointed_blocks(m), (long long)m->depth);
     *self = m;
     return VH_STATUS_OK;
 }
@@ -355,11 +396,14 @@ static vh_status vit_state_load(void *self, const void *buf, size_t bytes) {
  * max_batch, counted again from the same shapes: keep the two in step.
  * Activations, their gradients and dropout masks are in the compute dtype,
  * so they halve under a bf16 or f16 policy; layer-norm statistics,
- * attention probabilities, drop-path factors and the loss stay f32. */
+ * attention probabilities, drop-path factors and the loss stay f32.
+ * Checkpointed blocks keep only their input (x[l]) and share one block's
+ * set, so L blocks hold L - checkpointed + 1 sets when any is. */
 static vh_status vit_activation_bytes(void *self, int64_t *out) {
     const vit *m = self;
     int64_t B = m->max_batch, rows = B * m->tokens, prow = B * m->num_patches;
     int64_t D = m->dim, M = m->mlp_dim, C = m->classes, L = m->depth;
+    int64_t ckpt = vit_checkpointed_blocks(m), sets = L - ckpt + (ckpt > 0);
     int dropout = m->dropout > 0.0f, drop_path = m->drop_path > 0.0f;
     /* compute-dtype elements: forward's, then backward's gradients */
     int64_t block = rows * D * 4 /* x_mid, ln1, attn, ln2 */ + rows * 3 * D /* qkv */ +
@@ -367,14 +411,14 @@ static vh_status vit_activation_bytes(void *self, int64_t *out) {
                     (dropout ? rows * M + rows * D * 2 : 0) /* mask_fc1, _proj, _fc2 */;
     int64_t act = prow * m->patch_dim + prow * D /* patches, patch_emb */ +
                   (dropout ? rows * D : 0) /* mask_embed */ + (L + 1) * rows * D /* x */ +
-                  L * block + B * D * 2 /* feat, feat_ln */ + B * C /* logits */;
+                  sets * block + B * D * 2 /* feat, feat_ln */ + B * C /* logits */;
     act += rows * D * 3 /* d_x, d_tmp, d_branch */ + rows * 3 * D /* d_qkv */ +
            rows * M * 2 /* d_mlp, d_mlp2 */ + prow * D /* d_patch_emb */ +
            B * D * 2 /* d_feat, d_feat_ln */ + B * C /* d_logits */;
     /* f32 elements */
-    int64_t f32 = L * (rows * 4 /* ln1/ln2 mean and rstd */ +
-                       B * m->heads * m->tokens * m->tokens /* probs */ +
-                       (drop_path ? B * 2 : 0) /* dp_attn, dp_mlp */) +
+    int64_t f32 = sets * (rows * 4 /* ln1/ln2 mean and rstd */ +
+                          B * m->heads * m->tokens * m->tokens /* probs */ +
+                          (drop_path ? B * 2 : 0) /* dp_attn, dp_mlp */) +
                   B * 2 /* feat_mean, feat_rstd */ + 2 /* loss */;
     *out = act * (int64_t)m->act_size + f32 * (int64_t)sizeof(float);
     return VH_STATUS_OK;

@@ -101,6 +101,12 @@ typedef struct vit {
     float dropout, drop_path, label_smoothing, eps;
     uint64_t init_seed, dropout_seed;
     const char *pretrained; /* `pretrained`, or NULL */
+    int reset_head;         /* `reset_head`: head.* from the init rules under pretrained */
+    /* `checkpoint_blocks`: 0 none, k >= 1 blocks l with l % k == 0 (1: all).
+     * A checkpointed block keeps only its input x[l]; its blocks[l] and
+     * x_mid[l] alias one shared set, which backward refills by running the
+     * block's forward again (vit_recompute_block) just before its backward. */
+    int64_t checkpoint_every;
 
     /* precision: our copy of the policy (the setup's pointer need not
      * outlive create) and the dtype of activations */
@@ -140,6 +146,7 @@ typedef struct vit {
     const int32_t *labels;
     int has_forward;
     uint64_t train_forwards; /* draws fresh dropout / drop-path masks per step */
+    uint64_t forward_step;   /* the last training forward's step: recompute's draws */
 } vit;
 
 /* Row strides of token t, sample b in the residual stream. */
@@ -148,6 +155,15 @@ static inline int64_t vit_token_stride(const vit *m, int64_t batch) {
 }
 static inline int64_t vit_batch_stride(const vit *m) {
     return m->layout == VIT_LAYOUT_BATCH_FIRST ? m->tokens * m->dim : m->dim;
+}
+
+/* Whether block l recomputes its forward in backward, and how many do. */
+static inline int vit_block_checkpointed(const vit *m, int64_t l) {
+    return m->checkpoint_every > 0 && l % m->checkpoint_every == 0;
+}
+static inline int64_t vit_checkpointed_blocks(const vit *m) {
+    return m->checkpoint_every > 0 ? (m->depth + m->checkpoint_every - 1) / m->checkpoint_every
+                                   : 0;
 }
 
 vh_status vit_build_table(vit *m);
@@ -159,8 +175,15 @@ void vit_free_activations(vit *m);
 vh_status vit_forward(void *self, const vh_batch *batch, vh_mode mode,
                       const vh_unit_hooks *hooks, vh_model_output *out);
 vh_status vit_backward(void *self, float loss_scale, const vh_unit_hooks *hooks);
+vh_status vit_recompute_block(vit *m, int64_t l, const vit_unit *u, int64_t batch);
 double vit_train_flops_per_image(void *self);
 vh_status vit_load_weights(void *self, int32_t unit, const vh_weights_source *src,
                            vh_weights_mode mode, float *values, const vh_weights_report *report);
+
+/* Bicubic resize of a position embedding's patch grid, (h1 * w1, dim) rows
+ * to (h2 * w2, dim), as PyTorch's interpolate(mode='bicubic',
+ * align_corners=False) (vit_weights.c). */
+void vit_resize_pos_grid(const float *src, int64_t h1, int64_t w1, float *dst, int64_t h2,
+                         int64_t w2, int64_t dim);
 
 #endif

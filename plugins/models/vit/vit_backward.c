@@ -117,7 +117,12 @@ static vh_status backward_unit(vit *m, const vh_unit_hooks *hooks, int32_t unit,
     if (st != VH_STATUS_OK) return st;
     switch (kind) {
     case UNIT_HEAD: st = backward_head(m, &u, m->batch, loss_scale); break;
-    case UNIT_BLOCK: st = backward_block(m, unit - 1, &u, m->batch); break;
+    case UNIT_BLOCK:
+        /* a checkpointed block first refills the shared set it aliases */
+        if (vit_block_checkpointed(m, unit - 1))
+            st = vit_recompute_block(m, unit - 1, &u, m->batch);
+        if (st == VH_STATUS_OK) st = backward_block(m, unit - 1, &u, m->batch);
+        break;
     case UNIT_EMBED: st = backward_embed(m, &u, m->batch); break;
     }
     if (st == VH_STATUS_OK) st = hooks->reduce(hooks->ctx, unit);

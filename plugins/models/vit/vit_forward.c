@@ -83,8 +83,26 @@ static vh_status forward_embed(vit *m, const vit_unit *u, const float *images, i
     return VH_STATUS_OK;
 }
 
+/* Recompute's end of the MLP branch: backward needs fc2's dropout mask and
+ * drop-path factors, not its output (x[l + 1] is kept), so they are drawn
+ * again from the seeds branch_linear used and the GEMM is skipped. The
+ * masked copy lands in d_branch, which backward writes before reading. */
+static vh_status redraw_branch(vit *m, void *mask, const void *x, float *dp_scale, float rate,
+                               int64_t B, uint64_t step, uint64_t site) {
+    if (mask)
+        VIT_TRY(m, "dropout", vit_dropout(m, m->d_branch, mask, x, B * m->tokens * m->dim,
+                                          vit_site_seed(m, step, site)));
+    if (rate > 0.0f)
+        VIT_TRY(m, "drop_path_scale",
+                vit_drop_path_scale(m, dp_scale, rate, B, vit_site_seed(m, step, site + 1)));
+    return VH_STATUS_OK;
+}
+
+/* One block; with `recompute`, backward's second run of it for a
+ * checkpointed block: the same ops on the same inputs and seeds, so the
+ * same bits, without the last GEMM (see redraw_branch). */
 static vh_status forward_block(vit *m, int64_t l, const vit_unit *u, int64_t B, int train,
-                               uint64_t step) {
+                               uint64_t step, int recompute) {
     vit_block_acts *a = &m->blocks[l];
     int64_t D = m->dim, M = m->mlp_dim, rows = B * m->tokens;
     const void *x = m->x[l];
@@ -113,6 +131,9 @@ static vh_status forward_block(vit *m, int64_t l, const vit_unit *u, int64_t B, 
     if (dropout)
         VIT_TRY(m, "dropout", vit_dropout(m, a->gelu, a->mask_fc1, a->gelu, rows * M,
                                           vit_site_seed(m, step, site + 2)));
+    if (recompute)
+        return redraw_branch(m, dropout ? a->mask_fc2 : NULL, xo, a->dp_mlp, rate, B, step,
+                             site + 3);
     return branch_linear(m, "mlp.fc2", xo, a->gelu, vit_param(u, VIT_FC2_W),
                          vit_param(u, VIT_FC2_B), xm, M, dropout ? a->mask_fc2 : NULL,
                          a->dp_mlp, rate, B, step, site + 3);
@@ -148,7 +169,7 @@ vh_status vit_forward(void *self, const vh_batch *batch, vh_mode mode,
     u.layouts = &m->block_layouts;
     for (int64_t l = 0; l < L && st == VH_STATUS_OK; l++) {
         st = hooks->gather(hooks->ctx, (int32_t)(l + 1), &u.params);
-        if (st == VH_STATUS_OK) st = forward_block(m, l, &u, B, train, step);
+        if (st == VH_STATUS_OK) st = forward_block(m, l, &u, B, train, step, 0);
         if (st == VH_STATUS_OK) st = hooks->release(hooks->ctx, (int32_t)(l + 1));
     }
     u.layouts = &m->head_layouts;
@@ -169,13 +190,21 @@ vh_status vit_forward(void *self, const vh_batch *batch, vh_mode mode,
         m->batch = B;
         m->labels = batch->labels.data;
         m->has_forward = 1;
+        m->forward_step = step;
         m->train_forwards++;
     }
     return VH_STATUS_OK;
 }
 
+/* Backward's forward of checkpointed block l: the training forward's step,
+ * so the dropout masks and drop-path factors are the ones it drew. */
+vh_status vit_recompute_block(vit *m, int64_t l, const vit_unit *u, int64_t batch) {
+    return forward_block(m, l, u, batch, 1, m->forward_step, 1);
+}
+
 /* pycls convention: training FLOPs = 3 x forward = 6 x multiply-accumulates
- * of every matmul, attention's two included. */
+ * of every matmul, attention's two included. Checkpointing's recompute is
+ * not counted: MFU counts the model's FLOPs, not the work it adds. */
 double vit_train_flops_per_image(void *self) {
     const vit *m = self;
     double N = (double)m->tokens, D = (double)m->dim, M = (double)m->mlp_dim;

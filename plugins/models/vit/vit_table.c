@@ -232,6 +232,10 @@ vh_status vit_alloc_activations(vit *m) {
     for (int64_t l = 0; l <= L; l++) ALLOC(m->x[l], rows * D);
     for (int64_t l = 0; l < L; l++) {
         vit_block_acts *a = &m->blocks[l];
+        if (vit_block_checkpointed(m, l) && l > 0) { /* block 0's set, shared */
+            *a = m->blocks[0], m->x_mid[l] = m->x_mid[0];
+            continue;
+        }
         ALLOC(m->x_mid[l], rows * D);
         ALLOC(a->ln1, rows * D);
         ALLOC_F32(a->ln1_mean, rows);
@@ -282,6 +286,10 @@ void vit_free_activations(vit *m) {
     dev_free(m, &m->patch_emb);
     dev_free(m, &m->mask_embed);
     for (int64_t l = 0; m->x && l <= L; l++) dev_free(m, &m->x[l]);
+    /* checkpointed blocks alias block 0's set: freed once, below */
+    for (int64_t l = 1; m->blocks && m->x_mid && l < L; l++)
+        if (vit_block_checkpointed(m, l))
+            memset(&m->blocks[l], 0, sizeof m->blocks[l]), m->x_mid[l] = NULL;
     for (int64_t l = 0; m->blocks && l < L; l++) {
         vit_block_acts *a = &m->blocks[l];
         void **bufs[] = {&m->x_mid[l], &a->ln1, &a->qkv, &a->attn, &a->ln2, &a->fc1, &a->gelu,

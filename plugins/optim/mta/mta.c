@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cuda_step.h"
+#include "layer_decay.h"
 #include "mta.h"
 #include "vithost/vh_config.h"
 #include "vithost/vh_optim.h"
@@ -35,6 +36,10 @@ static const vh_config_key schema[] = {
     {"always_adapt", VH_CONFIG_TYPE_BOOL, "false",
      "lamb: trust ratio on tensors without weight decay too (NVLAMB); off as apex and timm",
      NULL, 0, 0, 0},
+    {"layer_decay", VH_CONFIG_TYPE_FLOAT, "1.0",
+     "layer-wise rate decay in (0, 1] (timm/BEiT): parameter of layer id i of L layers gets "
+     "lr * layer_decay^(L-1-i), layers read from timm ViT names (stem, blocks.<i>, head); 1: off",
+     NULL, 0, 1, 0},
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -79,7 +84,8 @@ static vh_status read_config(vh_host *host, mta_config *c) {
         (st = get_float(host, "eps", &c->eps)) != VH_STATUS_OK ||
         (st = get_float(host, "momentum", &c->momentum)) != VH_STATUS_OK ||
         (st = get_bool(host, "nesterov", &c->nesterov)) != VH_STATUS_OK ||
-        (st = get_bool(host, "always_adapt", &c->always_adapt)) != VH_STATUS_OK)
+        (st = get_bool(host, "always_adapt", &c->always_adapt)) != VH_STATUS_OK ||
+        (st = get_float(host, "layer_decay", &c->layer_decay)) != VH_STATUS_OK)
         return st;
     if (!parse_algo(algo, &c->algo))
         return host->api->config_fail(host, "algo", "unknown algorithm '%s'", algo);
@@ -94,6 +100,10 @@ static vh_status check_config(vh_host *host, const mta_config *c) {
         return host->api->config_fail(host, "beta2", "%g is outside [0, 1)", c->beta2);
     if (!(c->eps > 0.0))
         return host->api->config_fail(host, "eps", "must be > 0 (it keeps 0 / sqrt(0) away)");
+    if (!(c->layer_decay > 0.0))
+        return host->api->config_fail(host, "layer_decay",
+                                      "must be in (0, 1]: 0 would freeze every layer but the top "
+                                      "(1 turns it off)");
     if (!(c->momentum < 1.0))
         return host->api->config_fail(host, "momentum", "%g is outside [0, 1)", c->momentum);
     if (c->algo == MTA_ALGO_SGD && c->nesterov && c->momentum == 0.0)
@@ -174,6 +184,43 @@ static vh_status check_policy(vh_host *host, const vh_precision_policy *policy, 
                            what, vh_dtype_name((vh_dtype)dtype));
 }
 
+/* Layer decay's per-parameter scales from the table's names (layer_decay.h);
+ * nothing when it is off. Names that do not follow timm's ViT convention,
+ * a caller without a table, or a CUDA device are refused here, at create. */
+static vh_status setup_layer_decay(mta *o) {
+    vh_host *host = o->host;
+    if (o->cfg.layer_decay == 1.0) return VH_STATUS_OK;
+    if (!o->table)
+        return host->api->config_fail(host, "layer_decay",
+                                      "needs the model's parameter table, which this host did "
+                                      "not give the optimizer; set layer_decay: 1");
+    if (o->cuda)
+        return host->api->config_fail(host, "layer_decay",
+                                      "is not implemented on a CUDA device yet (the device "
+                                      "kernels take one rate); set layer_decay: 1");
+    const int64_t n = mta_table_params(o->table);
+    o->lr_scale = host->api->alloc(host, (size_t)(n ? n : 1) * sizeof *o->lr_scale);
+    o->scale_first = host->api->alloc(host, (size_t)(o->table->num_units + 1) *
+                                                sizeof *o->scale_first);
+    if (!o->lr_scale || !o->scale_first)
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "no memory for layer decay");
+    o->scale_units = o->table->num_units;
+    int64_t first = 0;
+    for (int32_t u = 0; u < o->table->num_units; u++)
+        o->scale_first[u] = first, first += o->table->units[u].num_params;
+    char why[320];
+    if (mta_layer_scales(o->table, o->cfg.layer_decay, o->lr_scale, why, sizeof why) != 0)
+        return host->api->config_fail(host, "layer_decay", "%s", why);
+    host->api->log(host, VH_LOG_LEVEL_INFO,
+                   "layer decay %g: rate scales from %.4g (%s) to %.4g (%s)",
+                   o->cfg.layer_decay, o->lr_scale[0], o->table->units[0].params[0].name,
+                   o->lr_scale[n - 1],
+                   o->table->units[o->table->num_units - 1]
+                       .params[o->table->units[o->table->num_units - 1].num_params - 1]
+                       .name);
+    return VH_STATUS_OK;
+}
+
 /* ---- vtable --------------------------------------------------------------- */
 
 static void mta_destroy(void *self);
@@ -215,6 +262,10 @@ static vh_status mta_create(vh_host *host, const vh_optim_setup *setup, void **s
         mta_destroy(o);
         return st;
     }
+    if ((st = setup_layer_decay(o)) != VH_STATUS_OK) {
+        mta_destroy(o);
+        return st;
+    }
     *self = o;
     return VH_STATUS_OK;
 }
@@ -224,6 +275,8 @@ static void mta_destroy(void *self) {
     if (!o) return;
     mta_cuda_close(o);
     mta_worklist_free(&o->work);
+    o->host->api->free(o->host, o->lr_scale);
+    o->host->api->free(o->host, o->scale_first);
     o->host->api->free(o->host, o);
 }
 

@@ -37,6 +37,7 @@ typedef struct mta_config {
     double momentum;          /* sgd */
     int nesterov;             /* sgd */
     int always_adapt;         /* lamb: trust ratio on no-decay tensors too */
+    double layer_decay;       /* 1: off; else per-parameter rate scales (layer_decay.h) */
 } mta_config;
 
 typedef struct mta {
@@ -53,6 +54,11 @@ typedef struct mta {
     int64_t last_step; /* the host's step of the last update; -1 before */
     double grad_norm;  /* global gradient norm of the last update (clipping on), else NAN */
     mta_worklist work;
+    /* layer_decay != 1: the rate of (unit u, param p) is lr *
+     * lr_scale[scale_first[u] + p] (layer_decay.h); NULL when off. */
+    double *lr_scale;
+    int64_t *scale_first;
+    int32_t scale_units;
     /* On a CUDA device: the "vh.cuda.mta" extension and its buffers
      * (cuda_step.c); NULL on the CPU. */
     struct mta_cuda *cuda;
@@ -60,6 +66,11 @@ typedef struct mta {
 
 /* "adamw", "sgd", "lamb". */
 const char *mta_algo_name(mta_algo algo);
+
+/* The rate scale of a slice's parameter: 1 without layer decay. */
+static inline double mta_lr_scale(const mta *o, const vh_param_slice *sl) {
+    return o->lr_scale ? o->lr_scale[o->scale_first[sl->unit] + sl->param] : 1.0;
+}
 
 /* One update of every slice (step.c); args read through its struct_size. */
 vh_status mta_update(mta *o, const vh_optim_step_args *args, double *lr_out);

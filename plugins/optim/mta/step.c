@@ -140,6 +140,12 @@ static vh_status check_slices(mta *o, const vh_param_slices *slices, int *any_ha
                                    "slice %d has unit %d, param %d, offset %lld, count %lld",
                                    (int)s, (int)sl->unit, (int)sl->param,
                                    (long long)sl->offset, (long long)sl->count);
+        if (o->lr_scale && (sl->unit >= o->scale_units ||
+                            sl->param >= o->table->units[sl->unit].num_params))
+            return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                                   "slice %d names unit %d, param %d, which the parameter "
+                                   "table (layer_decay) does not have",
+                                   (int)s, (int)sl->unit, (int)sl->param);
         if (sl->count == 0) continue;
         vh_status st = check_dtypes(o, s, sl);
         if (st != VH_STATUS_OK) return st;
@@ -238,8 +244,13 @@ static void adamw_pass(mta *o, const vh_param_slices *slices, double lr, float g
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
         const int64_t b = chunks[c].begin, n = chunks[c].count;
+        /* layer decay: this parameter group's rate, as timm's lr_scale
+         * scales the group's lr (the decoupled decay uses it too) */
+        const double s = mta_lr_scale(o, sl);
+        const mta_adam_args as = s == 1.0 ? a : mta_adam_args_of(o, lr * s, grad_scale);
+        const float ds = s == 1.0 ? decay : (float)(1.0 - lr * s * o->weight_decay);
         float *p = master_view(o, sl, b, n);
-        mta_adamw_chunk(&a, decays(sl) ? decay : 1.0f, p, grad_view(o, sl, b, n),
+        mta_adamw_chunk(&as, decays(sl) ? ds : 1.0f, p, grad_view(o, sl, b, n),
                         f32_at(sl->state[0], b), f32_at(sl->state[1], b), n);
         master_store(sl, b, n, p);
     }
@@ -261,8 +272,10 @@ static void sgd_pass(mta *o, const vh_param_slices *slices, double lr, float gra
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
         const int64_t b = chunks[c].begin, n = chunks[c].count;
+        mta_sgd_args as = a;
+        if (o->lr_scale) as.neg_lr = (float)-(lr * mta_lr_scale(o, sl));
         float *p = master_view(o, sl, b, n);
-        mta_sgd_chunk(&a, decays(sl) ? wd : 0.0f, p, grad_view(o, sl, b, n),
+        mta_sgd_chunk(&as, decays(sl) ? wd : 0.0f, p, grad_view(o, sl, b, n),
                       with_momentum ? f32_at(sl->state[0], b) : NULL, n);
         master_store(sl, b, n, p);
     }
@@ -316,7 +329,7 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
         const double *sums = &w->tensor_sums[2 * w->slice_tensor[chunks[c].slice]];
         const double ratio = mta_trust_ratio(sums, always || wd_sl != 0.0f);
         float *p = master_view(o, sl, b, n);
-        mta_lamb_apply_chunk(&a, wd_sl, (float)(lr * ratio), p, f32_at(sl->state[0], b),
+        mta_lamb_apply_chunk(&a, wd_sl, (float)(lr * mta_lr_scale(o, sl) * ratio), p, f32_at(sl->state[0], b),
                              f32_at(sl->state[1], b), n);
         master_store(sl, b, n, p);
     }

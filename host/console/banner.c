@@ -75,13 +75,18 @@ vh_status banner_print(vh_session *s, const vh_banner *b, vh_diag *d) {
     if (b->resumed_from)
         fprintf(s->out, "vithost: resuming from %s (step %lld, epoch %lld)\n", b->resumed_from,
                 (long long)s->step, (long long)s->epoch);
+    /* the global batch: micro-batch x grad_accum x ranks */
     fprintf(s->out,
             "vithost: training %lld steps (%lld epochs of %lld steps, batch %lld) on %s; ",
             (long long)b->total, (long long)b->epochs, (long long)b->steps_per_epoch,
-            (long long)s->batch_size * b->world, s->run->device->name);
+            (long long)(s->batch_size * s->grad_accum * b->world), s->run->device->name);
+    if (s->grad_accum > 1)
+        fprintf(s->out, "%lld micro-batches of %lld per step (run.grad_accum); ",
+                (long long)s->grad_accum, (long long)s->batch_size);
     if (b->world > 1)
         fprintf(s->out, "%d ranks (%s) of batch %lld each; ", (int)b->world,
-                s->run->comm.backend ? s->run->comm.backend : "?", (long long)s->batch_size);
+                s->run->comm.backend ? s->run->comm.backend : "?",
+                (long long)(s->batch_size * s->grad_accum));
     if (b->flops > 0) fprintf(s->out, "%.3g GFLOP per image", b->flops / 1e9);
     else fprintf(s->out, "FLOPs per image unknown (the model does not count them)");
     if (b->peak_tflops > 0) fprintf(s->out, "; device peak %.1f GFLOP/s", b->peak_tflops * 1e3);

@@ -496,6 +496,9 @@ void config_free(vh_section_config *c) {
 
 const vh_config_key *config_shared_keys(const vh_plugin_descriptor *desc) {
     if (desc && desc->role == VH_ROLE_OPTIM && desc->abi_minor >= 1) return vh_optim_shared_keys;
+    /* Mixup/CutMix (vh_mix.h), applied by vh_data_pass; a data plugin older
+     * than 2.2 could not hand out the targets. */
+    if (desc && desc->role == VH_ROLE_DATA && desc->abi_minor >= 2) return vh_data_shared_keys;
     return NULL;
 }
 

@@ -28,6 +28,7 @@
 #include "diag.h"
 #include "recipe.h"
 #include "vithost/vh_config.h"
+#include "vithost/vh_mix.h"
 #include "vithost/vh_optim_schedule.h"
 #include "vithost/vh_plugin.h"
 

@@ -21,7 +21,13 @@ const vh_config_key vh_run_schema[] = {
     {"epochs", VH_CONFIG_TYPE_INT, "1", "passes over the training split", NULL, 1, 1e6, 0},
     {"steps", VH_CONFIG_TYPE_INT, "0", "stop after this many steps (0: epochs decide)", NULL,
      0, 1e12, 0},
-    {"batch_size", VH_CONFIG_TYPE_INT, "128", "images per step on each rank", NULL, 1, 1e6, 0},
+    {"batch_size", VH_CONFIG_TYPE_INT, "128",
+     "images per micro-batch on each rank (a step's with run.grad_accum 1)", NULL, 1, 1e6, 0},
+    {"grad_accum", VH_CONFIG_TYPE_INT, "1",
+     "micro-batches of run.batch_size per optimizer step (gradient accumulation): the global "
+     "batch is batch_size x grad_accum x ranks, ranks communicate once per step; a pass's "
+     "trailing micro-batches that fill no whole step are dropped",
+     NULL, 1, 65536, 0},
     {"eval_every", VH_CONFIG_TYPE_INT, "1", "evaluate every N epochs (0: not by epochs)", NULL,
      0, 1e6, 0},
     {"eval_every_steps", VH_CONFIG_TYPE_INT, "0", "also evaluate every N steps (0: never)", NULL,
@@ -119,6 +125,29 @@ vh_status run_open_text(vh_run *run, const char *name, const char *text,
     return run_open_loaded(run, opts, d);
 }
 
+/* Mixup/CutMix (the data section's shared keys, vh_mix.h) train on soft
+ * targets in vh_batch, which a model older than ABI 2.2 would not read: it
+ * would train silently on the unmixed labels of mixed images. */
+static vh_status check_mixing(vh_run *run, vh_diag *d) {
+    const char *keys[] = {"mixup_alpha", "cutmix_alpha"};
+    const vh_plugin_descriptor *model = run->plugins[VH_ROLE_MODEL].desc;
+    for (int i = 0; i < 2; i++) {
+        const vh_config_entry *e = config_find(&run->configs[VH_ROLE_DATA], keys[i]);
+        if (!e || !e->has_value || !(e->as.f > 0.0) || model->abi_minor >= 2) continue;
+        const vh_recipe_section *s = recipe_find_section(&run->recipe, "data");
+        const vh_recipe_value *v = s ? recipe_find_value(s, keys[i]) : NULL;
+        return recipe_diag_value(&run->recipe, s, v, 0, d, VH_STATUS_ERR_CONFIG,
+                                 "data.%s: %s needs a model plugin of ABI 2.2 or later, which "
+                                 "trains on the soft targets; model plugin '%s' (%s) was built "
+                                 "for ABI %u.%u and would train on the unmixed labels: set "
+                                 "data.%s: 0 or rebuild the model plugin against this SDK",
+                                 keys[i], i ? "CutMix" : "Mixup", model->name,
+                                 run->plugins[VH_ROLE_MODEL].path, model->abi_major,
+                                 model->abi_minor, keys[i]);
+    }
+    return VH_STATUS_OK;
+}
+
 static vh_status run_open_loaded(vh_run *run, const vh_run_options *opts, vh_diag *d) {
     vh_status st;
     for (int i = 0; i < opts->num_sets; i++) {
@@ -133,7 +162,7 @@ static vh_status run_open_loaded(vh_run *run, const vh_run_options *opts, vh_dia
         st = open_role(run, (vh_role)r, d);
         if (st != VH_STATUS_OK) return st;
     }
-    return VH_STATUS_OK;
+    return check_mixing(run, d);
 }
 
 void run_close(vh_run *run) {

@@ -86,7 +86,9 @@ static void set_hooks(vh_session *s) {
  * for an optimizer that takes the shared keys, the schedule they give. */
 static vh_status read_schedule(vh_session *s, int64_t *total, vh_diag *d) {
     vh_run *run = s->run;
-    int64_t steps_per_epoch = s->info.train_size / run->comm.world_size / s->batch_size;
+    /* (optimizer steps: grad_accum micro-batches each) */
+    int64_t steps_per_epoch =
+        s->info.train_size / run->comm.world_size / s->batch_size / s->grad_accum;
     *total = run_config_int(run, "steps");
     if (*total == 0) *total = steps_per_epoch * run_config_int(run, "epochs");
     s->has_schedule = config_shared_keys(run->plugins[VH_ROLE_OPTIM].desc) != NULL;
@@ -201,6 +203,19 @@ vh_status session_open(vh_session *s, vh_run *run, vh_diag *d) {
     s->optim = run->plugins[VH_ROLE_OPTIM].desc->vtable;
     s->data = run->plugins[VH_ROLE_DATA].desc->vtable;
     s->batch_size = run_config_int(run, "batch_size");
+    s->grad_accum = run_config_int(run, "grad_accum");
+    if (s->grad_accum < 1) s->grad_accum = 1;
+    /* Without set_sync (ABI 2.0/2.1) every micro-batch's backward would
+     * reduce across ranks, and fsdp would drop all but the last one's. */
+    if (s->grad_accum > 1 && !s->sharding->set_sync)
+        return diag_set(d, VH_STATUS_ERR_CONFIG,
+                        "%s: run.grad_accum is %lld, but sharding plugin '%s' (ABI %u.%u) has no "
+                        "set_sync (ABI 2.2), which gradient accumulation needs; set "
+                        "run.grad_accum: 1 or use a sharding plugin of ABI 2.2 (ddp, fsdp, zero1)",
+                        run->recipe.file, (long long)s->grad_accum,
+                        run->plugins[VH_ROLE_SHARDING].desc->name,
+                        (unsigned)run->plugins[VH_ROLE_SHARDING].desc->abi_major,
+                        (unsigned)run->plugins[VH_ROLE_SHARDING].desc->abi_minor);
     vh_status st = run_open_backends(run, d);
     if (st == VH_STATUS_OK) st = create_plugins(s, d);
     if (st == VH_STATUS_OK) set_hooks(s);

@@ -53,7 +53,8 @@ typedef struct vh_session {
      * optimizer takes them (ABI 2.1: has_schedule); update's lr comes from it. */
     vh_optim_schedule schedule;
     int has_schedule;
-    int64_t batch_size;
+    int64_t batch_size;    /* of a micro-batch, on this rank */
+    int64_t grad_accum;    /* micro-batches per optimizer step (run.grad_accum) */
     /* Device copies of the batch when the device is not the CPU. */
     void *dev_images, *dev_labels;
     float *host_logits;
@@ -110,6 +111,17 @@ vh_status session_reduce_scalars(vh_session *s, double *values, int n, vh_reduce
  * precision plugin found an overflow and the optimizer step was skipped. */
 vh_status session_step(vh_session *s, const vh_batch *batch, int64_t step,
                        const float **dev_loss, double *lr, int *skipped, vh_diag *d);
+
+/* The same step in parts, for gradient accumulation (run.grad_accum):
+ * begin (zero_grads), then `count` micro-batches (micro 0..count-1: with
+ * count > 1 sharding.set_sync 0, and 1 on the last; forward; backward with
+ * the loss scale / count; wait after the last), then end (overflow check,
+ * optimizer, refresh, precision.update) on the accumulated gradient.
+ * count > 1 needs a sharding plugin with set_sync (session_open checks). */
+vh_status session_step_begin(vh_session *s, vh_diag *d);
+vh_status session_step_micro(vh_session *s, const vh_batch *batch, int64_t micro,
+                             int64_t count, const float **dev_loss, vh_diag *d);
+vh_status session_step_end(vh_session *s, int64_t step, double *lr, int *skipped, vh_diag *d);
 
 /* The order of one training step, as printed at the start of a run. */
 extern const char vh_step_order[];

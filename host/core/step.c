@@ -12,6 +12,11 @@
  *                        slices (skipped on overflow), sharding.refresh
  *   precision.update
  *
+ * With run.grad_accum K > 1 (the loop's run_step, through session_step_begin
+ * / _micro / _end): zero_grads once, then per micro-batch sharding.set_sync
+ * (0, and 1 on the last), forward, backward with the loss scale / K; wait
+ * after the last only; the rest sees the accumulated gradient.
+ *
  * The batch comes from session_next_batch (data.next, copied to the device).
  * The loss stays in device memory: the loop copies it back only on the steps
  * it logs. session_step_timed (step_phases.h) is the same step with a clock
@@ -31,7 +36,10 @@ const char vh_step_order[] =
     "data.next, sharding.zero_grads, model.forward (sharding.gather/release per unit), "
     "precision.loss_scale, model.backward (sharding.gather/grads/reduce/release per unit, "
     "reversed), sharding.wait, precision.unscale_and_check, precision.grad_sum_sq (if it "
-    "has it), optim.update or optim.step (skipped on overflow), sharding.refresh, precision.update";
+    "has it), optim.update or optim.step (skipped on overflow), sharding.refresh, "
+    "precision.update; with run.grad_accum K > 1, data.next to sharding.wait run K times per "
+    "step after one zero_grads (sharding.set_sync 0, then 1 for the last; the loss scale / K; "
+    "wait after the last only)";
 
 #define CALL(s, role, call, expr)                                                   \
     do {                                                                            \
@@ -84,28 +92,48 @@ static vh_status phase_end(vh_session *s, phase_clock *c, vh_step_phase phase, v
         if (pst_ != VH_STATUS_OK) return pst_;                   \
     } while (0)
 
-vh_status session_step(vh_session *s, const vh_batch *batch, int64_t step,
-                       const float **dev_loss, double *lr, int *skipped, vh_diag *d) {
-    return session_step_timed(s, batch, step, dev_loss, lr, skipped, NULL, d);
+/* ---- the step in three parts (session.h) ------------------------------- */
+
+static vh_status step_begin(vh_session *s, phase_clock *clock, vh_diag *d) {
+    (void)clock;
+    CALL(s, VH_ROLE_SHARDING, "sharding.zero_grads",
+         s->sharding->zero_grads(s->self[VH_ROLE_SHARDING]));
+    return VH_STATUS_OK;
 }
 
-vh_status session_step_timed(vh_session *s, const vh_batch *batch, int64_t step,
-                             const float **dev_loss, double *lr, int *skipped,
-                             vh_step_phases *phases, vh_diag *d) {
+/* One micro-batch: forward and backward, the loss scaled by 1/count so the
+ * accumulated gradient is the mean over the step's count micro-batches
+ * (each model loss is its batch's mean). The sharding plugin communicates
+ * on the last one only (set_sync, called only when count > 1). */
+static vh_status step_micro(vh_session *s, const vh_batch *batch, int64_t micro, int64_t count,
+                            const float **dev_loss, phase_clock *clock, vh_diag *d) {
     vh_model_output out = {.struct_size = sizeof out};
-    void *sharding = s->self[VH_ROLE_SHARDING], *precision = s->self[VH_ROLE_PRECISION];
-    phase_clock clock;
-    phase_start(s, &clock, phases);
-    CALL(s, VH_ROLE_SHARDING, "sharding.zero_grads", s->sharding->zero_grads(sharding));
+    void *sharding = s->self[VH_ROLE_SHARDING];
+    const int last = micro + 1 == count;
+    if (count > 1) {
+        session_trace(s, "sharding.set_sync %d (micro-batch %lld of %lld)", last,
+                      (long long)micro + 1, (long long)count);
+        vh_status st = s->sharding->set_sync(sharding, last);
+        if (st != VH_STATUS_OK)
+            return session_plugin_error(s, VH_ROLE_SHARDING, st, "sharding.set_sync", d);
+    }
     CALL(s, VH_ROLE_MODEL, "model.forward",
          s->model->forward(s->self[VH_ROLE_MODEL], batch, VH_MODE_TRAIN, &s->hooks, &out));
-    PHASE_END(s, &clock, VH_STEP_PHASE_FORWARD);
+    PHASE_END(s, clock, VH_STEP_PHASE_FORWARD);
     session_trace(s, "precision.loss_scale");
-    float scale = s->precision->loss_scale(precision);
+    float scale = s->precision->loss_scale(s->self[VH_ROLE_PRECISION]) / (float)count;
     CALL(s, VH_ROLE_MODEL, "model.backward",
          s->model->backward(s->self[VH_ROLE_MODEL], scale, &s->hooks));
-    CALL(s, VH_ROLE_SHARDING, "sharding.wait", s->sharding->wait(sharding));
-    PHASE_END(s, &clock, VH_STEP_PHASE_BACKWARD);
+    /* (a sync 0 backward started nothing: no wait) */
+    if (last) CALL(s, VH_ROLE_SHARDING, "sharding.wait", s->sharding->wait(sharding));
+    PHASE_END(s, clock, VH_STEP_PHASE_BACKWARD);
+    *dev_loss = out.loss;
+    return VH_STATUS_OK;
+}
+
+static vh_status step_end(vh_session *s, int64_t step, double *lr, int *skipped,
+                          phase_clock *clock, vh_diag *d) {
+    void *sharding = s->self[VH_ROLE_SHARDING], *precision = s->self[VH_ROLE_PRECISION];
     int found_inf = 0;
     CALL(s, VH_ROLE_PRECISION, "precision.unscale_and_check",
          s->precision->unscale_and_check(precision, &s->slices, &found_inf));
@@ -135,7 +163,38 @@ vh_status session_step_timed(vh_session *s, const vh_batch *batch, int64_t step,
         session_trace(s, "optim.step skipped: gradients overflowed");
     }
     CALL(s, VH_ROLE_PRECISION, "precision.update", s->precision->update(precision, found_inf));
-    PHASE_END(s, &clock, VH_STEP_PHASE_OPTIMIZER);
-    *dev_loss = out.loss;
+    PHASE_END(s, clock, VH_STEP_PHASE_OPTIMIZER);
     return VH_STATUS_OK;
+}
+
+vh_status session_step_begin(vh_session *s, vh_diag *d) {
+    phase_clock clock = {0};
+    return step_begin(s, &clock, d);
+}
+
+vh_status session_step_micro(vh_session *s, const vh_batch *batch, int64_t micro,
+                             int64_t count, const float **dev_loss, vh_diag *d) {
+    phase_clock clock = {0};
+    return step_micro(s, batch, micro, count, dev_loss, &clock, d);
+}
+
+vh_status session_step_end(vh_session *s, int64_t step, double *lr, int *skipped, vh_diag *d) {
+    phase_clock clock = {0};
+    return step_end(s, step, lr, skipped, &clock, d);
+}
+
+vh_status session_step(vh_session *s, const vh_batch *batch, int64_t step,
+                       const float **dev_loss, double *lr, int *skipped, vh_diag *d) {
+    return session_step_timed(s, batch, step, dev_loss, lr, skipped, NULL, d);
+}
+
+vh_status session_step_timed(vh_session *s, const vh_batch *batch, int64_t step,
+                             const float **dev_loss, double *lr, int *skipped,
+                             vh_step_phases *phases, vh_diag *d) {
+    phase_clock clock;
+    phase_start(s, &clock, phases);
+    vh_status st = step_begin(s, &clock, d);
+    if (st == VH_STATUS_OK) st = step_micro(s, batch, 0, 1, dev_loss, &clock, d);
+    if (st == VH_STATUS_OK) st = step_end(s, step, lr, skipped, &clock, d);
+    return st;
 }

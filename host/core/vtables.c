@@ -62,6 +62,7 @@ static const vh_vtable_member sharding_members[] = {
     REQUIRED(vh_sharding_vtable, state_save),
     REQUIRED(vh_sharding_vtable, state_load),
     OPTIONAL(vh_sharding_vtable, memory),
+    OPTIONAL(vh_sharding_vtable, set_sync),
 };
 
 static const vh_vtable_member optim_members[] = {

@@ -143,7 +143,7 @@ static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int 
                           .img_per_s = img_s, .tflops = tflops,
                           .mfu = ls->peak_tflops > 0 ? tflops / ls->peak_tflops : NAN,
                           .world_size = ls->world,
-                          .global_batch = s->batch_size * ls->world,
+                          .global_batch = s->batch_size * s->grad_accum * ls->world,
                           .img_per_s_per_rank = img_s / ls->world,
                           .comm_bytes_per_step = ls->window_comm_bytes / steps,
                           .comm_wait_ms_per_step = 1e3 * ls->window_comm_wait / steps,
@@ -193,27 +193,75 @@ typedef struct step_result {
     const float *dev_loss;
     double scale; /* the loss scale the step ran with */
     int has, skipped;
+    /* grad_accum > 1: the mean of the micro-batches' losses, read back on
+     * the host (dev_loss is the last one's) */
+    int has_host_loss;
+    float host_loss;
 } step_result;
 
-/* One step: the next batch (r->has 0: the pass is done), session_step, and
- * the step's share of the throughput and communication window. */
+/* The step's micro-batches (run.grad_accum, session.h): data.next, forward,
+ * backward each. *has 0: the pass ended before a whole step; the
+ * micro-batches read of it are dropped (their gradients are cleared by the
+ * next step's zero_grads), as a batch of grad_accum x batch_size would be
+ * by the sampler (drop_last). A short micro-batch (a data plugin that ends
+ * its pass with one) is dropped the same way: the mean over micro-batches
+ * needs equal ones. */
+static vh_status run_micro_batches(loop_state *ls, step_result *r, int64_t *images,
+                                   vh_diag *d) {
+    vh_session *s = ls->s;
+    const int64_t k = s->grad_accum;
+    double loss_sum = 0.0;
+    *images = 0;
+    vh_status st = VH_STATUS_OK;
+    for (int64_t m = 0; st == VH_STATUS_OK && m < k; m++) {
+        vh_batch batch;
+        st = session_next_batch(s, &r->host_batch, &batch, &r->has, d);
+        if (st != VH_STATUS_OK || !r->has) break;
+        if (k > 1 && batch.size != s->batch_size) {
+            r->has = 0;
+            break;
+        }
+        /* (after the first data.next: a pass that ended starts no step) */
+        if (m == 0 && (st = session_step_begin(s, d)) != VH_STATUS_OK) break;
+        st = session_step_micro(s, &batch, m, k, &r->dev_loss, d);
+        if (st == VH_STATUS_OK && k > 1) {
+            /* the next forward overwrites the loss: read it now */
+            float one = NAN;
+            st = session_read_loss(s, r->dev_loss, &one, d);
+            loss_sum += (double)one;
+        }
+        *images += batch.size;
+    }
+    if (st != VH_STATUS_OK || !r->has) {
+        if (st == VH_STATUS_OK && *images > 0)
+            session_trace(s, "the pass ended inside a step: %lld image(s) dropped",
+                          (long long)*images);
+        return st;
+    }
+    r->has_host_loss = k > 1;
+    r->host_loss = (float)(loss_sum / (double)k);
+    return VH_STATUS_OK;
+}
+
+/* One step: its micro-batches (r->has 0: the pass is done), the optimizer,
+ * and the step's share of the throughput and communication window. */
 static vh_status run_step(loop_state *ls, double *lr, step_result *r, vh_diag *d) {
     vh_session *s = ls->s;
-    vh_batch batch;
     memset(r, 0, sizeof *r);
     r->scale = ls->scale.loss_scale;
-    vh_status st = session_next_batch(s, &r->host_batch, &batch, &r->has, d);
-    if (st != VH_STATUS_OK || !r->has) return st;
     vh_comm_stats *cs = &s->run->comm_stats;
     comm_stats_reset(cs);
-    st = session_step(s, &batch, s->step, &r->dev_loss, lr, &r->skipped, d);
+    int64_t images = 0;
+    vh_status st = run_micro_batches(ls, r, &images, d);
+    if (st != VH_STATUS_OK || !r->has) return st;
+    st = session_step_end(s, s->step, lr, &r->skipped, d);
     if (st != VH_STATUS_OK) return st;
     s->step++;
     ls->steps_this_run++;
     st = ema_step(ls->ema, s, s->step, r->skipped, d);
     if (st != VH_STATUS_OK) return st;
-    /* Every rank trained a full batch of its own (the sampler's rule). */
-    ls->prog.window_images += batch.size * ls->world;
+    /* Every rank trained full batches of its own (the sampler's rule). */
+    ls->prog.window_images += images * ls->world;
     ls->window_comm_bytes += cs->bytes;
     ls->window_comm_wait += cs->wait_seconds;
     ls->window_steps++;
@@ -238,13 +286,14 @@ static step_needs needs_of(const loop_state *ls, int skipped) {
 }
 
 /* The loss as a number, on the steps that need one (see train_epoch). */
-static vh_status read_loss(loop_state *ls, const step_needs *n, const float *dev_loss,
+static vh_status read_loss(loop_state *ls, const step_needs *n, const step_result *r,
                            float *loss, vh_diag *d) {
     vh_session *s = ls->s;
     if (!(n->log || n->draw || n->skipped || n->evals || n->saves || n->stop_after))
         return VH_STATUS_OK;
     vh_status st = s->run->device->synchronize(s->run->device->device);
-    if (st == VH_STATUS_OK) st = session_read_loss(s, dev_loss, loss, d);
+    if (st == VH_STATUS_OK && r->has_host_loss) *loss = r->host_loss;
+    else if (st == VH_STATUS_OK) st = session_read_loss(s, r->dev_loss, loss, d);
     if (st != VH_STATUS_OK) return st;
     if (!isfinite(*loss) && !n->skipped) return diverged(ls, *loss, d);
     /* A logged loss is the global batch's: the mean of the ranks' (equal
@@ -303,7 +352,7 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
         vh_status st = run_step(ls, lr, &r, d);
         if (st != VH_STATUS_OK || !r.has) return st;
         step_needs n = needs_of(ls, r.skipped);
-        st = read_loss(ls, &n, r.dev_loss, loss, d);
+        st = read_loss(ls, &n, &r, loss, d);
         if (st != VH_STATUS_OK) return st;
         if (n.log) {
             log_step(ls, *loss, *lr, r.skipped);
@@ -382,13 +431,18 @@ static vh_status setup_loop(loop_state *ls, vh_session *s, vh_ema *ema, const ch
     ls->checkpoint_every = run_config_int(run, "checkpoint_every");
     ls->keep = run_config_int(run, "keep_checkpoints");
     ls->stop_after = o->stop_after;
-    ls->steps_per_epoch = s->info.train_size / run->comm.world_size / s->batch_size;
+    /* optimizer steps: a pass's trailing micro-batches that fill no whole
+     * step are dropped (run_micro_batches) */
+    ls->steps_per_epoch =
+        s->info.train_size / run->comm.world_size / s->batch_size / s->grad_accum;
     if (ls->steps_per_epoch < 1)
         return diag_set(d, VH_STATUS_ERR_CONFIG,
-                        "%s: the training split has %lld samples, fewer than one batch of %lld "
-                        "per rank on %d rank(s); lower run.batch_size",
+                        "%s: the training split has %lld samples, fewer than one step of %lld "
+                        "micro-batch(es) of %lld per rank on %d rank(s); lower run.batch_size "
+                        "or run.grad_accum",
                         run->recipe.file, (long long)s->info.train_size,
-                        (long long)s->batch_size, (int)run->comm.world_size);
+                        (long long)s->grad_accum, (long long)s->batch_size,
+                        (int)run->comm.world_size);
     ls->data_keeps_position =
         loader_plugin_has(&run->plugins[VH_ROLE_DATA], offsetof(vh_data_vtable, state_load));
     if (ls->eval_every_steps > 0 && !ls->data_keeps_position)

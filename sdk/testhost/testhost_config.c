@@ -103,6 +103,7 @@ static int parse_value(const vh_config_key *k, const char *text, th_value *v, ch
 /* The shared optimizer keys (vh_optim_schedule.h) join a 2.1 optimizer's
  * schema, as the host adds them; keys the plugin declares stay its own. */
 static const vh_config_key *shared_keys(const vh_plugin_descriptor *d) {
+    if (d->role == VH_ROLE_DATA && d->abi_minor >= 2) return vh_data_shared_keys; /* vh_mix.h */
     return d->role == VH_ROLE_OPTIM && d->abi_minor >= 1 ? vh_optim_shared_keys : NULL;
 }
 

@@ -160,8 +160,45 @@ static void xent_check(vh_dtype dt, int64_t B, int64_t C, float smoothing) {
     free(labels);
 }
 
+/* ABI 2.2 soft targets (rows of positive values summing to 1), no labels. */
+static void xent_soft_check(vh_dtype dt, int64_t B, int64_t C) {
+    float *targets = malloc((size_t)(B * C) * sizeof(float)), *dtargets = NULL;
+    float *dloss = NULL, cpu_loss = -1.0f;
+    assert_non_null(targets);
+    for (int64_t b = 0; b < B; b++) {
+        double sum = 0.0;
+        for (int64_t c = 0; c < C; c++)
+            sum += targets[b * C + c] = (float)((b * 31 + c * 17) % 11 + 1);
+        for (int64_t c = 0; c < C; c++) targets[b * C + c] = (float)(targets[b * C + c] / sum);
+    }
+    assert_int_equal(g.gpu.alloc(g.gpu.device, (size_t)(B * C) * 4, (void **)&dtargets),
+                     VH_STATUS_OK);
+    assert_int_equal(g.gpu.alloc(g.gpu.device, 4, (void **)&dloss), VH_STATUS_OK);
+    assert_int_equal(g.gpu.copy(g.gpu.device, dtargets, targets, (size_t)(B * C) * 4,
+                                VH_COPY_KIND_HOST_TO_DEVICE, NULL), VH_STATUS_OK);
+    tt logits = tt_make(&g, B * C, dt, 17, -6.0f, 6.0f);
+    tt dlogits = tt_make(&g, B * C, dt, 18, -0.1f, 0.1f);
+    vh_xent_args a[2];
+    for (int s = 0; s < 2; s++)
+        a[s] = (vh_xent_args){.struct_size = sizeof a[s], .batch = B, .classes = C,
+                              .dloss_scale = 2.0f, .dtype = dt, .logits = tt_ptr(&logits, s),
+                              .loss = s ? dloss : &cpu_loss, .dlogits = tt_ptr(&dlogits, s),
+                              .targets = s ? dtargets : targets};
+    TOK_BOTH(softmax_cross_entropy, a);
+    assert_true(tt_same_f32(&g, "soft xent loss", dloss, &cpu_loss, 1, 1e-5));
+    assert_true(tt_same(&g, "soft xent dlogits +=", &dlogits, gpu_twin_tol(dt)));
+    tt_free(&g, &logits), tt_free(&g, &dlogits);
+    g.gpu.free(g.gpu.device, dtargets);
+    g.gpu.free(g.gpu.device, dloss);
+    free(targets);
+}
+
 static void test_xent(void **state) {
     (void)state;
+    for (int k = 0; k < 3; k++) {
+        xent_soft_check(tt_dtypes[k], 6, 37);
+        xent_soft_check(tt_dtypes[k], 3, 1000);
+    }
     for (int k = 0; k < 3; k++) {
         xent_check(tt_dtypes[k], 5, 37, 0.1f);
         xent_check(tt_dtypes[k], 3, 1000, 0.0f); /* rows longer than a block */

@@ -141,9 +141,16 @@ typedef struct vit {
     void *d_x, *d_tmp, *d_qkv, *d_mlp, *d_mlp2, *d_patch_emb, *d_feat, *d_feat_ln, *d_logits,
         *d_branch;
 
+    /* soft targets (ABI 2.2, vh_batch.targets): a device copy, (max_batch, C)
+     * f32, made at the first batch that has them on a device that is not the
+     * CPU (there the batch's own memory is read) */
+    float *targets_dev;
+    int told_smoothing; /* logged once that label_smoothing yields to them */
+
     /* the last forward in train mode */
     int64_t batch;
     const int32_t *labels;
+    const float *targets; /* its soft targets, or NULL: the labels */
     int has_forward;
     uint64_t train_forwards; /* draws fresh dropout / drop-path masks per step */
     uint64_t forward_step;   /* the last training forward's step: recompute's draws */

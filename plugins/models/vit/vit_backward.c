@@ -29,7 +29,7 @@ static vh_status backward_head(vit *m, const vit_unit *u, int64_t B, float loss_
     VIT_TRY(m, "zero", vit_zero(m, m->d_logits, B * C));
     /* the loss again, into scratch: forward's stays for the host */
     VIT_TRY(m, "cross-entropy", vit_cross_entropy(m, &m->loss[1], m->d_logits, m->logits,
-                                                  m->labels, B, loss_scale));
+                                                  m->labels, m->targets, B, loss_scale));
     VIT_TRY(m, "head", vit_linear_backward(m, m->d_feat_ln, vit_grad(u, VIT_HEAD_W),
                                            vit_grad(u, VIT_HEAD_B), m->d_logits, m->feat_ln,
                                            vit_param(u, VIT_HEAD_W), B, D, C));

@@ -139,7 +139,48 @@ static vh_status forward_block(vit *m, int64_t l, const vit_unit *u, int64_t B, 
                          a->dp_mlp, rate, B, step, site + 3);
 }
 
-static vh_status forward_head(vit *m, const vit_unit *u, const int32_t *labels, int64_t B) {
+/* The batch's soft targets in device memory (ABI 2.2: mixup/cutmix), or
+ * NULL: the labels. The label smoothing is inside them, so ours yields. */
+static vh_status batch_targets(vit *m, const vh_batch *batch, const float **out) {
+    *out = NULL;
+    if (!VH_STRUCT_HAS(batch, vh_batch, targets) || !batch->targets.data) return VH_STATUS_OK;
+    const vh_tensor *t = &batch->targets;
+    const vh_host_api *api = m->host->api;
+    if (t->dtype != VH_DTYPE_F32 || t->ndim != 2 || t->shape[0] != batch->size ||
+        t->shape[1] != m->classes)
+        return api->fail(m->host, VH_STATUS_ERR_INVALID_ARG,
+                         "the batch's soft targets are not (%lld, %lld) f32 (the data "
+                         "plugin's classes differ from num_classes?)",
+                         (long long)batch->size, (long long)m->classes);
+    if (m->label_smoothing > 0.0f && !m->told_smoothing) {
+        m->told_smoothing = 1;
+        api->log(m->host, VH_LOG_LEVEL_INFO,
+                 "label_smoothing %g does not apply to the data's soft targets (mixup/cutmix: "
+                 "data.mix_label_smoothing does)",
+                 (double)m->label_smoothing);
+    }
+    if (m->dev->kind == VH_DEVICE_KIND_CPU) { /* device memory is host memory */
+        *out = t->data;
+        return VH_STATUS_OK;
+    }
+    const size_t bytes = (size_t)batch->size * (size_t)m->classes * sizeof(float);
+    vh_status st = VH_STATUS_OK;
+    if (!m->targets_dev)
+        st = m->dev->alloc(m->dev->device,
+                           (size_t)m->max_batch * (size_t)m->classes * sizeof(float),
+                           (void **)&m->targets_dev);
+    if (st == VH_STATUS_OK)
+        st = m->dev->copy(m->dev->device, m->targets_dev, t->data, bytes,
+                          VH_COPY_KIND_HOST_TO_DEVICE, NULL);
+    if (st != VH_STATUS_OK)
+        return api->fail(m->host, st, "cannot copy the batch's soft targets to %s",
+                         m->dev->name);
+    *out = m->targets_dev;
+    return VH_STATUS_OK;
+}
+
+static vh_status forward_head(vit *m, const vit_unit *u, const int32_t *labels,
+                              const float *targets, int64_t B) {
     int64_t D = m->dim;
     VIT_TRY(m, "pool", vit_pool(m, m->feat, m->x[m->depth], B));
     VIT_TRY(m, "layernorm", vit_layernorm(m, m->feat_ln, m->feat_mean, m->feat_rstd, m->feat,
@@ -147,8 +188,8 @@ static vh_status forward_head(vit *m, const vit_unit *u, const int32_t *labels, 
                                           vit_param(u, VIT_HEAD_NORM_B), B));
     VIT_TRY(m, "head", vit_linear(m, m->logits, m->feat_ln, vit_param(u, VIT_HEAD_W),
                                   vit_param(u, VIT_HEAD_B), B, D, m->classes));
-    VIT_TRY(m, "cross-entropy", vit_cross_entropy(m, &m->loss[0], NULL, m->logits, labels, B,
-                                                  1.0f));
+    VIT_TRY(m, "cross-entropy", vit_cross_entropy(m, &m->loss[0], NULL, m->logits, labels,
+                                                  targets, B, 1.0f));
     return VH_STATUS_OK;
 }
 
@@ -156,6 +197,8 @@ vh_status vit_forward(void *self, const vh_batch *batch, vh_mode mode,
                       const vh_unit_hooks *hooks, vh_model_output *out) {
     vit *m = self;
     vh_status st = check_batch(m, batch);
+    const float *targets = NULL;
+    if (st == VH_STATUS_OK) st = batch_targets(m, batch, &targets);
     if (st != VH_STATUS_OK) return st;
     int train = mode == VH_MODE_TRAIN;
     int64_t B = batch->size, L = m->depth;
@@ -174,7 +217,7 @@ vh_status vit_forward(void *self, const vh_batch *batch, vh_mode mode,
     }
     u.layouts = &m->head_layouts;
     if (st == VH_STATUS_OK) st = hooks->gather(hooks->ctx, (int32_t)(L + 1), &u.params);
-    if (st == VH_STATUS_OK) st = forward_head(m, &u, batch->labels.data, B);
+    if (st == VH_STATUS_OK) st = forward_head(m, &u, batch->labels.data, targets, B);
     if (st == VH_STATUS_OK) st = hooks->release(hooks->ctx, (int32_t)(L + 1));
     if (st != VH_STATUS_OK) return st;
 
@@ -189,6 +232,7 @@ vh_status vit_forward(void *self, const vh_batch *batch, vh_mode mode,
     if (train) {
         m->batch = B;
         m->labels = batch->labels.data;
+        m->targets = targets;
         m->has_forward = 1;
         m->forward_step = step;
         m->train_forwards++;

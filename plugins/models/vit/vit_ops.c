@@ -244,11 +244,12 @@ vh_status vit_attention_backward(vit *m, void *dqkv, const void *dout, const voi
 }
 
 vh_status vit_cross_entropy(vit *m, float *loss, void *dlogits, const void *logits,
-                            const int32_t *labels, int64_t batch, float loss_scale) {
+                            const int32_t *labels, const float *targets, int64_t batch,
+                            float loss_scale) {
     vh_xent_args x = {.struct_size = sizeof x, .batch = batch, .classes = m->classes,
                       .smoothing = m->label_smoothing, .dloss_scale = loss_scale,
                       .dtype = m->act, .logits = logits, .labels = labels, .loss = loss,
-                      .dlogits = dlogits};
+                      .dlogits = dlogits, .targets = targets};
     return m->dev->softmax_cross_entropy(m->dev->device, &x);
 }
 

@@ -86,10 +86,13 @@ vh_status vit_attention(vit *m, void *out, float *probs, const void *qkv, int64_
 /* dqkv += ... */
 vh_status vit_attention_backward(vit *m, void *dqkv, const void *dout, const void *qkv,
                                  const void *out, float *probs, int64_t batch);
-/* *loss (device f32) = mean cross-entropy of the logits; when dlogits is not
- * NULL, dlogits += loss_scale * d(loss)/d(logits). */
+/* *loss (device f32) = mean cross-entropy of the logits against the labels
+ * (with label_smoothing) or, when targets (device f32, batch x classes) is
+ * not NULL, against those soft targets; when dlogits is not NULL, dlogits +=
+ * loss_scale * d(loss)/d(logits). */
 vh_status vit_cross_entropy(vit *m, float *loss, void *dlogits, const void *logits,
-                            const int32_t *labels, int64_t batch, float loss_scale);
+                            const int32_t *labels, const float *targets, int64_t batch,
+                            float loss_scale);
 
 /* ---- random sites ------------------------------------------------------- */
 

@@ -303,7 +303,7 @@ void vit_free_activations(vit *m) {
                      &m->d_qkv, &m->d_mlp, &m->d_mlp2, &m->d_patch_emb, &m->d_feat,
                      &m->d_feat_ln, &m->d_logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(m, bufs[i]);
-    float **stats[] = {&m->feat_mean, &m->feat_rstd, &m->loss};
+    float **stats[] = {&m->feat_mean, &m->feat_rstd, &m->loss, &m->targets_dev};
     for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++) dev_free_f32(m, stats[i]);
     free(m->x);
     free(m->x_mid);

@@ -19,6 +19,11 @@
  * reducing the rest and waiting again completes it. Neither refresh nor
  * load_unit may change a unit the model holds (gathered, not released).
  *
+ * set_sync (ABI 2.2, gradient accumulation): with sync 0, reduce neither
+ * marks the unit nor calls the strategy, and wait returns at once, so the
+ * grads stay this rank's and the next backward adds to them; the sync 1
+ * backward then reduces the sum as in any step.
+ *
  * load_unit and store_unit speak fp32 values, the unit's elements end to
  * end. load_unit copies them to the device once; the strategy sets the
  * compute copies it keeps and the f32 masters of the pieces this rank owns
@@ -440,6 +445,9 @@ vh_status sh_reduce(void *self, int32_t unit) {
                                   "reduce of unit %d (%s) twice in one step: its grads are "
                                   "already reduced (zero_grads starts the next step)",
                                   (int)unit, sh_unit_name(u));
+    /* set_sync(0): the grads stay this rank's and the next backward adds
+     * to them; the unit is not reduced (its grads may be asked again). */
+    if (c->nosync) return VH_STATUS_OK;
     /* From here the unit counts as reduced, even if a start fails: wait
      * then finishes what did start, and the step is abandoned anyway. */
     u->reduced = 1;
@@ -460,9 +468,30 @@ vh_status sh_wait(void *self) {
                                        "others were; its grads would differ across ranks",
                                        (int)u, sh_unit_name(&c->units[u]));
     }
+    /* after a sync 0 backward nothing is in flight, and the local grads
+     * must not be reduced yet (fsdp's wait reduces unreduced grads) */
+    if (c->nosync) return VH_STATUS_OK;
     vh_status st = c->ops->wait(c);
     c->pending = 0;
     return st;
+}
+
+vh_status sh_set_sync(void *self, int32_t sync) {
+    sh_core *c = self;
+    if (!c) return VH_STATUS_ERR_INVALID_ARG;
+    vh_host *host = c->host;
+    if (!c->ready) return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "set_sync before setup");
+    if (sync != 0 && sync != 1)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "set_sync(%d): sync is 0 or 1",
+                               (int)sync);
+    /* a switch with reductions in flight would leave a step half reduced */
+    if (c->pending > 0)
+        return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
+                               "set_sync with %d reduction(s) not waited for: call wait "
+                               "after a sync backward",
+                               (int)c->pending);
+    c->nosync = sync == 0;
+    return c->ops->micro_start ? c->ops->micro_start(c) : VH_STATUS_OK;
 }
 
 /* ---- the optimizer's view ------------------------------------------------ */

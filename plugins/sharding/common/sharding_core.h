@@ -189,6 +189,10 @@ typedef struct sh_strategy {
     vh_status (*refresh)(sh_core *c);
     /* params, grads and comm_buffers; the core fills masters and state. */
     void (*memory)(const sh_core *c, vh_sharding_memory *m);
+    /* Optional (NULL: nothing to do). set_sync was called: a micro-batch
+     * of gradient accumulation starts, with no wait since the last one's
+     * backward (a sync 0 backward has none): forget per-pass state. */
+    vh_status (*micro_start)(sh_core *c);
 } sh_strategy;
 
 /* ---- the instance --------------------------------------------------------- */
@@ -215,6 +219,7 @@ struct sh_core {
     float *state[VH_OPTIM_MAX_STATE_SLOTS]; /* sd.numel each */
     vh_param_slice *slices; /* host memory, one per own piece */
     int32_t pending;       /* units reduced and not yet waited for */
+    int nosync;            /* set_sync(0): reduce only accumulates locally */
     int64_t live, peak;    /* transient device bytes: now, the most so far */
 };
 
@@ -239,6 +244,7 @@ vh_status sh_refresh(void *self);
 vh_status sh_state_save(void *self, const vh_state_io *io);
 vh_status sh_state_load(void *self, const vh_state_io *io);
 vh_status sh_memory(void *self, vh_sharding_memory *out);
+vh_status sh_set_sync(void *self, int32_t sync);
 
 /* Defines a sharding plugin on `strategy_`: its create, its vtable (every
  * other call is the core's) and its descriptor. */
@@ -252,7 +258,7 @@ vh_status sh_memory(void *self, vh_sharding_memory *out);
         .store_unit = sh_store_unit, .zero_grads = sh_zero_grads, .gather = sh_gather,       \
         .release = sh_release, .grads = sh_grads, .reduce = sh_reduce, .wait = sh_wait,      \
         .slices = sh_slices, .refresh = sh_refresh, .state_save = sh_state_save,             \
-        .state_load = sh_state_load, .memory = sh_memory};                                   \
+        .state_load = sh_state_load, .memory = sh_memory, .set_sync = sh_set_sync};          \
     VH_PLUGIN_DEFINE(VH_ROLE_SHARDING, name_, version_, description_, schema_, sh_plugin_vtable)
 
 static inline const char *sh_unit_name(const sh_unit *u) { return u->name ? u->name : "?"; }

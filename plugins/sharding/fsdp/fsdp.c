@@ -50,6 +50,11 @@
  * add up to the model's size; wait finishes the rest in the order they
  * started. In a step that reduced nothing, wait reduces the grads handed out.
  *
+ * Accumulation (set_sync 0, ABI 2.2). reduce does nothing (the core skips
+ * it): each unit keeps its full grad buffer across micro-batches, backward
+ * adds to it, and the sync micro-batch's reduce packs and reduce-scatters
+ * the sum once. Memory: every unit's full grads at once until then.
+ *
  * Memory (memory()): params the packed shards, grads the grad32 shards,
  * masters and optim_state the f32 shards; comm_buffers the transient ones
  * (gather staging, full gathered units, full grad buffers, reduce buffers):
@@ -498,6 +503,19 @@ static vh_status fsdp_wait(sh_core *c) {
     return st;
 }
 
+/* A micro-batch of gradient accumulation starts (set_sync): the last
+ * one's backward had no wait (a sync 0 backward keeps each unit's full
+ * grad_buf, which the next backward adds to and the sync backward's reduce
+ * packs once), so the next gather is a forward and no release is a
+ * backward's. */
+static vh_status fsdp_micro_start(sh_core *c) {
+    fsdp *d = fsdp_of(c);
+    vh_status st = prefetch_drop(d);
+    d->last_gathered = -1;
+    for (int32_t u = 0; u < c->num_units; u++) d->units[u].backward = 0;
+    return st;
+}
+
 static vh_status fsdp_refresh(sh_core *c) {
     fsdp *d = fsdp_of(c);
     vh_status st = prefetch_drop(d);
@@ -524,6 +542,7 @@ static const sh_strategy fsdp_strategy = {
     .load_unit = fsdp_load_unit, .zero_grads = fsdp_zero_grads,
     .gather = fsdp_gather, .release_unit = fsdp_release_unit, .grads = fsdp_grads,
     .reduce = fsdp_reduce, .wait = fsdp_wait, .refresh = fsdp_refresh, .memory = fsdp_memory,
+    .micro_start = fsdp_micro_start,
 };
 
 SH_PLUGIN_DEFINE(fsdp_strategy, "fsdp", "0.1.0",

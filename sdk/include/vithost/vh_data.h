@@ -56,6 +56,14 @@ typedef struct vh_batch {
     vh_tensor images; /* (B, C, H, W) f32, host memory */
     vh_tensor labels; /* (B) i32, host memory */
     int64_t size;     /* B; the last batch of an eval pass may be short */
+    /* ---- ABI 2.2 ---- */
+    /* (B, classes) f32 soft targets in host memory, each row summing to 1
+     * (mixup/cutmix with their label smoothing, vh_mix.h), or data NULL: the
+     * labels, with the model's own label smoothing, as in 2.1. A model reads
+     * it only when VH_STRUCT_HAS(batch, vh_batch, targets) and data != NULL,
+     * and then trains on it instead of the labels. Only training batches
+     * carry targets. Same owner and lifetime as images and labels. */
+    vh_tensor targets;
 } vh_batch;
 
 /* Marks, for every call (checked against the host by test_abi_marks):

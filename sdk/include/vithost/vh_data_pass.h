@@ -45,6 +45,15 @@
  * of another plugin (another magic), of another version or of another data
  * set (another state_tag) is refused with a message naming the plugin.
  *
+ * Mixup and CutMix (ABI 2.2, vh_mix.h): when the data section turns them on
+ * (the shared keys vh_data_shared_keys: mixup_alpha, cutmix_alpha, mix_prob,
+ * mix_switch_prob, mix_label_smoothing, which the host adds to every data
+ * plugin of 2.2 or later), each training batch is mixed after the fill, on
+ * the worker that filled it, and next hands it out with `targets` (B,
+ * classes) f32 soft targets; the draws of batch i are those of (seed, epoch,
+ * i, rank), whatever the worker count, so a resumed pass repeats them.
+ * Evaluation batches, and every batch without mixing, have targets.data NULL.
+ *
  * Messages name the plugin ("idx: next called before start_epoch", "not a
  * idx data state"). Errors are reported through host->api->fail; memory comes
  * from host->api->alloc. One consumer thread: no two calls on the same

@@ -184,7 +184,12 @@ typedef struct vh_attention_args {
  * 1 - s on the label, s / C everywhere), in fp32. *loss (one f32 in DEVICE
  * memory: read it back only when the host needs the number) is written;
  * when dlogits is not NULL it accumulates dloss_scale * d(mean loss)/dlogits.
- * logits and dlogits in `dtype`; labels int32 in device memory. */
+ * logits and dlogits in `dtype`; labels int32 in device memory.
+ * ABI 2.2, soft targets: when `targets` is not NULL (B x C f32 in device
+ * memory, whatever `dtype`), loss = mean over b of
+ * sum_c -targets[b][c] * log_softmax(logits[b])[c] and
+ * dlogits += dloss_scale * (softmax - targets) / batch; labels and smoothing
+ * are not read (labels may be NULL). Deterministic, as the labels' path. */
 typedef struct vh_xent_args {
     uint32_t struct_size;
     int64_t batch, classes;
@@ -195,6 +200,8 @@ typedef struct vh_xent_args {
     float *loss;
     void *dlogits;
     vh_stream *stream;
+    /* ---- ABI 2.2 ---- */
+    const float *targets; /* (batch, classes) f32 soft targets, or NULL: the labels */
 } vh_xent_args;
 
 /* ---- tokens ----------------------------------------------------------------

@@ -131,6 +131,16 @@ typedef struct vh_sharding_vtable {
      * count only). Bytes this rank holds, by kind, for the run's memory
      * report. */
     vh_status (*memory)(void *self, vh_sharding_memory *out);
+    /* ABI 2.2. @optional(default: none; the host refuses run.grad_accum > 1
+     * with a sharding plugin that lacks it, naming the plugin). Whether the
+     * next backward's reduce hooks communicate. sync 1 (the state after
+     * create): they reduce across ranks as in 2.1. sync 0: reduce starts no
+     * collective and the gradients stay this rank's, accumulating over
+     * backward calls (zero_grads, once per optimizer step, clears them; wait
+     * has nothing to finish) until a backward with sync 1 reduces the sum
+     * once: PyTorch's no_sync. The host calls it before each micro-batch's
+     * forward, never with reductions in flight. */
+    vh_status (*set_sync)(void *self, int32_t sync);
 } vh_sharding_vtable;
 
 #ifdef __cplusplus

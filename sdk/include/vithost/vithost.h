@@ -9,6 +9,7 @@
 #include "vh_device.h"
 #include "vh_host.h"
 #include "vh_loss_scaler.h"
+#include "vh_mix.h"
 #include "vh_model.h"
 #include "vh_optim.h"
 #include "vh_optim_schedule.h"

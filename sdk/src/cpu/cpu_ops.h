@@ -289,6 +289,11 @@ VH_CPU_HIDDEN void vh_cpu_k_softmax_cross_entropy(float *loss, float *dlogits,
                                                   const float *logits, const int32_t *labels,
                                                   int64_t batch, int64_t classes,
                                                   float smoothing, float dloss_scale);
+/* ABI 2.2: with (batch, classes) f32 soft targets instead of labels. */
+VH_CPU_HIDDEN void vh_cpu_k_softmax_cross_entropy_soft(float *loss, float *dlogits,
+                                                       const float *logits, const float *targets,
+                                                       int64_t batch, int64_t classes,
+                                                       float dloss_scale);
 VH_CPU_HIDDEN void vh_cpu_k_mean_pool_forward(float *out, const float *x, int64_t batch,
                                               int64_t first, int64_t count, int64_t dim,
                                               int64_t batch_stride, int64_t token_stride);

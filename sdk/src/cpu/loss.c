@@ -4,7 +4,10 @@
  *   loss_b = logsumexp(z) - sum_c q_c z_c,  dloss_b/dz = softmax(z) - q.
  * Serial: B x C is small next to the matmuls, and the sum keeps one order.
  * The loss is written where the caller says (device memory: host memory on
- * the CPU). fp32 kernel: ops.c reads the arguments and converts dtypes. */
+ * the CPU). fp32 kernel: ops.c reads the arguments and converts dtypes.
+ * Soft targets (ABI 2.2, mixup/cutmix): q is a given row t instead, and
+ *   loss_b = sum_c t_c (logsumexp(z) - z_c),  dloss_b/dz = softmax(z) - t,
+ * in the same order and precision, so a one-hot t gives the labels' bits. */
 #include <math.h>
 
 #include "cpu_ops.h"
@@ -41,6 +44,39 @@ void vh_cpu_k_softmax_cross_entropy(float *loss, float *dlogits, const float *lo
                 double p = (double)expf(z[c] - mx) * inv;
                 double q = c == y ? on : off;
                 g[c] += (float)(gscale * (p - q));
+            }
+        }
+    }
+    *loss = (float)(total / (double)batch);
+}
+
+void vh_cpu_k_softmax_cross_entropy_soft(float *loss, float *dlogits, const float *logits,
+                                         const float *targets, int64_t batch, int64_t classes,
+                                         float dloss_scale) {
+    if (batch == 0) {
+        *loss = 0.0f;
+        return;
+    }
+    const double gscale = (double)dloss_scale / (double)batch;
+    double total = 0.0;
+    for (int64_t b = 0; b < batch; b++) {
+        const float *z = logits + b * classes, *t = targets + b * classes;
+        float mx = z[0];
+        for (int64_t c = 1; c < classes; c++) mx = z[c] > mx ? z[c] : mx;
+        double sum = 0.0;
+        for (int64_t c = 0; c < classes; c++) sum += (double)expf(z[c] - mx);
+        const double lse = log(sum); /* of z - mx */
+        /* Rows need not sum to 1 exactly (f32 targets): no shortcut through it. */
+        double row = 0.0;
+        for (int64_t c = 0; c < classes; c++)
+            row += (double)t[c] * (lse - ((double)z[c] - mx));
+        total += row;
+        if (dlogits) {
+            float *g = dlogits + b * classes;
+            const double inv = 1.0 / sum;
+            for (int64_t c = 0; c < classes; c++) {
+                double p = (double)expf(z[c] - mx) * inv;
+                g[c] += (float)(gscale * (p - (double)t[c]));
             }
         }
     }

@@ -279,10 +279,17 @@ static op_plan plan_rows(op_call *c) {
 static op_plan plan_xent(op_call *c) {
     const vh_xent_args *a = &c->a.xent;
     if (!a->loss || a->batch < 0 || a->classes <= 0 ||
-        !(a->smoothing >= 0.0f && a->smoothing <= 1.0f))
+        (!a->targets && !(a->smoothing >= 0.0f && a->smoothing <= 1.0f)))
         return OP_INVALID;
     if (a->batch > 0) {
-        if (!a->logits || !a->labels) return OP_INVALID;
+        if (!a->logits) return OP_INVALID;
+        /* Soft targets (2.2) replace the labels, which may then be NULL; the
+         * targets' values are the caller's (f32 whatever `dtype`). */
+        if (a->targets) {
+            c->size[SZ_ALL] = a->batch * a->classes;
+            return OP_RUN;
+        }
+        if (!a->labels) return OP_INVALID;
         /* Refused before anything is read or written. */
         for (int64_t b = 0; b < a->batch; b++)
             if (a->labels[b] < 0 || a->labels[b] >= a->classes) return OP_INVALID;
@@ -410,8 +417,12 @@ static void k_softmax(const op_call *c, float *const *v) {
 
 static void k_softmax_cross_entropy(const op_call *c, float *const *v) {
     const vh_xent_args *a = &c->a.xent;
-    vh_cpu_k_softmax_cross_entropy(a->loss, v[0], v[1], a->labels, a->batch, a->classes,
-                                   a->smoothing, a->dloss_scale);
+    if (a->targets && a->batch > 0)
+        vh_cpu_k_softmax_cross_entropy_soft(a->loss, v[0], v[1], a->targets, a->batch,
+                                            a->classes, a->dloss_scale);
+    else
+        vh_cpu_k_softmax_cross_entropy(a->loss, v[0], v[1], a->labels, a->batch, a->classes,
+                                       a->smoothing, a->dloss_scale);
 }
 
 static void k_mean_pool_forward(const op_call *c, float *const *v) {

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "vithost/vh_mix.h"
 #include "vithost/vh_prefetch.h"
 
 #define NAME_LEN 64
@@ -24,6 +25,15 @@ struct vh_data_pass {
     vh_data_pass_stopped_fn stopped;
     void *ctx;
 
+    /* Mixup/CutMix of training batches (vh_mix.h): targets for slot k at
+     * targets + k * batch * classes (batch i lives in slot i % depth). */
+    vh_mix_config mix;
+    int mixing;
+    float *targets;
+    int32_t depth, rank;
+    int64_t batch;
+    uint64_t seed;
+
     /* The pass: `split` is read by the workers, changed only while the
      * prefetcher is stopped. */
     int active;      /* start_epoch (or state_load) began a pass */
@@ -31,6 +41,27 @@ struct vh_data_pass {
     vh_split split;
     int64_t cursor;  /* batches of it handed out */
 };
+
+static float *slot_targets(const vh_data_pass *p, int64_t batch) {
+    return p->targets + (size_t)(batch % p->depth) * (size_t)p->batch * (size_t)p->classes;
+}
+
+/* Mixes a filled training batch and writes its targets. The draws come from
+ * the batch's index in the epoch, never from the worker (vh_mix_key). */
+static vh_status mix_slot(const vh_data_pass *p, vh_prefetch_slot *slot, char *err,
+                          size_t err_len) {
+    const vh_sampler *sampler = p->samplers[VH_SPLIT_TRAIN];
+    const uint64_t key = vh_mix_key(p->seed, vh_sampler_epoch(sampler), slot->index, p->rank);
+    vh_mix_params mp;
+    vh_status st = vh_mix_draw(&p->mix, key, p->height, p->width, &mp);
+    if (st == VH_STATUS_OK)
+        st = vh_mix_apply(&p->mix, &mp, slot->images, slot->labels, slot->size, p->channels,
+                          p->height, p->width, slot_targets(p, slot->index));
+    if (st != VH_STATUS_OK)
+        snprintf(err, err_len, "%s: mixing batch %lld failed (a label outside [0, %d)?)",
+                 p->name, (long long)slot->index, (int)p->classes);
+    return st;
+}
 
 /* The prefetcher's fill: the batch's samples from the pass's sampler, then
  * the plugin's fill. On worker threads. */
@@ -46,7 +77,29 @@ static vh_status fill_slot(void *ctx, int64_t batch, vh_prefetch_slot *slot, int
     }
     vh_status st = p->fill(p->ctx, &b, err, err_len);
     if (st == VH_STATUS_OK) slot->size = b.count;
+    if (st == VH_STATUS_OK && p->mixing && p->split == VH_SPLIT_TRAIN)
+        st = mix_slot(p, slot, err, err_len);
     return st;
+}
+
+/* Reads the shared mixing keys (a plugin older than 2.2 has none: off) and
+ * makes room for the targets of every prefetch slot. */
+static vh_status mix_init(vh_data_pass *p, const vh_data_setup *ds, int32_t depth) {
+    vh_host *host = p->host;
+    vh_status st = vh_mix_config_read(host, p->classes, &p->mix);
+    if (st != VH_STATUS_OK || !vh_mix_enabled(&p->mix)) return st;
+    p->mixing = 1;
+    p->depth = depth < 1 ? 1 : depth;
+    p->batch = ds->batch_size;
+    p->rank = ds->rank;
+    p->seed = ds->seed;
+    const size_t n = (size_t)p->depth * (size_t)p->batch * (size_t)p->classes;
+    if ((uint64_t)p->batch > (uint64_t)INT64_MAX / 4 / (uint64_t)p->depth / (uint64_t)p->classes ||
+        !(p->targets = host->api->alloc(host, n * sizeof(float))))
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM,
+                               "%s: no memory for the soft targets of %d batches of %lld x %d",
+                               p->name, (int)p->depth, (long long)p->batch, (int)p->classes);
+    return VH_STATUS_OK;
 }
 
 vh_status vh_data_pass_init(vh_host *host, const vh_data_pass_setup *setup, vh_data_pass **out) {
@@ -98,6 +151,7 @@ vh_status vh_data_pass_init(vh_host *host, const vh_data_pass_setup *setup, vh_d
     if (st == VH_STATUS_OK && (uint64_t)ds->batch_size > (uint64_t)INT64_MAX / 8 / (uint64_t)chw)
         st = host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s: batch size %lld is too large",
                              p->name, (long long)ds->batch_size);
+    if (st == VH_STATUS_OK) st = mix_init(p, ds, setup->depth);
     if (st == VH_STATUS_OK) {
         vh_prefetch_setup ps = {.struct_size = sizeof ps, .workers = setup->workers,
                                 .depth = setup->depth, .max_batch = ds->batch_size,
@@ -119,6 +173,7 @@ void vh_data_pass_free(vh_data_pass *p) {
     vh_prefetch_free(p->prefetch); /* joins the workers before the samplers go */
     vh_sampler_free(p->samplers[0]);
     vh_sampler_free(p->samplers[1]);
+    if (p->targets) host->api->free(host, p->targets);
     host->api->free(host, p);
 }
 
@@ -194,6 +249,10 @@ vh_status vh_data_pass_next(vh_data_pass *p, vh_batch *out, int *has_batch) {
     out->labels = (vh_tensor){.data = slot->labels, .dtype = VH_DTYPE_I32,
                               .device = VH_DEVICE_KIND_CPU, .ndim = 1, .shape = {slot->size}};
     out->size = slot->size;
+    if (p->mixing && p->split == VH_SPLIT_TRAIN)
+        out->targets = (vh_tensor){.data = slot_targets(p, slot->index), .dtype = VH_DTYPE_F32,
+                                   .device = VH_DEVICE_KIND_CPU, .ndim = 2,
+                                   .shape = {slot->size, p->classes}};
     *has_batch = 1;
     return VH_STATUS_OK;
 }

@@ -15,7 +15,7 @@ foreach(dep vh_plugin_fsdp vh_comm_mpi)
   endif()
 endforeach()
 add_test(NAME test_agree_mpi COMMAND test_agree_mpi)
-set_tests_properties(test_agree_mpi PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
+set_tests_properties(test_agree_mpi PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
                      ENVIRONMENT "VITHOST_PLUGIN_PATH=")
 if(VH_SANITIZE AND EXISTS ${CMAKE_CURRENT_BINARY_DIR}/comm_mpi.lsan)
   set_property(TEST test_agree_mpi APPEND PROPERTY ENVIRONMENT

@@ -10,8 +10,9 @@ Default recipe: configs/fashion-mnist-vit.yaml. Each recipe is trained with
 the cores), timed from the command's start to its exit, and its run folder is kept: the log
 (`OUT/NAME.log`, everything the run printed) and `OUT/NAME/metrics.jsonl`. The report (stdout,
 and --report FILE when given) names the CPU, its ISA, the threads and the command, then per
-recipe: wall seconds, median img/s of the training lines, the last and best eval top-1, steps
-and skipped steps (loss scaling).
+recipe: wall seconds, median img/s of the training lines, the last and best eval top-1, the
+last eval top-1 of the EMA weights where the recipe keeps them (optim.ema_decay), steps and
+skipped steps (loss scaling).
 
 A benchmark, not a test: ctest never runs it. Timings drift +-30% between runs on shared
 machines; accuracy is exact to the seed on the CPU (the same recipe gives the same numbers).
@@ -66,6 +67,8 @@ def run_one(build, recipe, out, sets, threads):
         "img_per_s": statistics.median(rates) if rates else float("nan"),
         "last_top1": evals[-1]["eval_top1"],
         "best_top1": max(e["eval_top1"] for e in evals),
+        # the EMA of the weights (optim.ema_decay), evaluated beside them: its own model
+        "last_ema_top1": evals[-1].get("ema_top1"),
         "steps": train[-1]["step"] if train else 0,
         "skipped": train[-1].get("skipped_steps", 0) if train else 0,
         "log": log_path,
@@ -92,14 +95,17 @@ def main():
     this = "python3 bench/main_job.py " + " ".join(sys.argv[1:])
     lines = [f"CPU: {model}; ISA: {' '.join(isa) or '-'}; threads: {args.threads}",
              f"command: `{this}`", "",
-             "| recipe | wall | img/s (median) | test top-1 (last) | best | steps | skipped |",
-             "|---|---|---|---|---|---|---|"]
+             "| recipe | wall | img/s (median) | test top-1 (last) | best | EMA top-1 (last) | steps "
+             "| skipped |",
+             "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines[:2]), flush=True)
     for recipe in args.recipes:
         r = run_one(args.build, recipe, args.out, sets, args.threads)
         row = (f"| {r['recipe']} | {r['wall_s']:.0f} s ({r['wall_s'] / 60:.1f} min) | "
                f"{r['img_per_s']:.0f} | {100 * r['last_top1']:.2f}% | "
-               f"{100 * r['best_top1']:.2f}% | {r['steps']} | {r['skipped']} |")
+               f"{100 * r['best_top1']:.2f}% | "
+               + (f"{100 * r['last_ema_top1']:.2f}%" if r["last_ema_top1"] is not None else "-")
+               + f" | {r['steps']} | {r['skipped']} |")
         lines.append(row)
         print(row + f"   (log: {r['log']})", flush=True)
     if args.report:

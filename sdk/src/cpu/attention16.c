@@ -22,6 +22,7 @@
  * forced by VITHOST_CPU_GEMM16), so a CPU whose bf16 kernels are slower
  * keeps the widened path.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime in strict C11 */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -174,10 +174,16 @@ static vh_status decode_jpeg(imf_decoder *dec, const char *path, size_t size, im
         return VH_STATUS_ERR_FORMAT;
     }
     jpeg_create_decompress(&cinfo);
+    cinfo.mem->max_memory_to_use = IMF_MAX_JPEG_MEMORY;
     jpeg_mem_src(&cinfo, dec->file, (unsigned long)size);
     jpeg_read_header(&cinfo, TRUE);
 
     int32_t full_w = (int32_t)cinfo.image_width, full_h = (int32_t)cinfo.image_height;
+    /* libjpeg sizes its buffers by the full image, whatever the scale */
+    if (check_size(dec, path, full_w, full_h, "JPEG") != VH_STATUS_OK) {
+        jpeg_destroy_decompress(&cinfo);
+        return VH_STATUS_ERR_FORMAT;
+    }
     double min_scale = plan ? plan(plan_ctx, full_w, full_h) : 1.0;
     /* The smallest of 1/8, 1/4, 1/2 at or above min_scale, else full size:
      * libjpeg-turbo has SIMD IDCTs for these; 3/8, 5/8, 6/8 and 7/8 run

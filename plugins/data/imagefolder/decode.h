@@ -50,9 +50,13 @@ typedef struct imf_decoder {
     char warning[512]; /* "<path>: <message>" of the first of them */
 } imf_decoder;
 
-/* Images larger than this many decoded pixels are refused (a corrupt header
- * must not ask for gigabytes). */
-#define IMF_MAX_PIXELS ((int64_t)1 << 27)
+/* Images larger than this many pixels (8192 x 8192) are refused, as their
+ * header says before decoding and as decoded (a corrupt header must not ask
+ * for gigabytes); libjpeg's own buffers are capped at IMF_MAX_JPEG_MEMORY,
+ * what a progressive JPEG of that size needs (its coefficients, 2 bytes
+ * each, 3 components). */
+#define IMF_MAX_PIXELS ((int64_t)1 << 26)
+#define IMF_MAX_JPEG_MEMORY ((long)(IMF_MAX_PIXELS * 6 + (64L << 20)))
 
 void imf_decoder_init(imf_decoder *dec, vh_host *host);
 void imf_decoder_free(imf_decoder *dec);

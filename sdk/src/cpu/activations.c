@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cpu_ops.h"
+#include "../gelu_erf.h"
 
 #define PAR(n) if ((n) > VH_CPU_PAR_ELEMS)
 
@@ -14,37 +15,7 @@
  * chunks are added in order, so the result does not depend on thread count. */
 #define BIAS_CHUNK_ROWS 64
 
-/* GELU(x) = x Phi(x) with the exact normal CDF Phi (timm's nn.GELU), and
- * GELU'(x) = Phi(x) + x phi(x).
- *
- * With z = |x| / sqrt(2): erfc(z) = f(t) e^(-z^2), t = 1 / (1 + 0.375 z), f a
- * degree-9 polynomial (iteratively reweighted least squares, numpy) with
- * relative error 1.2e-8 on z in [0, 9.5]
- * (below e^-90 the result is 0 anyway). Then Phi = erfc / 2 for x < 0 and
- * 1 - erfc / 2 for x >= 0. One formula, no branch, one exponential shared
- * with phi; the left tail keeps its relative accuracy where 1 + erff(z)
- * cancels to 0. Measured against GELU in double over [-14, 14]: 3.8e-7 abs
- * at worst (under 1 ulp of the result), 1.1e-6 relative where |GELU| > 1e-3;
- * 0.5 x (1 + erff(x / sqrt 2)) is 4.5e-7 abs. GELU' is within 2.3e-7. */
-__attribute__((always_inline)) static inline float gelu_cdf(float x, float *pdf) {
-    const float ax = x < 0.0f ? -x : x;
-    const float z = ax * 0.70710678118654752f;
-    const float t = 1.0f / (1.0f + 0.375f * z);
-    float f = 0.061700788f; /* Horner, unrolled so that the loop vectorises */
-    f = f * t - 0.28809479f;
-    f = f * t + 0.43393201f;
-    f = f * t - 0.23111783f;
-    f = f * t + 0.27487096f;
-    f = f * t + 0.12102835f;
-    f = f * t + 0.20543289f;
-    f = f * t + 0.21063319f;
-    f = f * t + 0.21161443f;
-    const float g = vh_expf(-z * z); /* = sqrt(2 pi) phi(x) */
-    const float e = f * t * g;       /* erfc(z) */
-    *pdf = g * 0.39894228040143267794f;
-    const float half = 0.5f * e;
-    return x < 0.0f ? half : 1.0f - half;
-}
+/* GELU uses vh_gelu_cdf (gelu_erf.h): the formula the CUDA kernels share. */
 
 /* Pieces of a threaded element-wise loop: piece p is [p * VH_CPU_PIECE,
  * + PIECE_LEN(n, p)). */
@@ -59,7 +30,7 @@ VH_CPU_CLONES static void gelu_forward_span(float *out, const float *x, int64_t 
     for (int64_t i = 0; i < n; i++) {
         float pdf;
         const float v = x[i];
-        out[i] = v * gelu_cdf(v, &pdf);
+        out[i] = v * vh_gelu_cdf(v, &pdf);
     }
 }
 
@@ -73,7 +44,7 @@ VH_CPU_CLONES static void gelu_backward_span(float *dx, const float *x, const fl
     for (int64_t i = 0; i < n; i++) {
         float pdf;
         const float v = x[i];
-        const float cdf = gelu_cdf(v, &pdf);
+        const float cdf = vh_gelu_cdf(v, &pdf);
         dx[i] += dout[i] * (cdf + v * pdf);
     }
 }
@@ -103,7 +74,7 @@ VH_CPU_CLONES static void mul_span(float *out, const float *a, const float *b, i
  * pairs 0.78 ms. */
 __attribute__((always_inline)) static inline float gelu_forward_one(float v) {
     float pdf;
-    return v * gelu_cdf(v, &pdf);
+    return v * vh_gelu_cdf(v, &pdf);
 }
 
 VH_CPU_CLONES static void gelu_forward_pairs_bf16(uint32_t *out, const uint32_t *x,
@@ -127,14 +98,14 @@ VH_CPU_CLONES static void gelu_forward_span_bf16(uint16_t *out, const uint16_t *
     for (; i < n; i++) {
         float pdf;
         const float v = vh_cpu_bf16_widen(x[i]);
-        out[i] = vh_cpu_bf16_round(v * gelu_cdf(v, &pdf));
+        out[i] = vh_cpu_bf16_round(v * vh_gelu_cdf(v, &pdf));
     }
 }
 
 /* One GELU' step on a widened value pair member. */
 __attribute__((always_inline)) static inline float gelu_backward_one(float v, float d, float g) {
     float pdf;
-    const float cdf = gelu_cdf(v, &pdf);
+    const float cdf = vh_gelu_cdf(v, &pdf);
     return d + g * (cdf + v * pdf);
 }
 

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "safetensors.h"
+
 const char harness_tiny_vit[] =
     "run: {steps: 8, batch_size: 8, eval_every: 0, peak_tflops: 0.5}\n"
     "model: {plugin: vit, dim: 16, depth: 1, heads: 2, mlp_dim: 32, patch_size: 4}\n"
@@ -74,4 +76,32 @@ int harness_write(const char *dir, const char *name, const char *text) {
     if (!f) return -1;
     int ok = fputs(text, f) >= 0;
     return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+float *harness_safetensors_f32(const char *path, int64_t *n, char *err, size_t err_len) {
+    vh_st_file f;
+    vh_diag d;
+    memset(&f, 0, sizeof f);
+    *n = 0;
+    if (st_read(&f, path, &d) != VH_STATUS_OK) {
+        snprintf(err, err_len, "%s", d.text);
+        return NULL;
+    }
+    int64_t total = 0;
+    for (int i = 0; i < f.count; i++) total += f.tensors[i].numel;
+    float *v = malloc((size_t)(total > 0 ? total : 1) * sizeof *v);
+    if (!v) snprintf(err, err_len, "%s: out of memory", path);
+    int64_t at = 0;
+    for (int i = 0; v && i < f.count; i++) {
+        if (st_read_f32(&f, &f.tensors[i], v + at, f.tensors[i].numel, &d) != VH_STATUS_OK) {
+            snprintf(err, err_len, "%s", d.text);
+            free(v);
+            v = NULL;
+        } else {
+            at += f.tensors[i].numel;
+        }
+    }
+    st_free(&f);
+    *n = v ? total : 0;
+    return v;
 }

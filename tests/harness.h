@@ -5,6 +5,7 @@
 #define VITHOST_TESTS_HARNESS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* The whole file, NUL-terminated (free it); "" when it cannot be opened. */
 char *harness_slurp(const char *path);
@@ -24,5 +25,9 @@ int harness_write(const char *dir, const char *name, const char *text);
 extern const char harness_tiny_vit[];
 /* The number after "key": in a JSON line; NAN when absent. */
 double harness_json_number(const char *line, const char *key);
+/* Every tensor of a safetensors file as f32, end to end in the file's
+ * (sorted) order, so two files of one model line up (free it); NULL with a
+ * message in err when the file cannot be read. */
+float *harness_safetensors_f32(const char *path, int64_t *n, char *err, size_t err_len);
 
 #endif

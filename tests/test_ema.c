@@ -97,27 +97,12 @@ static void test_hand_computed_sequence(void **state) {
 
 /* ---- a run ------------------------------------------------------------------- */
 
-/* Every tensor of a safetensors file as f32, end to end, in file order. */
+/* Every tensor of a safetensors file under tmp_dir as f32, in file order. */
 static float *tensors_of(const char *rel, int64_t *n) {
-    char path[512];
+    char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/%s", tmp_dir, rel);
-    vh_st_file f;
-    vh_diag d;
-    memset(&f, 0, sizeof f);
-    if (st_read(&f, path, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
-    int64_t total = 0;
-    for (int i = 0; i < f.count; i++) total += f.tensors[i].numel;
-    float *v = malloc((size_t)total * sizeof *v);
-    assert_non_null(v);
-    /* by name order of the model's file, so two files line up */
-    int64_t at = 0;
-    for (int i = 0; i < f.count; i++) {
-        assert_int_equal(st_read_f32(&f, &f.tensors[i], v + at, f.tensors[i].numel, &d),
-                         VH_STATUS_OK);
-        at += f.tensors[i].numel;
-    }
-    st_free(&f);
-    *n = total;
+    float *v = harness_safetensors_f32(path, n, err, sizeof err);
+    if (!v) fail_msg("%s", err);
     return v;
 }
 

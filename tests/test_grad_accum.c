@@ -59,24 +59,10 @@ static int teardown(void **state) {
 
 /* Every tensor of a run's final model.safetensors as f32, in file order. */
 static float *weights_of(const char *run, int64_t *n) {
-    char path[512];
+    char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/%s" FINAL, tmp_dir, run);
-    vh_st_file f;
-    vh_diag d;
-    memset(&f, 0, sizeof f);
-    if (st_read(&f, path, &d) != VH_STATUS_OK) fail_msg("%s", d.text);
-    int64_t total = 0;
-    for (int i = 0; i < f.count; i++) total += f.tensors[i].numel;
-    float *v = malloc((size_t)total * sizeof *v);
-    assert_non_null(v);
-    int64_t at = 0;
-    for (int i = 0; i < f.count; i++) {
-        assert_int_equal(st_read_f32(&f, &f.tensors[i], v + at, f.tensors[i].numel, &d),
-                         VH_STATUS_OK);
-        at += f.tensors[i].numel;
-    }
-    st_free(&f);
-    *n = total;
+    float *v = harness_safetensors_f32(path, n, err, sizeof err);
+    if (!v) fail_msg("%s", err);
     return v;
 }
 

@@ -21,6 +21,7 @@
  * that recomputes P) would need an ABI addition.
  */
 #include "cuda_internal.h"
+#include "reduce.cuh"
 
 #include <math.h>
 
@@ -99,36 +100,21 @@ static void bmm(int64_t batch, int64_t heads, int64_t m, int64_t n, int64_t k, f
 
 /* ---- row kernels ------------------------------------------------------------------ */
 
-/* The sum (or max) of v over the block, the same on every thread: warp
- * shuffles, then the warps' partials in order. blockDim.x: whole warps. */
-__device__ static float block_reduce(float v, int is_max) {
-    __shared__ float part[32];
-    for (int o = 16; o > 0; o >>= 1) {
-        const float w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = is_max ? fmaxf(v, w) : v + w;
-    }
-    __syncthreads(); /* the previous call's readers are done with part */
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
-    __syncthreads();
-    v = part[0];
-    for (unsigned w = 1; w < blockDim.x / 32; w++) v = is_max ? fmaxf(v, part[w]) : v + part[w];
-    return v;
-}
-
 /* probs = softmax of the fp32 logits s, rows of n, as the CPU's
  * vh_softmax_row: e^(s - max) * (1 / sum). Mapping: one block per row
  * (rows loop over the grid), threads stride along the row. Each element is
  * read and written by the same thread, so s may be probs itself (f32). */
 __global__ static void softmax_rows_kernel(const float *s, void *probs, int32_t pd, int64_t rows,
                                            int64_t n) {
+    __shared__ float shm[32]; /* the block reductions' (reduce.cuh) */
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         const float *x = s + row * n;
         float mx = -INFINITY;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, x[j]);
-        mx = block_reduce(mx, 1);
+        mx = vh_cuda_block_max(mx, shm);
         float sum = 0.0f;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += expf(x[j] - mx);
-        const float inv = 1.0f / block_reduce(sum, 0);
+        const float inv = 1.0f / vh_cuda_block_sum(sum, shm);
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
             vh_cuda_store(probs, pd, row * n + j, expf(x[j] - mx) * inv);
     }
@@ -138,12 +124,13 @@ __global__ static void softmax_rows_kernel(const float *s, void *probs, int32_t 
  * softmax_rows_kernel. */
 __global__ static void softmax_grad_rows_kernel(float *ds, const void *probs, int32_t pd,
                                                 int64_t rows, int64_t n) {
+    __shared__ float shm[32]; /* the block reduction's (reduce.cuh) */
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         float *d = ds + row * n;
         float rs = 0.0f;
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
             rs += d[j] * vh_cuda_load(probs, pd, row * n + j);
-        rs = block_reduce(rs, 0);
+        rs = vh_cuda_block_sum(rs, shm);
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
             d[j] = vh_cuda_load(probs, pd, row * n + j) * (d[j] - rs);
     }

@@ -719,7 +719,7 @@ static void test_workers_identical(void **state) {
     tree t;
     make_varied(&t);
     const int64_t chw = 3 * 20 * 20;
-    pass ref_tr[2], ref_ev;
+    pass ref_tr[2] = {{0}}, ref_ev = {0};
     static const int workers[] = {1, 3, 0};
     for (size_t k = 0; k < 3; k++) {
         char keys[256];

@@ -458,8 +458,8 @@ static void check_against_textbook(const char *optim, const ref_cfg *c, int64_t 
         if (lrs) assert_lr(lr, lrs[s]);
         ref_step(c, r, t, 3, s + 1, lr);
         for (int k = 0; k < 3; k++) {
-            char name[128];
-            snprintf(name, sizeof name, "%s step %lld tensor %d", optim, (long long)s, k);
+            char name[192];
+            snprintf(name, sizeof name, "%.120s step %lld tensor %d", optim, (long long)s, k);
             if (!close_to(name, t[k].p, r[k].p, t[k].n, TOL_HAND)) fail();
         }
     }

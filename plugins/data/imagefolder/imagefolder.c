@@ -335,7 +335,14 @@ static vh_status create_parts(imagefolder *d, const vh_data_setup *setup) {
                              .width = d->tf.size, .num_classes = d->classes.count,
                              .workers = d->workers, .depth = d->depth, .fill = fill_batch,
                              .stopped = log_warnings, .ctx = d};
-    return vh_data_pass_init(host, &ps, &d->pass);
+    st = vh_data_pass_init(host, &ps, &d->pass);
+    /* RandAugment's colour ops need the normalised values of bytes 0 and 255 */
+    float black[3], white[3];
+    for (int c = 0; c < 3; c++) {
+        black[c] = d->tf.norm_bias[c];
+        white[c] = 255.0f * d->tf.norm_scale[c] + d->tf.norm_bias[c];
+    }
+    return st == VH_STATUS_OK ? vh_data_pass_set_range(d->pass, black, white) : st;
 }
 
 static vh_status data_create(vh_host *host, const vh_data_setup *setup, void **self) {

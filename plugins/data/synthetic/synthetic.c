@@ -149,6 +149,12 @@ static vh_status synth_create(vh_host *host, const vh_data_setup *setup, void **
                                  .fill = fill_batch, .ctx = d};
         st = vh_data_pass_init(host, &ps, &d->pass); /* workers idle until start_epoch */
     }
+    if (st == VH_STATUS_OK) { /* RandAugment: the pixels span [-sqrt(3), sqrt(3)) */
+        float black[64], white[64];
+        for (int32_t c = 0; c < d->channels && c < 64; c++)
+            black[c] = -(float)sqrt(3.0), white[c] = (float)sqrt(3.0);
+        st = vh_data_pass_set_range(d->pass, black, white);
+    }
     if (st == VH_STATUS_OK) {
         d->pool = host->api->alloc(host, (size_t)d->pool_size * (size_t)d->chw * sizeof(float));
         if (!d->pool)

@@ -53,6 +53,9 @@
  * classes) f32 soft targets; the draws of batch i are those of (seed, epoch,
  * i, rank), whatever the worker count, so a resumed pass repeats them.
  * Evaluation batches, and every batch without mixing, have targets.data NULL.
+ * Before mixing, with the shared keys rand_augment_n > 0 and rand_augment_m,
+ * each training image is augmented by RandAugment (vh_rand_augment.h), with
+ * draws from its sample key, whatever the worker count.
  *
  * Messages name the plugin ("idx: next called before start_epoch", "not a
  * idx data state"). Errors are reported through host->api->fail; memory comes
@@ -136,6 +139,15 @@ VH_SDK_API vh_status vh_data_pass_init(vh_host *host, const vh_data_pass_setup *
                                        vh_data_pass **out);
 /* Joins the workers (waiting for fills in progress) and frees. NULL is allowed. */
 VH_SDK_API void vh_data_pass_free(vh_data_pass *p);
+
+/* RandAugment (vh_rand_augment.h): the values black (pixel 0) and
+ * white (pixel 255) have in the images the fill writes, `channels` of each,
+ * for its colour ops. The 8-bit fill's are read from its tables; a plugin
+ * with a fill of its own calls this after init, or a training pass with
+ * rand_augment_n > 0 is refused ("<name>: rand_augment_n is N, but this
+ * plugin does not say ..."). Black and white of a channel must differ. */
+VH_SDK_API vh_status vh_data_pass_set_range(vh_data_pass *p, const float *black,
+                                            const float *white);
 
 /* The vh_data_vtable functions, on the helper itself. */
 VH_SDK_API vh_status vh_data_pass_info(const vh_data_pass *p, vh_data_info *out);

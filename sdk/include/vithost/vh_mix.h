@@ -40,7 +40,8 @@ extern "C" {
 #endif
 
 /* The data section's shared keys (mixup_alpha, cutmix_alpha, mix_prob,
- * mix_switch_prob, mix_label_smoothing): the host adds them to the schema of
+ * mix_switch_prob, mix_label_smoothing, and RandAugment's rand_augment_n and
+ * rand_augment_m, vh_rand_augment.h): the host adds them to the schema of
  * every data plugin of ABI 2.2 or later, as it adds vh_optim_shared_keys to
  * optimizers; vh_data_pass reads them. Ended by a NULL key. */
 VH_SDK_API extern const vh_config_key vh_data_shared_keys[];

@@ -17,6 +17,7 @@
 #include "vh_plugin.h"
 #include "vh_precision.h"
 #include "vh_prefetch.h"
+#include "vh_rand_augment.h"
 #include "vh_random.h"
 #include "vh_sampler.h"
 #include "vh_sharding.h"

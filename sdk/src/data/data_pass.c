@@ -7,6 +7,7 @@
 
 #include "vithost/vh_mix.h"
 #include "vithost/vh_prefetch.h"
+#include "vithost/vh_rand_augment.h"
 
 #define NAME_LEN 64
 #define STATE_VERSION 1u
@@ -33,6 +34,13 @@ struct vh_data_pass {
     int32_t depth, rank;
     int64_t batch;
     uint64_t seed;
+
+    /* RandAugment of training images (vh_rand_augment.h): `range` holds the
+     * values of black then white per channel (known: has_range), scratch one
+     * image per worker. */
+    vh_rand_augment_config ra;
+    float *range, *ra_scratch;
+    int has_range;
 
     /* The pass: `split` is read by the workers, changed only while the
      * prefetcher is stopped. */
@@ -63,8 +71,24 @@ static vh_status mix_slot(const vh_data_pass *p, vh_prefetch_slot *slot, char *e
     return st;
 }
 
+/* RandAugment of each image of a filled training batch, keyed by its sample
+ * (never the worker), on the worker's own scratch image. */
+static void augment_slot(const vh_data_pass *p, const vh_data_pass_batch *b) {
+    const size_t chw = (size_t)p->channels * (size_t)p->height * (size_t)p->width;
+    vh_ra_image img = {.scratch = p->ra_scratch + (size_t)b->worker * chw,
+                       .channels = p->channels, .height = p->height, .width = p->width,
+                       .black = p->range, .white = p->range + p->channels};
+    for (int64_t j = 0; j < b->count; j++) {
+        /* a stream of its own: the plugin draws its crop and flip from the key */
+        const uint64_t key =
+            vh_sampler_sample_key(b->sampler, b->samples[j]) ^ (0x52414e44ull << 32);
+        img.data = b->images + (size_t)j * chw;
+        vh_rand_augment_apply(&p->ra, key, &img);
+    }
+}
+
 /* The prefetcher's fill: the batch's samples from the pass's sampler, then
- * the plugin's fill. On worker threads. */
+ * the plugin's fill, RandAugment and mixing. On worker threads. */
 static vh_status fill_slot(void *ctx, int64_t batch, vh_prefetch_slot *slot, int worker,
                            char *err, size_t err_len) {
     const vh_data_pass *p = ctx;
@@ -77,6 +101,7 @@ static vh_status fill_slot(void *ctx, int64_t batch, vh_prefetch_slot *slot, int
     }
     vh_status st = p->fill(p->ctx, &b, err, err_len);
     if (st == VH_STATUS_OK) slot->size = b.count;
+    if (st == VH_STATUS_OK && p->ra.n > 0 && p->split == VH_SPLIT_TRAIN) augment_slot(p, &b);
     if (st == VH_STATUS_OK && p->mixing && p->split == VH_SPLIT_TRAIN)
         st = mix_slot(p, slot, err, err_len);
     return st;
@@ -99,6 +124,46 @@ static vh_status mix_init(vh_data_pass *p, const vh_data_setup *ds, int32_t dept
         return host->api->fail(host, VH_STATUS_ERR_NOMEM,
                                "%s: no memory for the soft targets of %d batches of %lld x %d",
                                p->name, (int)p->depth, (long long)p->batch, (int)p->classes);
+    return VH_STATUS_OK;
+}
+
+/* Reads the shared RandAugment keys; when on, makes room for the pixel range
+ * (from the 8-bit fill's tables, or vh_data_pass_set_range) and the scratch. */
+static vh_status augment_init(vh_data_pass *p, const vh_data_pass_setup *setup) {
+    vh_host *host = p->host;
+    vh_status st = vh_rand_augment_config_read(host, &p->ra);
+    if (st != VH_STATUS_OK || p->ra.n <= 0) return st;
+    const size_t chw = (size_t)p->channels * (size_t)p->height * (size_t)p->width;
+    const size_t workers = setup->workers > 1 ? (size_t)setup->workers : 1;
+    p->range = host->api->alloc(host, 2 * (size_t)p->channels * sizeof(float));
+    p->ra_scratch = host->api->alloc(host, workers * chw * sizeof(float));
+    if (!p->range || !p->ra_scratch)
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM,
+                               "%s: no memory for RandAugment's %zu scratch images", p->name,
+                               workers);
+    if (setup->fill == vh_data_pass_fill_u8 && setup->ctx) {
+        const vh_data_pass_u8 *u = setup->ctx; /* bytes 0 and 255 through each plane's table */
+        for (int32_t c = 0; c < p->channels && u->lut && c < u->planes; c++) {
+            p->range[c] = u->lut[(size_t)c * 256];
+            p->range[p->channels + c] = u->lut[(size_t)c * 256 + 255];
+        }
+        p->has_range = u->lut && u->planes == p->channels;
+    }
+    return VH_STATUS_OK;
+}
+
+vh_status vh_data_pass_set_range(vh_data_pass *p, const float *black, const float *white) {
+    if (!p || !black || !white) return VH_STATUS_ERR_INVALID_ARG;
+    if (!p->range) return VH_STATUS_OK; /* RandAugment is off: nothing reads it */
+    for (int32_t c = 0; c < p->channels; c++) {
+        if (!(black[c] < white[c]) && !(black[c] > white[c]))
+            return p->host->api->fail(p->host, VH_STATUS_ERR_INVALID_ARG,
+                                      "%s: black and white of channel %d are both %g", p->name,
+                                      (int)c, (double)black[c]);
+        p->range[c] = black[c];
+        p->range[p->channels + c] = white[c];
+    }
+    p->has_range = 1;
     return VH_STATUS_OK;
 }
 
@@ -152,6 +217,7 @@ vh_status vh_data_pass_init(vh_host *host, const vh_data_pass_setup *setup, vh_d
         st = host->api->fail(host, VH_STATUS_ERR_INVALID_ARG, "%s: batch size %lld is too large",
                              p->name, (long long)ds->batch_size);
     if (st == VH_STATUS_OK) st = mix_init(p, ds, setup->depth);
+    if (st == VH_STATUS_OK) st = augment_init(p, setup);
     if (st == VH_STATUS_OK) {
         vh_prefetch_setup ps = {.struct_size = sizeof ps, .workers = setup->workers,
                                 .depth = setup->depth, .max_batch = ds->batch_size,
@@ -174,6 +240,8 @@ void vh_data_pass_free(vh_data_pass *p) {
     vh_sampler_free(p->samplers[0]);
     vh_sampler_free(p->samplers[1]);
     if (p->targets) host->api->free(host, p->targets);
+    if (p->range) host->api->free(host, p->range);
+    if (p->ra_scratch) host->api->free(host, p->ra_scratch);
     host->api->free(host, p);
 }
 
@@ -198,6 +266,12 @@ static void stop_workers(vh_data_pass *p) {
 
 /* Makes `split` (its sampler started) the pass, from batch `first` on. */
 static vh_status begin_pass(vh_data_pass *p, vh_split split, int64_t first) {
+    if (split == VH_SPLIT_TRAIN && p->ra.n > 0 && !p->has_range)
+        return p->host->api->fail(p->host, VH_STATUS_ERR_CONFIG,
+                                  "%s: rand_augment_n is %d, but this plugin does not say "
+                                  "which values are black and white in its images "
+                                  "(vh_data_pass_set_range); set rand_augment_n: 0",
+                                  p->name, (int)p->ra.n);
     p->split = split;
     p->cursor = first;
     p->finished = 0;

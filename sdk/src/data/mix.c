@@ -25,6 +25,16 @@ const vh_config_key vh_data_shared_keys[] = {
      "with mixing on: label smoothing inside the soft targets (the model's own "
      "label_smoothing does not apply to them)",
      NULL, 0, 0.99, 0},
+    /* RandAugment (rand_augment.c, vh_rand_augment.h), applied by vh_data_pass too */
+    {"rand_augment_n", VH_CONFIG_TYPE_INT, "0",
+     "RandAugment of training images: ops per image, each from rotate, shear, translate, "
+     "brightness, contrast, color, sharpness, autocontrast, posterize, solarize, identity, "
+     "applied with p 0.5 (timm's rand-mM-nN); 0 = off (timm: 2)",
+     NULL, 0, 8, 0},
+    {"rand_augment_m", VH_CONFIG_TYPE_INT, "9",
+     "RandAugment magnitude on timm's scale: each op at m/10 of its maximum (rotate 30 deg, "
+     "shear 0.3, translate 0.45 of the side, enhance 1 +- 0.9), random sign (DeiT: 9)",
+     NULL, 0, 10, 0},
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 

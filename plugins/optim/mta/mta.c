@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cuda_step.h"
+#include "freeze.h"
 #include "layer_decay.h"
 #include "mta.h"
 #include "vithost/vh_config.h"
@@ -40,6 +41,11 @@ static const vh_config_key schema[] = {
      "layer-wise rate decay in (0, 1] (timm/BEiT): parameter of layer id i of L layers gets "
      "lr * layer_decay^(L-1-i), layers read from timm ViT names (stem, blocks.<i>, head); 1: off",
      NULL, 0, 1, 0},
+    {"freeze", VH_CONFIG_TYPE_STRING, NULL,
+     "parameters never updated (no step, no weight decay, out of the clipping norm), comma-"
+     "separated: unit names (embed, blocks.3, head), timm parameter names or dotted prefixes "
+     "(patch_embed, blocks.0.attn), or globs (blocks.[0-5]); unset: none",
+     NULL, 0, 0, VH_CONFIG_KEY_FLAG_OPTIONAL},
     {NULL, 0, NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -86,6 +92,10 @@ static vh_status read_config(vh_host *host, mta_config *c) {
         (st = get_bool(host, "nesterov", &c->nesterov)) != VH_STATUS_OK ||
         (st = get_bool(host, "always_adapt", &c->always_adapt)) != VH_STATUS_OK ||
         (st = get_float(host, "layer_decay", &c->layer_decay)) != VH_STATUS_OK)
+        return st;
+    c->freeze = NULL;
+    if (host->api->config_has(host, "freeze") &&
+        (st = get_string(host, "freeze", &c->freeze)) != VH_STATUS_OK)
         return st;
     if (!parse_algo(algo, &c->algo))
         return host->api->config_fail(host, "algo", "unknown algorithm '%s'", algo);
@@ -184,30 +194,71 @@ static vh_status check_policy(vh_host *host, const vh_precision_policy *policy, 
                            what, vh_dtype_name((vh_dtype)dtype));
 }
 
+/* The per-parameter index scale_first of layer decay and freeze (key names
+ * the feature): needs the table, and the CPU (the device kernels take one
+ * rate and every tensor). */
+static vh_status setup_param_index(mta *o, const char *key, const char *off) {
+    vh_host *host = o->host;
+    if (!o->table)
+        return host->api->config_fail(host, key,
+                                      "needs the model's parameter table, which this host did "
+                                      "not give the optimizer; %s",
+                                      off);
+    if (o->cuda)
+        return host->api->config_fail(host, key,
+                                      "is not implemented on a CUDA device yet (the device "
+                                      "kernels take one rate); %s",
+                                      off);
+    if (o->scale_first) return VH_STATUS_OK;
+    o->scale_first = host->api->alloc(host, (size_t)(o->table->num_units + 1) *
+                                                sizeof *o->scale_first);
+    if (!o->scale_first)
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "no memory for %s", key);
+    o->scale_units = o->table->num_units;
+    int64_t first = 0;
+    for (int32_t u = 0; u < o->table->num_units; u++)
+        o->scale_first[u] = first, first += o->table->units[u].num_params;
+    return VH_STATUS_OK;
+}
+
+/* The frozen parameters of `freeze` (freeze.h), said in the log; a pattern
+ * that matches nothing is refused with the model's units. */
+static vh_status setup_freeze(mta *o) {
+    vh_host *host = o->host;
+    if (!o->cfg.freeze) return VH_STATUS_OK;
+    vh_status st = setup_param_index(o, "freeze", "remove freeze");
+    if (st != VH_STATUS_OK) return st;
+    const int64_t n = mta_table_params(o->table);
+    if (!(o->frozen = host->api->alloc(host, (size_t)(n ? n : 1))))
+        return host->api->fail(host, VH_STATUS_ERR_NOMEM, "no memory for freeze");
+    char why[1024];
+    const int64_t count = mta_freeze_mask(o->table, o->cfg.freeze, o->frozen, why, sizeof why);
+    if (count < 0) return host->api->config_fail(host, "freeze", "%s", why);
+    int64_t values = 0, all = 0, i = 0;
+    for (int32_t u = 0; u < o->table->num_units; u++)
+        for (int32_t p = 0; p < o->table->units[u].num_params; p++, i++) {
+            all += o->table->units[u].params[p].numel;
+            if (o->frozen[i]) values += o->table->units[u].params[p].numel;
+        }
+    host->api->log(host, VH_LOG_LEVEL_INFO,
+                   "freeze '%s': %lld of %lld parameter tensors frozen (%lld of %lld values)",
+                   o->cfg.freeze, (long long)count, (long long)n, (long long)values,
+                   (long long)all);
+    return VH_STATUS_OK;
+}
+
 /* Layer decay's per-parameter scales from the table's names (layer_decay.h);
  * nothing when it is off. Names that do not follow timm's ViT convention,
  * a caller without a table, or a CUDA device are refused here, at create. */
 static vh_status setup_layer_decay(mta *o) {
     vh_host *host = o->host;
     if (o->cfg.layer_decay == 1.0) return VH_STATUS_OK;
-    if (!o->table)
-        return host->api->config_fail(host, "layer_decay",
-                                      "needs the model's parameter table, which this host did "
-                                      "not give the optimizer; set layer_decay: 1");
-    if (o->cuda)
-        return host->api->config_fail(host, "layer_decay",
-                                      "is not implemented on a CUDA device yet (the device "
-                                      "kernels take one rate); set layer_decay: 1");
+    vh_status st = setup_param_index(o, "layer_decay", "set layer_decay: 1");
+    if (st != VH_STATUS_OK) return st;
     const int64_t n = mta_table_params(o->table);
     o->lr_scale = host->api->alloc(host, (size_t)(n ? n : 1) * sizeof *o->lr_scale);
-    o->scale_first = host->api->alloc(host, (size_t)(o->table->num_units + 1) *
-                                                sizeof *o->scale_first);
-    if (!o->lr_scale || !o->scale_first)
+    if (!o->lr_scale)
         return host->api->fail(host, VH_STATUS_ERR_NOMEM, "no memory for layer decay");
-    o->scale_units = o->table->num_units;
-    int64_t first = 0;
-    for (int32_t u = 0; u < o->table->num_units; u++)
-        o->scale_first[u] = first, first += o->table->units[u].num_params;
     char why[320];
     if (mta_layer_scales(o->table, o->cfg.layer_decay, o->lr_scale, why, sizeof why) != 0)
         return host->api->config_fail(host, "layer_decay", "%s", why);
@@ -262,7 +313,7 @@ static vh_status mta_create(vh_host *host, const vh_optim_setup *setup, void **s
         mta_destroy(o);
         return st;
     }
-    if ((st = setup_layer_decay(o)) != VH_STATUS_OK) {
+    if ((st = setup_layer_decay(o)) != VH_STATUS_OK || (st = setup_freeze(o)) != VH_STATUS_OK) {
         mta_destroy(o);
         return st;
     }
@@ -276,6 +327,7 @@ static void mta_destroy(void *self) {
     mta_cuda_close(o);
     mta_worklist_free(&o->work);
     o->host->api->free(o->host, o->lr_scale);
+    o->host->api->free(o->host, o->frozen);
     o->host->api->free(o->host, o->scale_first);
     o->host->api->free(o->host, o);
 }

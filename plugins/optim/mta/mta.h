@@ -38,6 +38,7 @@ typedef struct mta_config {
     int nesterov;             /* sgd */
     int always_adapt;         /* lamb: trust ratio on no-decay tensors too */
     double layer_decay;       /* 1: off; else per-parameter rate scales (layer_decay.h) */
+    const char *freeze;       /* patterns of the parameters kept fixed (freeze.h); NULL: none */
 } mta_config;
 
 typedef struct mta {
@@ -55,8 +56,11 @@ typedef struct mta {
     double grad_norm;  /* global gradient norm of the last update (clipping on), else NAN */
     mta_worklist work;
     /* layer_decay != 1: the rate of (unit u, param p) is lr *
-     * lr_scale[scale_first[u] + p] (layer_decay.h); NULL when off. */
+     * lr_scale[scale_first[u] + p] (layer_decay.h); NULL when off. With
+     * freeze, frozen[scale_first[u] + p] is 1 for a frozen parameter
+     * (freeze.h); NULL when none is. scale_first: NULL when both are off. */
     double *lr_scale;
+    unsigned char *frozen;
     int64_t *scale_first;
     int32_t scale_units;
     /* On a CUDA device: the "vh.cuda.mta" extension and its buffers
@@ -70,6 +74,11 @@ const char *mta_algo_name(mta_algo algo);
 /* The rate scale of a slice's parameter: 1 without layer decay. */
 static inline double mta_lr_scale(const mta *o, const vh_param_slice *sl) {
     return o->lr_scale ? o->lr_scale[o->scale_first[sl->unit] + sl->param] : 1.0;
+}
+
+/* 1 when the slice's parameter is frozen (freeze.h): no update at all. */
+static inline int mta_frozen(const mta *o, const vh_param_slice *sl) {
+    return o->frozen && o->frozen[o->scale_first[sl->unit] + sl->param];
 }
 
 /* One update of every slice (step.c); args read through its struct_size. */

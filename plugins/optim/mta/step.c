@@ -140,11 +140,11 @@ static vh_status check_slices(mta *o, const vh_param_slices *slices, int *any_ha
                                    "slice %d has unit %d, param %d, offset %lld, count %lld",
                                    (int)s, (int)sl->unit, (int)sl->param,
                                    (long long)sl->offset, (long long)sl->count);
-        if (o->lr_scale && (sl->unit >= o->scale_units ||
+        if (o->scale_first && (sl->unit >= o->scale_units ||
                             sl->param >= o->table->units[sl->unit].num_params))
             return host->api->fail(host, VH_STATUS_ERR_INVALID_ARG,
                                    "slice %d names unit %d, param %d, which the parameter "
-                                   "table (layer_decay) does not have",
+                                   "table (layer_decay, freeze) does not have",
                                    (int)s, (int)sl->unit, (int)sl->param);
         if (sl->count == 0) continue;
         vh_status st = check_dtypes(o, s, sl);
@@ -177,7 +177,7 @@ static vh_comm *sum_comm(mta *o, const vh_param_slices *slices) {
 static vh_status clip_scale(mta *o, const vh_optim_step_args *args, float *scale) {
     const vh_param_slices *slices = args->slices;
     double sq = 0.0;
-    if (args->has_grad_sum_sq) {
+    if (args->has_grad_sum_sq && !o->frozen) { /* that sum holds frozen gradients too */
         sq = args->grad_sum_sq;
     } else if (o->cuda) {
         vh_status st = mta_cuda_grad_sum_sq(o, slices, &sq);
@@ -190,8 +190,11 @@ static vh_status clip_scale(mta *o, const vh_optim_step_args *args, float *scale
 #pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
         for (int64_t c = 0; c < nc; c++) {
             const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
-            part[c] = mta_sum_squares(grad_view(o, sl, chunks[c].begin, chunks[c].count),
-                                      chunks[c].count);
+            /* a frozen parameter has no gradient in torch (requires_grad off) */
+            part[c] = mta_frozen(o, sl) ? 0.0
+                                        : mta_sum_squares(grad_view(o, sl, chunks[c].begin,
+                                                                    chunks[c].count),
+                                                          chunks[c].count);
         }
         for (int64_t c = 0; c < nc; c++) sq += part[c];
         vh_status st = vh_slices_reduce_sums(o->host, slices, &sq, 1);
@@ -243,6 +246,7 @@ static void adamw_pass(mta *o, const vh_param_slices *slices, double lr, float g
 #pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
+        if (mta_frozen(o, sl)) continue; /* freeze: no step, no decay, state untouched */
         const int64_t b = chunks[c].begin, n = chunks[c].count;
         /* layer decay: this parameter group's rate, as timm's lr_scale
          * scales the group's lr (the decoupled decay uses it too) */
@@ -271,6 +275,7 @@ static void sgd_pass(mta *o, const vh_param_slices *slices, double lr, float gra
 #pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
+        if (mta_frozen(o, sl)) continue; /* freeze: no step, no decay, momentum untouched */
         const int64_t b = chunks[c].begin, n = chunks[c].count;
         mta_sgd_args as = a;
         if (o->lr_scale) as.neg_lr = (float)-(lr * mta_lr_scale(o, sl));
@@ -306,6 +311,7 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
         const int64_t b = chunks[c].begin, n = chunks[c].count;
         part[2 * c] = part[2 * c + 1] = 0.0;
+        if (mta_frozen(o, sl)) continue; /* freeze: moments untouched, norms 0 */
         mta_lamb_moments_chunk(&a, decays(sl) ? wd : 0.0f, master_view(o, sl, b, n),
                                grad_view(o, sl, b, n), f32_at(sl->state[0], b),
                                f32_at(sl->state[1], b), n, &part[2 * c], &part[2 * c + 1]);
@@ -324,6 +330,7 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
 #pragma omp parallel for schedule(dynamic, 1) if (nc >= MTA_PARALLEL_MIN_CHUNKS)
     for (int64_t c = 0; c < nc; c++) {
         const vh_param_slice *sl = vh_param_slices_at(slices, chunks[c].slice);
+        if (mta_frozen(o, sl)) continue;
         const int64_t b = chunks[c].begin, n = chunks[c].count;
         const float wd_sl = decays(sl) ? wd : 0.0f;
         const double *sums = &w->tensor_sums[2 * w->slice_tensor[chunks[c].slice]];

@@ -201,6 +201,46 @@ static void test_bench_probe_and_text(void **state) {
     free(out);
 }
 
+/* run.grad_accum K: a timed step is an optimizer step of K micro-batches, the
+ * global batch K x batch_size (img/s over it), said in the JSON and the text;
+ * `vithost check` prints the global batch and refuses a split shorter than a step. */
+static void test_bench_grad_accum(void **state) {
+    (void)state;
+    int rc = vithost("bench tiny.yaml --json --steps 3 --warmup 1 --set run.grad_accum=3");
+    char *out = tmp_text("out"), *err = tmp_text("err");
+    if (rc != 0) fail_msg("exit %d: %s%s", rc, out, err);
+    check_bench_object(out, 0.5);
+    assert_int_equal((int)number(out, "global_batch"), 24);
+    assert_int_equal((int)number(out, "micro_batch"), 8);
+    assert_int_equal((int)number(out, "grad_accum"), 3);
+    const double accum_ms = number(out, "step_ms_median");
+    free(out), free(err);
+    rc = vithost("bench tiny.yaml --json --steps 3 --warmup 1");
+    out = tmp_text("out");
+    assert_int_equal(rc, 0);
+    assert_int_equal((int)number(out, "grad_accum"), 1);
+    assert_int_equal((int)number(out, "global_batch"), 8);
+    printf("bench: median step %.2f ms with run.grad_accum 3, %.2f ms without\n", accum_ms,
+           number(out, "step_ms_median"));
+    free(out);
+    rc = vithost("bench tiny.yaml --steps 2 --warmup 0 --set run.grad_accum=2");
+    out = tmp_text("out");
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "global batch 16 (8 x 2 micro-batches (run.grad_accum) x 1)"));
+    free(out);
+    rc = vithost("check tiny.yaml --set run.grad_accum=2");
+    out = tmp_text("out");
+    if (rc != 0) fail_msg("check: exit %d: %s", rc, out);
+    assert_non_null(strstr(out, "global batch 16 = 8 x 2 micro-batch(es) x 1 rank(s)"));
+    free(out);
+    /* 32 samples: not one step of 8 x 5 */
+    rc = vithost("check tiny.yaml --set run.grad_accum=5");
+    err = tmp_text("err");
+    assert_int_equal(rc, 3);
+    assert_non_null(strstr(err, "fewer than one step of 8 x 5 (run.batch_size x run.grad_accum)"));
+    free(err);
+}
+
 static void test_bench_errors(void **state) {
     (void)state;
     assert_int_equal(vithost("bench tiny.yaml --steps 0"), 2);
@@ -541,7 +581,7 @@ int main(void) {
         cmocka_unit_test(test_progress_bar),
         cmocka_unit_test(test_bench_json),
         cmocka_unit_test(test_bench_probe_and_text),
-        cmocka_unit_test(test_bench_errors),
+        cmocka_unit_test(test_bench_grad_accum), cmocka_unit_test(test_bench_errors),
         cmocka_unit_test(test_sweep_grid),
         cmocka_unit_test(test_sweep_sequence),
         cmocka_unit_test(test_sweep_errors),

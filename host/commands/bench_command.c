@@ -145,6 +145,28 @@ static vh_status memory_of(vh_session *s, vh_bench_result *r, vh_diag *d) {
     return VH_STATUS_OK;
 }
 
+/* One optimizer step (after the step's first data.next, timed by the caller):
+ * with run.grad_accum K > 1, K micro-batches as the training loop runs them
+ * (train_loop.c), each later data.next timed as the data phase. */
+static vh_status bench_step(vh_session *s, const vh_batch *first, const float **dev_loss,
+                            int *skipped, vh_step_phases *ph, vh_diag *d) {
+    const int64_t k = s->grad_accum > 1 ? s->grad_accum : 1;
+    double lr = 0.0;
+    if (k == 1) return session_step_timed(s, first, s->step, dev_loss, &lr, skipped, ph, d);
+    vh_status st = session_step_begin_timed(s, ph, d);
+    for (int64_t m = 0; st == VH_STATUS_OK && m < k; m++) {
+        vh_batch batch = *first;
+        if (m > 0) {
+            double t0 = progress_now();
+            st = next_batch(s, &batch, d);
+            ph->seconds[VH_STEP_PHASE_DATA] += progress_now() - t0;
+        }
+        if (st == VH_STATUS_OK) st = session_step_micro_timed(s, &batch, m, k, dev_loss, ph, d);
+    }
+    if (st == VH_STATUS_OK) st = session_step_end_timed(s, s->step, &lr, skipped, ph, d);
+    return st;
+}
+
 static vh_status timed_steps(vh_session *s, const vh_bench_options *o, double *ms,
                              vh_step_phases *phases, vh_bench_result *r, vh_diag *d) {
     const vh_device_ops *dev = s->run->device;
@@ -159,10 +181,9 @@ static vh_status timed_steps(vh_session *s, const vh_bench_options *o, double *m
         vh_status st = next_batch(s, &batch, d);
         if (st != VH_STATUS_OK) return st;
         ph->seconds[VH_STEP_PHASE_DATA] += progress_now() - t0;
-        double lr = 0.0;
         int skipped = 0;
         comm_stats_reset(&s->run->comm_stats);
-        st = session_step_timed(s, &batch, s->step, &dev_loss, &lr, &skipped, ph, d);
+        st = bench_step(s, &batch, &dev_loss, &skipped, ph, d);
         if (st == VH_STATUS_OK) st = dev->synchronize(dev->device);
         if (st != VH_STATUS_OK) return st;
         if (timed) ms[i - o->warmup] = 1e3 * (progress_now() - t0);
@@ -222,7 +243,10 @@ vh_status bench_run(vh_run *run, const vh_bench_options *o, vh_bench_result *r, 
     if (st == VH_STATUS_OK) st = session_reduce_scalars(&s, most, 4, VH_REDUCE_OP_MAX, d);
     if (st == VH_STATUS_OK) {
         r->world_size = run->comm.world_size > 0 ? run->comm.world_size : 1;
-        r->global_batch = s.batch_size * r->world_size;
+        /* a step is grad_accum micro-batches on every rank */
+        r->grad_accum = s.grad_accum > 1 ? s.grad_accum : 1;
+        r->micro_batch = s.batch_size;
+        r->global_batch = s.batch_size * r->grad_accum * r->world_size;
         r->compute_dtype = s.policy.compute_dtype;
         for (int p = 0; p < VH_STEP_PHASE_COUNT; p++) r->phase_ms[p] = mean[p];
         r->loss = mean[VH_STEP_PHASE_COUNT];
@@ -307,9 +331,11 @@ void bench_print_json(const vh_run *run, const vh_bench_result *r, FILE *out) {
         json_number(out, vh_step_phase_names[p], r->phase_ms[p],
                     p + 1 < VH_STEP_PHASE_COUNT ? ", " : "}, ");
     fprintf(out,
-            "\"world_size\": %d, \"global_batch\": %lld, \"steps\": %lld, \"warmup\": %lld, "
+            "\"world_size\": %d, \"global_batch\": %lld, \"micro_batch\": %lld, "
+            "\"grad_accum\": %lld, \"steps\": %lld, \"warmup\": %lld, "
             "\"skipped_steps\": %lld, ",
-            (int)r->world_size, (long long)r->global_batch, (long long)r->steps,
+            (int)r->world_size, (long long)r->global_batch, (long long)r->micro_batch,
+            (long long)r->grad_accum, (long long)r->steps,
             (long long)r->warmup, (long long)r->skipped_steps);
     json_number(out, "loss", r->loss, ", ");
     json_string(out, "compute_dtype", vh_dtype_name(r->compute_dtype), ", ");
@@ -328,10 +354,14 @@ static void mib_text(char *buf, size_t len, int64_t bytes) {
 }
 
 void bench_print(const vh_run *run, const vh_bench_result *r, FILE *out) {
-    fprintf(out, "vithost bench: %s on %s, %d rank(s), global batch %lld; %lld steps after %lld "
-                 "warm-up; compute %s\n",
+    char accum[96] = "";
+    if (r->grad_accum > 1)
+        snprintf(accum, sizeof accum, " (%lld x %lld micro-batches (run.grad_accum) x %d)",
+                 (long long)r->micro_batch, (long long)r->grad_accum, (int)r->world_size);
+    fprintf(out, "vithost bench: %s on %s, %d rank(s), global batch %lld%s; %lld optimizer "
+                 "steps after %lld warm-up; compute %s\n",
             run->recipe.file, run->device->name, (int)r->world_size,
-            (long long)r->global_batch, (long long)r->steps, (long long)r->warmup,
+            (long long)r->global_batch, accum, (long long)r->steps, (long long)r->warmup,
             vh_dtype_name(r->compute_dtype));
     if (run->device->kind == VH_DEVICE_KIND_CPU && vh_dtype_size(r->compute_dtype) == 2) {
         /* which path the 16-bit GEMMs took, per shape class (gemm_choice.c) */

@@ -11,6 +11,9 @@
  * that dtype, on a GPU a table of datasheet peaks by model), peak host
  * memory (max over ranks), the sharding plugin's and the model's memory,
  * and the step split into phases (step_phases.h), each the mean over ranks.
+ * A step is an optimizer step: with run.grad_accum K > 1, K micro-batches of
+ * run.batch_size (each data.next in the data phase), so the global batch is
+ * batch_size x K x ranks and the loss is the last micro-batch's.
  *
  * --json prints one object on stdout instead (human lines go nowhere):
  *
@@ -20,6 +23,7 @@
  *    "peak_mem_bytes": ..., "device_mem_bytes": null, "model_state_bytes": ...,
  *    "activation_bytes": ..., "phase_ms": {"data": ..., "forward": ..., "backward": ...,
  *    "comm_wait": ..., "optimizer": ...}, "world_size": ..., "global_batch": ...,
+ *    "micro_batch": ..., "grad_accum": ...,
  *    "steps": ..., "warmup": ..., "skipped_steps": ..., "loss": ...,
  *    "compute_dtype": "f32", "device": "cpu", "recipe": "..."}
  *
@@ -52,7 +56,8 @@ typedef struct vh_bench_options {
 
 typedef struct vh_bench_result {
     int32_t world_size;
-    int64_t global_batch, steps, warmup, skipped_steps;
+    int64_t global_batch, steps, warmup, skipped_steps; /* global: micro x accum x ranks */
+    int64_t micro_batch, grad_accum; /* run.batch_size, run.grad_accum: a step's micro-batches */
     double step_ms_median, step_ms_min, step_ms_max;
     double img_per_s, tflops, mfu, peak_tflops; /* mfu NAN when peak unknown */
     const char *peak_source;                    /* what the peak is */

@@ -14,20 +14,25 @@ static vh_status check_plugins(vh_run *run, const char *recipe, FILE *out, vh_di
     FILE *saved = run->opts.out;
     run->opts.out = out;
     vh_status st = session_open(&s, run, d);
-    if (st == VH_STATUS_OK && s.info.train_size / run->comm.world_size / s.batch_size < 1)
+    const int64_t k = s.grad_accum > 1 ? s.grad_accum : 1, world = run->comm.world_size;
+    if (st == VH_STATUS_OK && s.info.train_size / world / s.batch_size / k < 1)
         st = diag_set(d, VH_STATUS_ERR_CONFIG,
-                      "%s: the training split has %lld samples, fewer than one batch of %lld "
-                      "per rank on %d rank(s); lower run.batch_size",
+                      "%s: the training split has %lld samples, fewer than one step of %lld "
+                      "x %lld (run.batch_size x run.grad_accum) per rank on %d rank(s); lower "
+                      "run.batch_size or run.grad_accum",
                       run->recipe.file, (long long)s.info.train_size, (long long)s.batch_size,
-                      (int)run->comm.world_size);
+                      (long long)k, (int)world);
     if (st == VH_STATUS_OK)
         fprintf(out,
                 "# %s: ok (recipe and schemas; plugins created against each other on %s: "
                 "data %lld train / %lld eval images %d x %d x %d, %d classes; model %lld "
-                "parameters; no weights loaded, nothing trained)\n",
+                "parameters; global batch %lld = %lld x %lld micro-batch(es) x %d rank(s); "
+                "no weights loaded, nothing trained)\n",
                 recipe, run->device->name, (long long)s.info.train_size,
                 (long long)s.info.eval_size, (int)s.info.channels, (int)s.info.height,
-                (int)s.info.width, (int)s.info.num_classes, (long long)s.table->numel);
+                (int)s.info.width, (int)s.info.num_classes, (long long)s.table->numel,
+                (long long)(s.batch_size * k * world), (long long)s.batch_size, (long long)k,
+                (int)world);
     session_close(&s);
     run->opts.out = saved;
     return st;

@@ -44,4 +44,13 @@ vh_status session_step_timed(vh_session *s, const vh_batch *batch, int64_t step,
                              const float **dev_loss, double *lr, int *skipped,
                              vh_step_phases *phases, vh_diag *d);
 
+/* session_step_begin, _micro and _end (session.h) with the clock on, for a
+ * step of run.grad_accum micro-batches; the caller times the data between. */
+vh_status session_step_begin_timed(vh_session *s, vh_step_phases *phases, vh_diag *d);
+vh_status session_step_micro_timed(vh_session *s, const vh_batch *batch, int64_t micro,
+                                   int64_t count, const float **dev_loss,
+                                   vh_step_phases *phases, vh_diag *d);
+vh_status session_step_end_timed(vh_session *s, int64_t step, double *lr, int *skipped,
+                                 vh_step_phases *phases, vh_diag *d);
+
 #endif

@@ -66,18 +66,36 @@ static long env_number(const char *const *names) {
     return -1;
 }
 
-/* OpenMPI, MPICH/Hydra (PMI), Slurm's srun, and torchrun-style launchers. */
+/* OpenMPI, MPICH/Hydra (PMI), Slurm's srun, and torchrun-style launchers.
+ * Slurm: the job step's count, which srun gives its tasks; SLURM_NTASKS is
+ * also set in an sbatch script or salloc shell, where vithost is one process
+ * (tests/slurm/test_srun.sh). */
 int32_t run_launcher_world_size(void) {
     static const char *const names[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE",
-                                        "SLURM_NTASKS", "WORLD_SIZE", NULL};
+                                        "SLURM_STEP_NUM_TASKS", "WORLD_SIZE", NULL};
     long n = env_number(names);
     return n >= 1 && n < 1000000 ? (int32_t)n : 1;
 }
 
 const char *run_launcher_command(void) {
     if (getenv("OMPI_COMM_WORLD_SIZE")) return "mpirun -np";
-    if (getenv("SLURM_NTASKS")) return "srun -n";
+    if (getenv("SLURM_STEP_NUM_TASKS")) {
+        /* with the PMI it was started with: a cluster's default may be none */
+        static char srun[64];
+        const char *mpi = getenv("SLURM_MPI_TYPE");
+        if (!mpi || !*mpi || strcmp(mpi, "none") == 0 || strlen(mpi) > 32) return "srun -n";
+        snprintf(srun, sizeof srun, "srun --mpi=%s -n", mpi);
+        return srun;
+    }
     return getenv("PMI_SIZE") ? "mpiexec -n" : "mpirun -np";
+}
+
+/* srun without a PMI (--mpi=none, a cluster's usual MpiDefault) starts N
+ * processes that MPI_Init cannot join: each would end in OpenMPI's page
+ * about its build instead of a line on what to type. */
+static int srun_without_pmi(void) {
+    return getenv("SLURM_STEP_NUM_TASKS") && !getenv("OMPI_COMM_WORLD_SIZE") &&
+           !getenv("PMIX_RANK") && !getenv("PMI_RANK") && !getenv("PMI_FD");
 }
 
 int32_t run_launcher_local_rank(void) {
@@ -170,6 +188,15 @@ vh_status run_open_comm(vh_run *run, vh_diag *d) {
     /* self: run_open already installed the one-process communicator (and a
      * test may have put its own in its place). */
     if (strcmp(name, "self") == 0) return VH_STATUS_OK;
+    if (strcmp(name, "mpi") == 0 && launched > 1 && srun_without_pmi()) {
+        const char *pmi = getenv("SLURM_MPI_TYPE");
+        return diag_set(d, VH_STATUS_ERR_COMM,
+                        "run.comm is mpi under srun, but srun gave these %d processes no PMI "
+                        "(--mpi=%s), so MPI cannot join them: start them with `srun "
+                        "--mpi=pmix -n %d vithost run ...` (`srun --mpi=list` lists what the "
+                        "cluster has)",
+                        (int)launched, pmi && *pmi ? pmi : "none", (int)launched);
+    }
     char file[64], label[16], why[1024];
     snprintf(file, sizeof file, "libvh_comm_%s.so", name);
     upper(label, sizeof label, name);

@@ -58,6 +58,8 @@ static void test_identity(void **state) {
     (void)state;
     assert_string_equal(comm->backend, "mpi");
     assert_int_equal(comm->struct_size, sizeof *comm);
+    /* every call of this SDK, the 2.3 gather too */
+    assert_true(VH_STRUCT_HAS(comm->ops, vh_comm_ops, gather_start) && comm->ops->gather_start);
     assert_int_equal(comm->world_size, WORLD);
     assert_true(comm->rank >= 0 && comm->rank < WORLD);
     assert_true(comm->local_size >= 1 && comm->local_size <= WORLD);
@@ -250,6 +252,52 @@ static void test_broadcast(void **state) {
     }
 }
 
+/* ---- gather (ABI 2.3) ----------------------------------------------------------- */
+
+/* Rank r's part: unequal, and empty on rank 1. */
+static int part(int r) { return r == 1 ? 0 : 7 * r + 3; }
+
+/* Unequal parts to one rank: the root receives exactly every rank's part,
+ * rank after rank, and nothing past them; the other ranks' receive buffers
+ * (given here, though they may be NULL) and every send buffer stay as they
+ * were. Roots 0 and 2, f32 and u8, and the root's part already in place. */
+static void test_gather(void **state) {
+    (void)state;
+    enum { CAP = 3 + 0 + 17 + 5 }; /* the parts, and 5 past them that stay */
+    const int me = comm->rank, mine = part(me);
+    size_t counts[WORLD];
+    for (int r = 0; r < WORLD; r++) counts[r] = (size_t)part(r);
+    float send[32], recv[CAP], inplace[CAP];
+    uint8_t bsend[32], brecv[CAP];
+    for (int i = 0; i < 32; i++) send[i] = value(me, i), bsend[i] = (uint8_t)(me * 50 + i);
+    for (int i = 0; i < CAP; i++) recv[i] = inplace[i] = -99.0f, brecv[i] = 0xEE;
+    const int mine_at = me == 0 ? 0 : 3; /* where this rank's part lands at the root */
+    for (int i = 0; i < mine; i++) inplace[mine_at + i] = value(me, i);
+    vh_status st[3];
+    st[0] = vh_comm_gather(comm, send, (size_t)mine, recv, me == 0 ? counts : NULL,
+                           VH_DTYPE_F32, 0);
+    st[1] = vh_comm_gather(comm, bsend, (size_t)mine, brecv, me == 2 ? counts : NULL,
+                           VH_DTYPE_U8, 2);
+    st[2] = vh_comm_gather(comm, inplace + mine_at, (size_t)mine, inplace,
+                           me == 0 ? counts : NULL, VH_DTYPE_F32, 0);
+    for (int k = 0; k < 3; k++) assert_int_equal(st[k], VH_STATUS_OK);
+    for (int i = 0; i < 32; i++) {
+        assert_true(send[i] == value(me, i));
+        assert_int_equal(bsend[i], (uint8_t)(me * 50 + i));
+    }
+    int at = 0;
+    for (int r = 0; r < WORLD; r++)
+        for (int i = 0; i < part(r); i++, at++) {
+            assert_true(me == 0 ? recv[at] == value(r, i) : recv[at] == -99.0f);
+            assert_true(me == 0 ? inplace[at] == value(r, i) : 1);
+            assert_int_equal(brecv[at], me == 2 ? (uint8_t)(r * 50 + i) : 0xEE);
+        }
+    for (; at < CAP; at++) {
+        assert_true(recv[at] == -99.0f && inplace[at] == -99.0f);
+        assert_int_equal(brecv[at], 0xEE);
+    }
+}
+
 /* ---- requests ------------------------------------------------------------------ */
 
 /* Two collectives in flight, finished in the reverse order of their start. */
@@ -315,7 +363,11 @@ static void test_count_zero(void **state) {
     st[2] = vh_comm_all_gather(comm, &x, y, 0, VH_DTYPE_U8);
     st[3] = vh_comm_broadcast(comm, &x, 0, VH_DTYPE_F64, 2);
     st[4] = vh_comm_all_reduce(comm, NULL, 0, VH_DTYPE_F16, VH_REDUCE_OP_MAX);
+    const size_t none[WORLD] = {0, 0, 0};
+    vh_status gst = vh_comm_gather(comm, &x, 0, NULL, comm->rank == 1 ? none : NULL,
+                                   VH_DTYPE_F32, 1);
     for (int k = 0; k < 5; k++) assert_int_equal(st[k], VH_STATUS_OK);
+    assert_int_equal(gst, VH_STATUS_OK);
     assert_true(x == 7.0f);
     assert_true(y[0] == 1 && y[1] == 2 && y[2] == 3);
 }
@@ -347,6 +399,11 @@ static void test_invalid_args(void **state) {
     assert_int_equal(o->broadcast_start(comm, buf, 1, VH_DTYPE_F32, 3, NULL, &r),
                      VH_STATUS_ERR_INVALID_ARG);
     assert_int_equal(o->broadcast_start(comm, buf, 1, VH_DTYPE_F32, -1, NULL, &r),
+                     VH_STATUS_ERR_INVALID_ARG);
+    const size_t ones[WORLD] = {1, 1, 1};
+    assert_int_equal(o->gather_start(comm, buf, 1, buf, ones, VH_DTYPE_F32, WORLD, NULL, &r),
+                     VH_STATUS_ERR_INVALID_ARG);
+    assert_int_equal(o->gather_start(comm, buf, 1, buf, ones, (vh_dtype)99, 0, NULL, &r),
                      VH_STATUS_ERR_INVALID_ARG);
     assert_ptr_equal(r, keep); /* ...by every refusal */
     int done;
@@ -409,6 +466,7 @@ int main(void) {
         cmocka_unit_test(test_reduce_scatter),
         cmocka_unit_test(test_all_gather),
         cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_gather),
         cmocka_unit_test(test_two_in_flight),
         cmocka_unit_test(test_test_until_done),
         cmocka_unit_test(test_count_zero),

@@ -64,6 +64,20 @@ static vh_status stats_broadcast(vh_comm *c, void *buf, size_t n, vh_dtype dtype
     return st;
 }
 
+/* What this rank sends: its part, unless it is the root (kept in place). */
+static vh_status stats_gather(vh_comm *c, const void *send, size_t n, void *recv,
+                              const size_t *counts, vh_dtype dtype, int32_t root,
+                              vh_stream *stream, vh_comm_request **req) {
+    vh_comm_stats *s = stats_of(c);
+    vh_status st =
+        s->inner.ops->gather_start(&s->inner, send, n, recv, counts, dtype, root, stream, req);
+    if (st == VH_STATUS_OK && s->inner.rank != root)
+        count(s, (double)n * (double)vh_dtype_size(dtype));
+    else if (st == VH_STATUS_OK)
+        s->collectives++;
+    return st;
+}
+
 static vh_status stats_wait(vh_comm *c, vh_comm_request *req) {
     vh_comm_stats *s = stats_of(c);
     double t0 = now_seconds();
@@ -100,6 +114,7 @@ static const vh_comm_ops stats_ops = {
     .test = stats_test,
     .barrier = stats_barrier,
     .abort = stats_abort,
+    .gather_start = stats_gather,
 };
 
 #define COMM_REQUIRED(member) {#member, offsetof(vh_comm_ops, member), 1}
@@ -109,6 +124,7 @@ const comm_op_mark comm_op_marks[] = {
     COMM_REQUIRED(all_gather_start), COMM_OPTIONAL(broadcast_start),
     COMM_REQUIRED(wait),             COMM_OPTIONAL(test),
     COMM_REQUIRED(barrier),          COMM_REQUIRED(abort),
+    COMM_OPTIONAL(gather_start),
 };
 const int comm_op_mark_count = (int)(sizeof comm_op_marks / sizeof comm_op_marks[0]);
 _Static_assert(sizeof comm_op_marks / sizeof comm_op_marks[0] ==
@@ -152,6 +168,7 @@ void comm_stats_install(vh_comm *comm, vh_comm_stats *stats) {
     stats->ops = stats_ops;
     if (!comm->ops->broadcast_start) stats->ops.broadcast_start = NULL;
     if (!comm->ops->test) stats->ops.test = NULL;
+    if (!comm->ops->gather_start) stats->ops.gather_start = NULL;
     comm->ops = &stats->ops;
     comm->impl = stats;
 }

@@ -7,6 +7,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* malloc_trim: the save-memory hook */
+#endif
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -325,8 +328,9 @@ static void rotate(const char *ckpt_root, int64_t keep, const char *current) {
     }
 }
 
-/* The files of a checkpoint, by rank 0; the collectives inside (weights
- * and optimizer state gathered from every rank) on every rank. */
+/* The files of a checkpoint, by rank 0; the collectives inside on every
+ * rank: the weights a unit at a time (store_unit), the optimizer state a
+ * tensor at a time, each rank's pieces sent to rank 0 only (optim_state.c). */
 static vh_status checkpoint_write(vh_session *s, const char *run_dir, int64_t keep,
                                   vh_diag *d) {
     int rank0 = s->run->comm.rank == 0;
@@ -379,8 +383,56 @@ static vh_status checkpoint_write(vh_session *s, const char *run_dir, int64_t ke
     return VH_STATUS_OK;
 }
 
+/* ---- measuring a save's memory ------------------------------------------------ */
+
+/* VmRSS and VmHWM of /proc/self/status in KiB; 0 where unreadable. */
+static void rss_kib(long long *rss, long long *hwm) {
+    *rss = *hwm = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "VmRSS:", 6)) *rss = atoll(line + 6);
+        if (!strncmp(line, "VmHWM:", 6)) *hwm = atoll(line + 6);
+    }
+    fclose(f);
+}
+
+/* VITHOST_TEST_SAVE_MEM=1: every rank prints by how much its resident set
+ * rose during a save (the numbers of docs/SHARDING.md, Checkpoints). The
+ * heap's free pages go back to the system first (malloc_trim), else the
+ * save would reuse what training freed and show no rise; then the peak is
+ * reset (/proc/self/clear_refs 5), which also lowers the run's reported
+ * peak_mem_bytes: a measuring hook, read here only. */
+static int save_mem_start(long long *before) {
+    const char *v = getenv("VITHOST_TEST_SAVE_MEM");
+    if (!v || strcmp(v, "1") != 0) return 0;
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+    long long hwm;
+    rss_kib(before, &hwm);
+    return 1;
+}
+
+static void save_mem_end(const vh_session *s, long long before) {
+    long long rss, hwm;
+    rss_kib(&rss, &hwm);
+    fprintf(stderr, "vithost: rank %d: checkpoint save of step %lld: RSS %.1f MiB before, peak "
+            "%.1f MiB during (+%.1f MiB)\n", (int)s->run->comm.rank, (long long)s->step,
+            before / 1024.0, hwm / 1024.0, (hwm - before) / 1024.0);
+}
+
 vh_status checkpoint_save(vh_session *s, const char *run_dir, int64_t keep, vh_diag *d) {
+    long long mem_before = 0;
+    const int measure = save_mem_start(&mem_before);
     vh_status st = checkpoint_write(s, run_dir, keep, d);
+    if (measure) save_mem_end(s, mem_before);
     /* Every rank returns once the checkpoint is complete on disk (a failed
      * rank 0 never gets here: it ends the run, see train_loop.c). */
     vh_comm *c = &s->run->comm;
@@ -515,6 +567,69 @@ vh_status checkpoint_latest(const char *run_dir, char *out, size_t len, vh_diag 
     return VH_STATUS_OK;
 }
 
+/* The files of a checkpoint a resume reads, in the order they are tried
+ * (0 is `latest`, read by checkpoint_latest); NULL where the run has none. */
+static const char *resume_file(const vh_session *s, int i, char *name, size_t len) {
+    if (i == 1) return "state.json";
+    if (i == 2) return "model.safetensors";
+    if (i == 3) return s->state_slots > 0 ? "optim.safetensors" : NULL;
+    if (i != 4 || !s->ckpt_extra.name) return NULL;
+    snprintf(name, len, "%s.safetensors", s->ckpt_extra.name);
+    return name;
+}
+
+/* The first file of ckpt_dir this rank cannot open for reading: its index
+ * (resume_file), errno in *err; 0 when all open. */
+static int unreadable(const vh_session *s, const char *ckpt_dir, int *err) {
+    for (int i = 1; i <= 4; i++) {
+        char extra[300], path[4800];
+        const char *name = resume_file(s, i, extra, sizeof extra);
+        if (!name) continue;
+        snprintf(path, sizeof path, "%s/%s", ckpt_dir, name);
+        int fd = open(path, O_RDONLY);
+        struct stat sb;
+        *err = fd < 0 ? errno : fstat(fd, &sb) != 0 ? errno : S_ISREG(sb.st_mode) ? 0 : EISDIR;
+        if (fd >= 0) close(fd);
+        if (*err) return i;
+    }
+    return 0;
+}
+
+/* Every rank reads the checkpoint itself (each maps the files and takes its
+ * own pieces), so it must lie where every rank can read it: on one file
+ * system the ranks share, or copied to the same path on every machine.
+ * Checked before anything is loaded: each rank tries the files, and the
+ * ranks agree (two reductions of scalars) on the first rank that cannot
+ * read one, its file and why, so every rank ends with the same message
+ * naming them (rank 0 prints it) instead of one rank failing alone while
+ * the others wait in a collective. `st` and d: this rank's checkpoint_latest. */
+static vh_status readable_everywhere(vh_session *s, const char *run_dir, const char *ckpt,
+                                     vh_status st, vh_diag *d) {
+    vh_comm *c = &s->run->comm;
+    int err = 0, file = st != VH_STATUS_OK ? -1 : unreadable(s, ckpt, &err);
+    double first[1] = {file ? (double)c->rank : (double)c->world_size};
+    vh_diag why;
+    vh_status cst = session_reduce_scalars(s, first, 1, VH_REDUCE_OP_MIN, &why);
+    const int32_t who = (int32_t)first[0];
+    double what[2] = {who == c->rank ? (double)file : -2.0, who == c->rank ? (double)err : 0.0};
+    if (cst == VH_STATUS_OK) cst = session_reduce_scalars(s, what, 2, VH_REDUCE_OP_MAX, &why);
+    if (cst != VH_STATUS_OK) return diag_set(d, cst, "%s", why.text);
+    if (who >= c->world_size) return VH_STATUS_OK;
+    s->run->failed_together = 1; /* every rank has the message: rank 0 says it */
+    if (who == c->rank && file < 0) return st; /* its own words, as one process says them */
+    char extra[300], path[4800];
+    const char *name = what[0] > 0 ? resume_file(s, (int)what[0], extra, sizeof extra) : NULL;
+    if (name && st == VH_STATUS_OK) snprintf(path, sizeof path, "%s/%s", ckpt, name);
+    else if (name) snprintf(path, sizeof path, "%s/checkpoints/<latest>/%s", run_dir, name);
+    else snprintf(path, sizeof path, "%s/checkpoints/latest", run_dir);
+    return diag_set(d, VH_STATUS_ERR_IO,
+                    "%s cannot be read on rank %d of %d (%s): every rank reads the checkpoint "
+                    "itself, so the run folder must be on a file system all ranks share (or "
+                    "copied to the same path on every machine) to resume",
+                    path, (int)who, (int)c->world_size,
+                    what[0] > 0 ? strerror((int)what[1]) : "its checkpoint could not be found");
+}
+
 vh_status checkpoint_resume_point(vh_session *s, const char *run_dir, char *out, size_t len,
                                   vh_diag *d) {
     vh_comm *c = &s->run->comm;
@@ -524,7 +639,8 @@ vh_status checkpoint_resume_point(vh_session *s, const char *run_dir, char *out,
         vh_status st = c->ops->barrier(c);
         if (st != VH_STATUS_OK) return diag_set(d, st, "the ranks' barrier before a resume failed");
     }
-    return checkpoint_latest(run_dir, out, len, d);
+    vh_status st = checkpoint_latest(run_dir, out, len, d);
+    return c->world_size > 1 ? readable_everywhere(s, run_dir, out, st, d) : st;
 }
 
 static int json_int(const char *text, const char *key, int64_t *out) {

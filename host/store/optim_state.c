@@ -30,7 +30,8 @@ typedef struct state_tensors {
     int count;            /* parameters x slots */
     const vh_param_desc **param; /* per tensor: its parameter (tensor i is slot i % slots) */
     piece **pieces;       /* save: per tensor, this rank's pieces */
-    double *written;      /* save: values written per tensor (double: summed over ranks) */
+    int64_t *written;     /* save: values this rank wrote per tensor */
+    int64_t num_pieces;   /* save: this rank's pieces, all tensors */
     vh_st_file file;      /* load */
     const vh_st_tensor **in_file; /* load: per tensor */
     vh_diag problem;      /* a bad piece, said by the host */
@@ -153,7 +154,8 @@ static vh_status io_write(void *ctx, int32_t unit, int32_t param, int32_t slot, 
     to_f32(pc->values, values, count, dtype);
     pc->next = t->pieces[i];
     t->pieces[i] = pc;
-    t->written[i] += (double)count;
+    t->written[i] += count;
+    t->num_pieces++;
     return VH_STATUS_OK;
 }
 
@@ -164,21 +166,301 @@ static vh_status io_failed(state_tensors *t, vh_status st, const char *call, vh_
     return session_plugin_error(t->s, VH_ROLE_SHARDING, st, call, d);
 }
 
-/* Every rank wrote its pieces; each element must have come exactly once
- * over all ranks (the counts, summed, say so). */
-static vh_status check_counts(state_tensors *t, vh_diag *d) {
-    for (int i = 0; i < t->count; i++) {
+static void free_pieces(state_tensors *t, int i) {
+    while (t->pieces[i]) {
+        piece *next = t->pieces[i]->next;
+        free(t->pieces[i]);
+        t->pieces[i] = next;
+    }
+}
+
+/* How a save reaches rank 0 (ABI 2.3). With the communicator's gather
+ * (gather_start), each rank sends rank 0 its pieces of one tensor at a
+ * time: rank 0 holds its shard plus one tensor (two where the pieces must
+ * be reordered), the others their shard only, and each element crosses the
+ * network once. A backend without it (one built before 2.3) gets the
+ * all-reduce of before: every rank zero-pads each tensor whole and the ranks
+ * sum it, so every rank holds a tensor and receives every one.
+ * VITHOST_TEST_COMM_NO_GATHER=1 takes that path on any backend (the tests
+ * compare the two files); read here only. */
+typedef struct save_plan {
+    int32_t world, rank;
+    size_t row;          /* t.count + 1 */
+    int64_t *counts;     /* world x row: rank r's values per tensor, then its piece count */
+    int64_t *where;      /* rank 0: every rank's pieces (tensor, offset, count), rank-major */
+    size_t *next, *end;  /* rank 0: per rank, its first triple not yet placed, and its end */
+    float *pack;         /* this rank's several pieces of one tensor, end to end */
+    float *recv, *whole; /* rank 0: the parts received; the tensor when they are reordered */
+} save_plan;
+
+static int gather_wanted(const vh_comm *c) {
+    const char *v = getenv("VITHOST_TEST_COMM_NO_GATHER");
+    return c->ops->gather_start && !(v && strcmp(v, "1") == 0);
+}
+
+static void plan_free(save_plan *p) {
+    free(p->counts);
+    free(p->where);
+    free(p->next);
+    free(p->end);
+    free(p->pack);
+    free(p->recv);
+    free(p->whole);
+}
+
+typedef enum coll_kind { COLL_ALL_REDUCE, COLL_ALL_GATHER, COLL_GATHER } coll_kind;
+
+/* One collective over host buffers, staged through device memory when the
+ * device is not the CPU (NCCL reads device memory only), as
+ * session_reduce_scalars does. ALL_REDUCE: SUM in place on recv's n
+ * elements; ALL_GATHER: count elements of send into recv (n = world x
+ * count); GATHER: to rank 0, which alone passes recv (n elements) and
+ * counts. */
+static vh_status host_coll(vh_session *s, coll_kind kind, const void *send, size_t count,
+                           void *recv, size_t n, const size_t *counts, vh_dtype dtype) {
+    vh_comm *c = &s->run->comm;
+    const vh_device_ops *dev = s->run->device;
+    /* (one rank: the self communicator copies host memory as it is) */
+    const int staged = dev->kind != VH_DEVICE_KIND_CPU && c->world_size > 1;
+    const size_t es = vh_dtype_size(dtype);
+    void *d_send = (void *)send, *d_recv = recv;
+    vh_status st = VH_STATUS_OK;
+    if (staged) {
+        d_send = d_recv = NULL;
+        if (count) st = dev->alloc(dev->device, count * es, &d_send);
+        if (st == VH_STATUS_OK && n) st = dev->alloc(dev->device, n * es, &d_recv);
+        if (st == VH_STATUS_OK && count)
+            st = dev->copy(dev->device, d_send, send, count * es, VH_COPY_KIND_HOST_TO_DEVICE,
+                           NULL);
+        if (st == VH_STATUS_OK && kind == COLL_ALL_REDUCE && n)
+            st = dev->copy(dev->device, d_recv, recv, n * es, VH_COPY_KIND_HOST_TO_DEVICE,
+                           NULL);
+    }
+    if (st == VH_STATUS_OK && kind == COLL_ALL_REDUCE)
+        st = vh_comm_all_reduce(c, d_recv, n, dtype, VH_REDUCE_OP_SUM);
+    else if (st == VH_STATUS_OK && kind == COLL_ALL_GATHER)
+        st = vh_comm_all_gather(c, d_send, d_recv, count, dtype);
+    else if (st == VH_STATUS_OK)
+        st = vh_comm_gather(c, d_send, count, d_recv, counts, dtype, 0);
+    if (staged && st == VH_STATUS_OK && n)
+        st = dev->copy(dev->device, recv, d_recv, n * es, VH_COPY_KIND_DEVICE_TO_HOST, NULL);
+    if (staged && d_send) dev->free(dev->device, d_send);
+    if (staged && d_recv) dev->free(dev->device, d_recv);
+    return st;
+}
+
+/* Every rank's counts on every rank (one small all-gather), and each
+ * tensor's elements exactly once over all ranks: every rank checks the same
+ * sums, so all refuse together. */
+static vh_status exchange_counts(state_tensors *t, save_plan *p, vh_diag *d) {
+    p->row = (size_t)t->count + 1;
+    int64_t *mine = calloc(p->row, sizeof *mine);
+    p->counts = calloc((size_t)p->world * p->row, sizeof *p->counts);
+    vh_status st = mine && p->counts ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
+    if (st == VH_STATUS_OK) {
+        memcpy(mine, t->written, (size_t)t->count * sizeof *mine);
+        mine[t->count] = t->num_pieces;
+        st = p->world == 1 ? (memcpy(p->counts, mine, p->row * sizeof *mine), VH_STATUS_OK)
+                           : host_coll(t->s, COLL_ALL_GATHER, mine, p->row, p->counts,
+                                       (size_t)p->world * p->row, NULL, VH_DTYPE_I64);
+        if (st != VH_STATUS_OK) diag_set(d, st, "counting the optimizer state over ranks failed");
+    } else {
+        diag_set(d, st, "out of memory for the optimizer state's counts");
+    }
+    free(mine);
+    for (int i = 0; st == VH_STATUS_OK && i < t->count; i++) {
         const vh_param_desc *pd = t->param[i];
-        if (t->written[i] == (double)pd->numel) continue;
+        int64_t total = 0;
+        for (int32_t r = 0; r < p->world; r++) total += p->counts[(size_t)r * p->row + (size_t)i];
+        if (total == pd->numel) continue;
         char name[512];
         state_name(name, sizeof name, pd->name, i % t->slots);
-        return diag_set(d, VH_STATUS_ERR_INTERNAL,
-                        "sharding plugin '%s' saved %.0f values of optimizer state '%s', which "
-                        "has %lld (every element once, over all ranks)",
-                        t->s->run->plugins[VH_ROLE_SHARDING].desc->name, t->written[i], name,
-                        (long long)pd->numel);
+        st = diag_set(d, VH_STATUS_ERR_INTERNAL,
+                      "sharding plugin '%s' saved %lld values of optimizer state '%s', which "
+                      "has %lld (every element once, over all ranks)",
+                      t->s->run->plugins[VH_ROLE_SHARDING].desc->name, (long long)total, name,
+                      (long long)pd->numel);
     }
-    return VH_STATUS_OK;
+    return st;
+}
+
+static int64_t count_of(const save_plan *p, int32_t rank, int i) {
+    return p->counts[(size_t)rank * p->row + (size_t)i];
+}
+
+/* Rank 0 learns where every rank's pieces lie (one gather of (tensor,
+ * offset, count) triples, in tensor order, each tensor's pieces in the
+ * order the rank sends their values); the buffers of the save. */
+static vh_status gather_layout(state_tensors *t, save_plan *p, int64_t largest, vh_diag *d) {
+    const size_t mine_n = 3 * (size_t)t->num_pieces;
+    int64_t *mine = malloc((mine_n ? mine_n : 1) * sizeof *mine);
+    size_t *counts = NULL, total = 0;
+    int64_t own_most = 1;
+    for (int i = 0, k = 0; mine && i < t->count; i++) {
+        /* (a tensor of one piece is sent from the piece itself) */
+        if (t->pieces[i] && t->pieces[i]->next && t->written[i] > own_most)
+            own_most = t->written[i];
+        for (const piece *pc = t->pieces[i]; pc; pc = pc->next, k += 3)
+            mine[k] = i, mine[k + 1] = pc->offset, mine[k + 2] = pc->count;
+    }
+    p->pack = malloc((size_t)own_most * sizeof *p->pack);
+    if (p->rank == 0) {
+        counts = calloc((size_t)p->world, sizeof *counts);
+        p->next = calloc((size_t)p->world, sizeof *p->next);
+        p->end = calloc((size_t)p->world, sizeof *p->end);
+        for (int32_t r = 0; counts && p->next && p->end && r < p->world; r++) {
+            p->next[r] = total / 3;
+            p->end[r] = p->next[r] + (size_t)count_of(p, r, t->count);
+            counts[r] = 3 * (size_t)count_of(p, r, t->count);
+            total += counts[r];
+        }
+        p->where = malloc((total ? total : 1) * sizeof *p->where);
+        p->recv = malloc((size_t)(largest ? largest : 1) * sizeof *p->recv);
+    }
+    vh_status st = VH_STATUS_OK;
+    if (!mine || !p->pack ||
+        (p->rank == 0 && (!counts || !p->next || !p->end || !p->where || !p->recv)))
+        st = diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for the optimizer state's layout");
+    if (st == VH_STATUS_OK &&
+        (st = host_coll(t->s, COLL_GATHER, mine, mine_n, p->where, total, counts,
+                        VH_DTYPE_I64)) != VH_STATUS_OK)
+        diag_set(d, st, "sending the optimizer state's layout to rank 0 failed");
+    free(mine);
+    free(counts);
+    return st;
+}
+
+static int by_offset(const void *a, const void *b) {
+    int64_t x = ((const int64_t *)a)[0], y = ((const int64_t *)b)[0];
+    return (x > y) - (x < y);
+}
+
+/* Whether the triples of rank 0's plan at k name tensor i. */
+static int names(const save_plan *p, int32_t r, size_t k, int i) {
+    return k < p->end[r] && p->where[3 * k] == i;
+}
+
+/* Rank 0: the pieces of tensor i, in the order received, not in the
+ * order of the tensor: copied to their offsets in p->whole, which they must
+ * cover once. */
+static vh_status reorder(state_tensors *t, save_plan *p, int i, int64_t pieces, vh_diag *d) {
+    const int64_t numel = t->param[i]->numel;
+    int64_t *spans = malloc((size_t)(pieces ? pieces : 1) * 2 * sizeof *spans);
+    if (!p->whole) p->whole = malloc((size_t)(numel ? numel : 1) * sizeof(float));
+    if (!spans || !p->whole) {
+        free(spans);
+        return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory placing optimizer state");
+    }
+    int64_t at = 0, n = 0;
+    for (int32_t r = 0; r < p->world; r++)
+        for (size_t k = p->next[r]; names(p, r, k, i); k++, n++) {
+            const int64_t *w = p->where + 3 * k;
+            memcpy(p->whole + w[1], p->recv + at, (size_t)w[2] * sizeof(float));
+            spans[2 * n] = w[1], spans[2 * n + 1] = w[2];
+            at += w[2];
+        }
+    qsort(spans, (size_t)n, 2 * sizeof *spans, by_offset);
+    int64_t end = 0;
+    for (int64_t k = 0; k < n && end >= 0; k++)
+        end = spans[2 * k] == end ? end + spans[2 * k + 1] : -1;
+    free(spans);
+    if (end == numel) return VH_STATUS_OK;
+    char name[512];
+    state_name(name, sizeof name, t->param[i]->name, i % t->slots);
+    return diag_set(d, VH_STATUS_ERR_INTERNAL,
+                    "sharding plugin '%s' saved pieces of optimizer state '%s' that overlap "
+                    "(each element must come from one rank, once)",
+                    t->s->run->plugins[VH_ROLE_SHARDING].desc->name, name);
+}
+
+/* Rank 0: tensor i from its parts in p->recv (rank after rank, each rank's
+ * pieces in its triples' order). Where they lie end to end in the tensor
+ * (fsdp's and zero1's shards do, and ddp's one whole piece) recv is the
+ * tensor; else reorder. */
+static vh_status place(state_tensors *t, save_plan *p, int i, const float **out, vh_diag *d) {
+    int64_t at = 0, pieces = 0;
+    int in_order = 1;
+    for (int32_t r = 0; r < p->world; r++)
+        for (size_t k = p->next[r]; names(p, r, k, i); k++, pieces++) {
+            in_order &= p->where[3 * k + 1] == at;
+            at += p->where[3 * k + 2];
+        }
+    vh_status st = in_order ? VH_STATUS_OK : reorder(t, p, i, pieces, d);
+    *out = in_order ? p->recv : p->whole;
+    for (int32_t r = 0; r < p->world; r++)
+        while (names(p, r, p->next[r], i)) p->next[r]++;
+    return st;
+}
+
+/* One tensor: this rank's pieces of it to rank 0 (as they are when there
+ * is one, else packed end to end), freed once sent; rank 0 appends it. */
+static vh_status save_one(state_tensors *t, save_plan *p, int i, vh_st_stream *out,
+                          vh_diag *d) {
+    const piece *first = t->pieces[i];
+    const float *send = p->pack;
+    if (first && !first->next) {
+        send = first->values;
+    } else {
+        int64_t at = 0;
+        for (const piece *pc = first; pc; at += pc->count, pc = pc->next)
+            memcpy(p->pack + at, pc->values, (size_t)pc->count * sizeof *p->pack);
+    }
+    size_t *counts = NULL;
+    if (p->rank == 0 && !(counts = malloc((size_t)p->world * sizeof *counts)))
+        return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory");
+    for (int32_t r = 0; counts && r < p->world; r++) counts[r] = (size_t)count_of(p, r, i);
+    vh_status st = host_coll(t->s, COLL_GATHER, send, (size_t)t->written[i], p->recv,
+                             p->rank == 0 ? (size_t)t->param[i]->numel : 0, counts,
+                             VH_DTYPE_F32);
+    free(counts);
+    free_pieces(t, i);
+    if (st != VH_STATUS_OK)
+        return diag_set(d, st, "sending the optimizer state to rank 0 failed");
+    if (p->rank != 0) return VH_STATUS_OK;
+    const float *tensor = NULL;
+    st = place(t, p, i, &tensor, d);
+    return st == VH_STATUS_OK ? st_stream_put(out, tensor, d) : st;
+}
+
+/* Before 2.3 (a backend without gather_start): this rank's pieces of each
+ * tensor into zeros, summed over the ranks (each element is nonzero on one
+ * rank only, so the sum is exact), and rank 0 appends it. */
+static vh_status save_summed(state_tensors *t, save_plan *p, int64_t largest, vh_st_stream *out,
+                             vh_diag *d) {
+    float *buf = malloc((size_t)(largest ? largest : 1) * sizeof *buf);
+    if (!buf)
+        return diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for optimizer state of %lld values",
+                        (long long)largest);
+    vh_status st = VH_STATUS_OK;
+    for (int i = 0; st == VH_STATUS_OK && i < t->count; i++) {
+        const size_t n = (size_t)t->param[i]->numel;
+        memset(buf, 0, n * sizeof *buf);
+        for (const piece *pc = t->pieces[i]; pc; pc = pc->next)
+            memcpy(buf + pc->offset, pc->values, (size_t)pc->count * sizeof *buf);
+        free_pieces(t, i);
+        if (p->world > 1 &&
+            (st = host_coll(t->s, COLL_ALL_REDUCE, NULL, 0, buf, n, NULL, VH_DTYPE_F32)) !=
+                VH_STATUS_OK)
+            st = diag_set(d, st, "gathering the optimizer state over ranks failed");
+        if (st == VH_STATUS_OK && p->rank == 0) st = st_stream_put(out, buf, d);
+    }
+    free(buf);
+    return st;
+}
+
+/* The file's header: every tensor's name and shape, in table order. */
+static vh_status describe_file(state_tensors *t, vh_st_writer *w, int64_t *largest,
+                               vh_diag *d) {
+    vh_status st = st_writer_meta(w, "format", "vithost-optim", d);
+    *largest = 0;
+    for (int i = 0; st == VH_STATUS_OK && i < t->count; i++) {
+        const vh_param_desc *pd = t->param[i];
+        char name[512];
+        state_name(name, sizeof name, pd->name, i % t->slots);
+        st = st_writer_add(w, name, pd->ndim, pd->shape, NULL, d);
+        if (pd->numel > *largest) *largest = pd->numel;
+    }
+    return st;
 }
 
 vh_status optim_state_save(vh_session *s, const char *path, vh_diag *d) {
@@ -191,46 +473,27 @@ vh_status optim_state_save(vh_session *s, const char *path, vh_diag *d) {
         if (st != VH_STATUS_OK) st = io_failed(&t, st, "sharding.state_save", d);
     }
     vh_comm *c = &s->run->comm;
-    const int many = c->world_size > 1;
-    if (st == VH_STATUS_OK && many &&
-        (st = vh_comm_all_reduce(c, t.written, (size_t)t.count, VH_DTYPE_F64,
-                                 VH_REDUCE_OP_SUM)) != VH_STATUS_OK)
-        st = diag_set(d, st, "counting the optimizer state over ranks failed");
-    if (st == VH_STATUS_OK) st = check_counts(&t, d);
-    /* One tensor at a time: this rank's pieces into zeros, summed over the
-     * ranks (each element is nonzero on one rank only, so the sum is exact),
-     * and rank 0 appends it to the file. */
+    save_plan p = {.world = c->world_size, .rank = c->rank};
+    if (st == VH_STATUS_OK) st = exchange_counts(&t, &p, d);
     vh_st_writer w;
     st_writer_init(&w);
     vh_st_stream out = {.fd = -1};
     int64_t largest = 0;
-    if (st == VH_STATUS_OK) st = st_writer_meta(&w, "format", "vithost-optim", d);
-    for (int i = 0; st == VH_STATUS_OK && i < t.count; i++) {
-        const vh_param_desc *pd = t.param[i];
-        char name[512];
-        state_name(name, sizeof name, pd->name, i % t.slots);
-        st = st_writer_add(&w, name, pd->ndim, pd->shape, NULL, d);
-        if (pd->numel > largest) largest = pd->numel;
-    }
-    float *buf = NULL;
-    if (st == VH_STATUS_OK && !(buf = malloc((size_t)(largest ? largest : 1) * sizeof *buf)))
-        st = diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for optimizer state of %lld values",
-                      (long long)largest);
+    if (st == VH_STATUS_OK) st = describe_file(&t, &w, &largest, d);
+    const int gathered = gather_wanted(c);
+    if (st == VH_STATUS_OK && gathered) st = gather_layout(&t, &p, largest, d);
     if (st == VH_STATUS_OK && c->rank == 0) st = st_stream_open(&out, &w, path, d);
-    for (int i = 0; st == VH_STATUS_OK && i < t.count; i++) {
-        const size_t n = (size_t)t.param[i]->numel;
-        if (many) memset(buf, 0, n * sizeof *buf);
-        for (const piece *pc = t.pieces[i]; pc; pc = pc->next)
-            memcpy(buf + pc->offset, pc->values, (size_t)pc->count * sizeof *buf);
-        if (many && (st = vh_comm_all_reduce(c, buf, n, VH_DTYPE_F32, VH_REDUCE_OP_SUM)) !=
-                        VH_STATUS_OK)
-            st = diag_set(d, st, "gathering the optimizer state over ranks failed");
-        if (st == VH_STATUS_OK && c->rank == 0) st = st_stream_put(&out, buf, d);
+    if (st == VH_STATUS_OK && gathered) {
+        session_trace(s, "optim state: gathered to rank 0, one tensor at a time");
+        for (int i = 0; st == VH_STATUS_OK && i < t.count; i++) st = save_one(&t, &p, i, &out, d);
+    } else if (st == VH_STATUS_OK) {
+        session_trace(s, "optim state: summed over the ranks (the backend has no gather)");
+        st = save_summed(&t, &p, largest, &out, d);
     }
     if (st == VH_STATUS_OK && c->rank == 0) st = st_stream_close(&out, d);
     else st_stream_abort(&out);
-    free(buf);
     st_writer_free(&w);
+    plan_free(&p);
     tensors_free(&t);
     return st;
 }

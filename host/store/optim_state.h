@@ -7,9 +7,11 @@
  * host behind the vh_state_io it is given assembles the pieces into whole
  * tensors and serves pieces back from them, so the file does not depend on
  * how the state was sharded when it was written. Neither way holds the whole
- * state on a rank: a save assembles one tensor at a time (the pieces summed
- * over ranks, rank 0 appending it to the file), a load reads each piece from
- * its range of the mapped file.
+ * state on a rank: a save sends every rank's pieces of one tensor at a time
+ * to rank 0 (the communicator's gather, ABI 2.3; the sum of zero-padded
+ * tensors over the ranks with a backend that has none), which appends it to
+ * the file; a load reads each piece from its range of the mapped file, on
+ * every rank (the file must be readable by all: docs/SHARDING.md).
  */
 #ifndef VITHOST_HOST_OPTIM_STATE_H
 #define VITHOST_HOST_OPTIM_STATE_H

@@ -194,6 +194,16 @@ static vh_status weights_file_open(weights_file *w, const char *path, vh_diag *d
     return VH_STATUS_OK;
 }
 
+/* The f32 copies made for one unit: a unit looks up its own tensors, so
+ * none is kept past it (one found again is read again), and no rank holds
+ * the whole model in f32 while it loads. */
+static void weights_file_drop_copies(weights_file *w) {
+    for (int i = 0; w->values && i < w->f.count; i++) {
+        free(w->values[i]);
+        w->values[i] = NULL;
+    }
+}
+
 static void weights_file_close(weights_file *w) {
     for (int i = 0; w->values && i < w->f.count; i++) free(w->values[i]);
     free(w->values);
@@ -413,6 +423,7 @@ vh_status weights_load_model(vh_session *s, const char *path, vh_weights_mode mo
         values = malloc((n ? n : 1) * sizeof *values);
         if (!values) st = diag_set(d, VH_STATUS_ERR_NOMEM, "out of memory for unit %d", (int)u);
         if (st == VH_STATUS_OK) st = load_unit(s, w, mode, u, values, &report, d);
+        if (w) weights_file_drop_copies(w);
         free(values);
         values = NULL;
     }

@@ -171,7 +171,8 @@ vh_status ema_swap(vh_ema *e, vh_session *s, vh_diag *d) {
 /* ---- in a checkpoint ------------------------------------------------------- */
 
 /* The average as a weights file: swapped in, written as model.safetensors
- * is (store_unit, collective), swapped back. */
+ * is (store_unit, collective: one unit at a time, never the whole model on
+ * a rank, and no whole-tensor all-reduce), swapped back. */
 static vh_status ckpt_save(void *ctx, vh_session *s, const char *path, vh_diag *d) {
     vh_ema *e = ctx;
     vh_status st = ema_swap(e, s, d);

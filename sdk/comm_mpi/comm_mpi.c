@@ -63,6 +63,8 @@ struct vh_comm_request {
     size_t avg_count;
     vh_dtype dtype;
     void *tmp;         /* a copy of an overlapping send buffer; freed in wait */
+    int *counts;       /* gather at the root: counts then displacements (int, as MPI
+                        * takes them), alive until MPI has finished; freed in wait */
 };
 
 /* ---- errors ----------------------------------------------------------------- */
@@ -233,6 +235,7 @@ static vh_status started(vh_comm *c, int rc, const char *call, vh_comm_request *
                          vh_comm_request **req) {
     if (rc != MPI_SUCCESS) {
         free(r->tmp);
+        free(r->counts);
         free(r);
         *req = NULL;
         return mpi_fail(c->rank, rc, call);
@@ -320,6 +323,66 @@ static vh_status mpi_broadcast(vh_comm *c, void *buf, size_t count, vh_dtype dty
     return started(c, rc, "MPI_Ibcast", r, req);
 }
 
+/* The root's receive counts and displacements as MPI's ints, in r->counts
+ * (world counts, then world displacements), and the total in *total; 0
+ * when one does not fit an int (MPI's limit, as for every collective here)
+ * or counts[root] != count. */
+static int gather_counts(vh_comm *c, vh_comm_request *r, const size_t *counts, size_t count,
+                         int32_t root, size_t *total) {
+    const int w = c->world_size;
+    if (!counts || counts[root] != count) return 0;
+    r->counts = malloc(2 * (size_t)w * sizeof *r->counts);
+    if (!r->counts) return 0;
+    size_t at = 0;
+    for (int i = 0; i < w; i++) {
+        if (counts[i] > (size_t)INT_MAX || at > (size_t)INT_MAX) return 0;
+        r->counts[i] = (int)counts[i];
+        r->counts[w + i] = (int)at;
+        at += counts[i];
+    }
+    *total = at;
+    return 1;
+}
+
+/* MPI_Igatherv. At the root, a send buffer already at the root's place in
+ * recv is MPI's in-place form; other overlaps get a private copy. */
+static vh_status mpi_gather(vh_comm *c, const void *send, size_t count, void *recv,
+                            const size_t *counts, vh_dtype dtype, int32_t root,
+                            vh_stream *stream, vh_comm_request **req) {
+    (void)stream;
+    MPI_Datatype type;
+    vh_status st = check_common(c, count, dtype, req, &type);
+    if (st != VH_STATUS_OK) return st;
+    if (root < 0 || root >= c->world_size || (count && !send)) return VH_STATUS_ERR_INVALID_ARG;
+    vh_comm_request *r = request_new();
+    if (!r) return VH_STATUS_ERR_NOMEM;
+    const void *src = send;
+    if (c->rank == root) {
+        size_t total = 0, elem = vh_dtype_size(dtype);
+        if (!gather_counts(c, r, counts, count, root, &total) || (total && !recv)) {
+            free(r->counts);
+            free(r);
+            return VH_STATUS_ERR_INVALID_ARG;
+        }
+        const char *mine =
+            recv ? (const char *)recv + (size_t)r->counts[c->world_size + root] * elem : NULL;
+        if (count && send == mine)
+            src = MPI_IN_PLACE;
+        else if (overlaps(send, count * elem, recv, total * elem) &&
+                 copy_send(r, &src, count * elem) != VH_STATUS_OK) {
+            free(r->counts);
+            free(r);
+            return VH_STATUS_ERR_NOMEM;
+        }
+    }
+    int rc = c->rank == root
+                 ? MPI_Igatherv(src, (int)count, type, recv, r->counts, r->counts + c->world_size,
+                                type, root, state(c)->comm, &r->mpi)
+                 : MPI_Igatherv(src, (int)count, type, NULL, NULL, NULL, type, root,
+                                state(c)->comm, &r->mpi);
+    return started(c, rc, "MPI_Igatherv", r, req);
+}
+
 static vh_status mpi_wait(vh_comm *c, vh_comm_request *req) {
     if (!req) return VH_STATUS_OK;
     if (!state(c)) return VH_STATUS_ERR_INVALID_ARG;
@@ -331,6 +394,7 @@ static vh_status mpi_wait(vh_comm *c, vh_comm_request *req) {
     else if (req->avg_buf)
         divide(req->avg_buf, req->avg_count, req->dtype, c->world_size);
     free(req->tmp);
+    free(req->counts);
     free(req);
     return st;
 }
@@ -366,6 +430,7 @@ static const vh_comm_ops mpi_ops = {
     .test = mpi_test,
     .barrier = mpi_barrier,
     .abort = mpi_abort,
+    .gather_start = mpi_gather,
 };
 
 /* ---- open / close ----------------------------------------------------------- */

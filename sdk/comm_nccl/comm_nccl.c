@@ -321,6 +321,63 @@ static vh_status nc_broadcast(vh_comm *c, void *buf, size_t count, vh_dtype dtyp
     return finish(n, rc, "ncclBroadcast", NULL, r, req);
 }
 
+/* The root's part of a gather: its own elements copied into place, every
+ * other rank's received (ncclRecv, inside the caller's group). */
+static ncclResult_t gather_at_root(nccl_comm *n, const void *send, void *recv,
+                                   const size_t *counts, size_t elem, ncclDataType_t type) {
+    size_t at = 0;
+    for (int32_t i = 0; i < n->pub.world_size; i++) {
+        char *dst = (char *)recv + at * elem;
+        at += counts[i];
+        if (!counts[i]) continue;
+        if (i != n->pub.rank) {
+            ncclResult_t rc = ncclRecv(dst, counts[i], type, i, n->nccl, n->stream);
+            if (rc != ncclSuccess) return rc;
+        } else if ((const void *)dst != send &&
+                   cudaMemcpyAsync(dst, send, counts[i] * elem, cudaMemcpyDeviceToDevice,
+                                   n->stream) != cudaSuccess) {
+            return ncclUnhandledCudaError;
+        }
+    }
+    return ncclSuccess;
+}
+
+/* NCCL has no gatherv: point to point to the root, in one group. */
+static vh_status nc_gather(vh_comm *c, const void *send, size_t count, void *recv,
+                           const size_t *counts, vh_dtype dtype, int32_t root,
+                           vh_stream *stream, vh_comm_request **req) {
+    ncclDataType_t type;
+    vh_status st = check_common(c, count, dtype, req, &type);
+    if (st != VH_STATUS_OK) return st;
+    if (root < 0 || root >= c->world_size || (count && !send)) return VH_STATUS_ERR_INVALID_ARG;
+    const size_t elem = vh_dtype_size(dtype);
+    size_t total = 0;
+    if (c->rank == root) {
+        if (!counts || counts[root] != count) return VH_STATUS_ERR_INVALID_ARG;
+        for (int32_t i = 0; i < c->world_size; i++) {
+            if (counts[i] > SIZE_MAX / elem - total) return VH_STATUS_ERR_INVALID_ARG;
+            total += counts[i];
+        }
+        if (total && !recv) return VH_STATUS_ERR_INVALID_ARG;
+    }
+    nccl_comm *n = state(c);
+    vh_comm_request *r;
+    if ((st = begin(n, stream, &r)) != VH_STATUS_OK) return st;
+    void *staged = NULL;
+    if (c->rank == root && overlaps(send, count * elem, recv, total * elem) &&
+        (st = stage_send(n, &send, count * elem, &staged)) != VH_STATUS_OK) {
+        request_free(r);
+        return st;
+    }
+    ncclResult_t rc = ncclGroupStart();
+    if (rc == ncclSuccess && c->rank == root)
+        rc = gather_at_root(n, send, recv, counts, elem, type);
+    else if (rc == ncclSuccess && count)
+        rc = ncclSend(send, count, type, root, n->nccl, n->stream);
+    ncclResult_t end = ncclGroupEnd();
+    return finish(n, rc != ncclSuccess ? rc : end, "ncclSend/ncclRecv (gather)", staged, r, req);
+}
+
 static vh_status nc_test(vh_comm *c, vh_comm_request *req, int *done) {
     nccl_comm *n = state(c);
     if (!n || !req || !done) return VH_STATUS_ERR_INVALID_ARG;
@@ -381,6 +438,7 @@ static const vh_comm_ops nccl_ops = {
     .test = nc_test,
     .barrier = nc_barrier,
     .abort = nc_abort,
+    .gather_start = nc_gather,
 };
 
 /* ---- open / close ----------------------------------------------------------- */

@@ -49,6 +49,18 @@ static vh_status self_broadcast(vh_comm *c, void *buf, size_t count, vh_dtype dt
     return finished(req);
 }
 
+/* One rank: its part is the whole (counts[0] == count). */
+static vh_status self_gather(vh_comm *c, const void *send, size_t count, void *recv,
+                             const size_t *counts, vh_dtype dtype, int32_t root,
+                             vh_stream *stream, vh_comm_request **req) {
+    (void)c, (void)stream;
+    if (vh_dtype_size(dtype) == 0 || root != 0 || !counts || counts[0] != count ||
+        (count && (!send || !recv)))
+        return VH_STATUS_ERR_INVALID_ARG;
+    if (send != recv && count) memmove(recv, send, count * vh_dtype_size(dtype));
+    return finished(req);
+}
+
 static vh_status self_wait(vh_comm *c, vh_comm_request *req) {
     (void)c;
     return req == NULL || req == SELF_DONE ? VH_STATUS_OK : VH_STATUS_ERR_INVALID_ARG;
@@ -79,6 +91,7 @@ static const vh_comm_ops self_ops = {
     .test = self_test,
     .barrier = self_barrier,
     .abort = self_abort,
+    .gather_start = self_gather,
 };
 
 void vh_comm_self_init(vh_comm *out) {

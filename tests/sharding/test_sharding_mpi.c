@@ -7,6 +7,9 @@
  *     (3: odd, so padding is used);
  *   - a checkpoint written on 2 processes resumes on 3 and on 1 and ends
  *     where the uninterrupted run ends (fsdp and zero1: sharded state);
+ *   - a save gathering the optimizer state to rank 0 writes the files the
+ *     summing save of before wrote, bit for bit; a resume where one rank
+ *     cannot read the checkpoint is refused naming the rank and the file;
  *   - the bytes each step sends match the analytic figures;
  *   - zero1's memory report shows half of ddp's optimizer state on 2 ranks;
  *   - one rank failing, or killed with SIGKILL, ends every rank with a
@@ -347,6 +350,72 @@ static void test_resume_on_another_world_size(void **state) {
     resume_on_another_world_size("zero1");
 }
 
+/* Whether two files hold the same bytes. */
+static int same_file(const char *a, const char *b) {
+    return sh("cmp -s %s %s", a, b) == 0;
+}
+
+/* A checkpoint save sends each rank's optimizer state to rank 0 (the
+ * communicator's gather, ABI 2.3); it writes the very files the save of
+ * before wrote (each tensor summed over the ranks, still taken for a
+ * backend without the gather, VITHOST_TEST_COMM_NO_GATHER=1): fsdp on 3
+ * (pieces of uneven, padded shards) and zero1 on 2. Resuming from it is
+ * test_resume_on_another_world_size's. */
+static void test_gathered_save_is_the_summed_save(void **state) {
+    (void)state;
+    static const struct { int np; const char *plugin; } runs[] = {{3, "fsdp"}, {2, "zero1"}};
+    for (int k = 0; k < 2; k++) {
+        const char *how[2] = {"", "-x VITHOST_TEST_COMM_NO_GATHER=1"};
+        const char *said[2] = {"optim state: gathered to rank 0", "optim state: summed"};
+        for (int g = 0; g < 2; g++) {
+            int code = sh(MPIRUN " %s -np %d %s run eq.yaml --out save%d_%d --stop-after 4 "
+                          "--trace --set run.batch_size=%d --set sharding.plugin=%s",
+                          how[g], runs[k].np, VH_TEST_VITHOST, k, g, 12 / runs[k].np,
+                          runs[k].plugin);
+            if (code != 5) fail_msg("%s on %d: exit %d: %s", runs[k].plugin, runs[k].np, code,
+                                    tmp_text("err"));
+            char *out = tmp_text("out");
+            if (!strstr(out, said[g]))
+                fail_msg("%s: no '%s' in the trace", runs[k].plugin, said[g]);
+            free(out);
+        }
+        for (int f = 0; f < 2; f++) {
+            char a[128], b[128];
+            const char *file = f ? "optim" : "model";
+            snprintf(a, sizeof a, "save%d_0/checkpoints/step-00000004/%s.safetensors", k, file);
+            snprintf(b, sizeof b, "save%d_1/checkpoints/step-00000004/%s.safetensors", k, file);
+            if (!same_file(a, b)) fail_msg("%s on %d: %s differs", runs[k].plugin, runs[k].np, a);
+        }
+    }
+}
+
+/* Every rank reads the checkpoint it resumes from: a rank that cannot (here
+ * rank 1 sees an empty folder, as on another machine without the shared
+ * file system) ends every rank before anything is loaded, with one message
+ * naming the rank and the file. Needs a mount namespace (root). */
+static void test_resume_refused_where_a_rank_cannot_read(void **state) {
+    (void)state;
+    if (sh("unshare -m true") != 0) {
+        print_message("SKIPPED: no mount namespace here (unshare -m needs root)\n");
+        return;
+    }
+    int code = run_np(2, "unread", "--stop-after 2 --set sharding.plugin=fsdp");
+    assert_int_equal(code, 5);
+    code = sh(VH_TEST_MPIRUN " --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 "
+              "-np 1 %s run eq.yaml --out unread --resume --set run.batch_size=6 "
+              "--set sharding.plugin=fsdp : -np 1 unshare -m sh -c 'mount -t tmpfs none "
+              "unread/checkpoints/step-00000002 && exec %s run eq.yaml --out unread --resume "
+              "--set run.batch_size=6 --set sharding.plugin=fsdp'",
+              VH_TEST_VITHOST, VH_TEST_VITHOST);
+    assert_true(code != 0);
+    char *err = tmp_text("err");
+    if (!strstr(err, "unread/checkpoints/step-00000002/state.json cannot be read on rank 1 of "
+                     "2 (No such file or directory)") ||
+        !strstr(err, "all ranks share"))
+        fail_msg("no message naming rank 1 and the file:\n%s", err);
+    free(err);
+}
+
 /* Whether process `pid` runs in tmp_dir: ours, not another run's (several
  * test runs may share the machine). */
 static int in_tmp_dir(const char *pid) {
@@ -498,6 +567,8 @@ int main(void) {
         cmocka_unit_test(test_same_losses_and_weights),
         cmocka_unit_test(test_bytes_per_step),
         cmocka_unit_test(test_resume_on_another_world_size),
+        cmocka_unit_test(test_gathered_save_is_the_summed_save),
+        cmocka_unit_test(test_resume_refused_where_a_rank_cannot_read),
         cmocka_unit_test(test_zero1_reports_half_the_state),
         cmocka_unit_test(test_one_rank_failing_ends_the_run),
         cmocka_unit_test(test_killed_rank_ends_the_run),

@@ -87,6 +87,21 @@ typedef struct vh_comm_ops {
      * never start. The host calls it when a run of more than one rank
      * fails (not when it is interrupted); it need not return. */
     void (*abort)(vh_comm *c, int code);
+    /* ---- ABI 2.3 ---- */
+    /* @optional(default: none, the call stays NULL; the host then saves
+     * optimizer state by summing each zero-padded tensor over the ranks
+     * with all_reduce_start, as before 2.3) @thread(main). A gather of
+     * unequal parts to one rank (MPI_Gatherv): every rank sends its `count`
+     * elements of `send`; `root` receives them in `recv`, rank after rank
+     * with no gaps (rank r's counts[r] elements start at element
+     * counts[0] + ... + counts[r-1]). `recv` and `counts` (world_size
+     * entries, counts[r] equal to rank r's count) are read on root only and
+     * may be NULL elsewhere; they, and `send`, belong to the collective
+     * until wait. The other ranks receive nothing: none needs a buffer of
+     * the whole, which is what a checkpoint save of sharded state wants. */
+    vh_status (*gather_start)(vh_comm *c, const void *send, size_t count, void *recv,
+                              const size_t *counts, vh_dtype dtype, int32_t root,
+                              vh_stream *stream, vh_comm_request **req);
 } vh_comm_ops;
 
 struct vh_comm {
@@ -98,8 +113,9 @@ struct vh_comm {
     void *impl;            /* backend state */
 };
 
-/* Blocking forms: start, then wait. vh_comm_broadcast calls the optional
- * broadcast_start: check it is not NULL first. */
+/* Blocking forms: start, then wait. vh_comm_broadcast and vh_comm_gather
+ * call optional members: check them for NULL first (the table the host
+ * hands plugins is this SDK's size; a backend's own table may be older). */
 static inline vh_status vh_comm_all_reduce(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
                                            vh_reduce_op op) {
     vh_comm_request *r = NULL;
@@ -122,6 +138,13 @@ static inline vh_status vh_comm_broadcast(vh_comm *c, void *buf, size_t count, v
                                           int32_t root) {
     vh_comm_request *r = NULL;
     vh_status st = c->ops->broadcast_start(c, buf, count, dtype, root, NULL, &r);
+    return st == VH_STATUS_OK ? c->ops->wait(c, r) : st;
+}
+
+static inline vh_status vh_comm_gather(vh_comm *c, const void *send, size_t count, void *recv,
+                                       const size_t *counts, vh_dtype dtype, int32_t root) {
+    vh_comm_request *r = NULL;
+    vh_status st = c->ops->gather_start(c, send, count, recv, counts, dtype, root, NULL, &r);
     return st == VH_STATUS_OK ? c->ops->wait(c, r) : st;
 }
 

@@ -44,6 +44,7 @@
 #include "vithost/vh_export.h"
 #include "vithost/vh_plugin.h"
 #include "vithost/vh_types.h"
+#include "watch.h"
 
 enum { HALF_F16 = 0, HALF_BF16 = 1, HALF_COUNT = 2 };
 enum { OP_SUM = 0, OP_MAX = 1, OP_MIN = 2, OP_COUNT = 3 };
@@ -52,6 +53,7 @@ typedef struct mpi_comm {
     vh_comm pub;           /* what vh_comm_open hands out */
     MPI_Comm comm;         /* a duplicate of MPI_COMM_WORLD: our errors, our tags */
     int we_initialised;    /* 1: MPI_Finalize in close */
+    mpi_watch watch;       /* waits that name a gone rank (watch.h) */
     int ops_created;       /* how many of half_ops exist (freed in close) */
     MPI_Op half_ops[HALF_COUNT][OP_COUNT];
 } mpi_comm;
@@ -387,7 +389,7 @@ static vh_status mpi_wait(vh_comm *c, vh_comm_request *req) {
     if (!req) return VH_STATUS_OK;
     if (!state(c)) return VH_STATUS_ERR_INVALID_ARG;
     /* MPI_Wait on a request test already completed (MPI_REQUEST_NULL) returns at once. */
-    int rc = MPI_Wait(&req->mpi, MPI_STATUS_IGNORE);
+    int rc = watch_wait(&state(c)->watch, c->rank, &req->mpi);
     vh_status st = VH_STATUS_OK;
     if (rc != MPI_SUCCESS)
         st = mpi_fail(c->rank, rc, "MPI_Wait");
@@ -410,7 +412,9 @@ static vh_status mpi_test(vh_comm *c, vh_comm_request *req, int *done) {
 
 static vh_status mpi_barrier(vh_comm *c) {
     if (!state(c)) return VH_STATUS_ERR_INVALID_ARG;
-    int rc = MPI_Barrier(state(c)->comm);
+    MPI_Request r = MPI_REQUEST_NULL;
+    int rc = MPI_Ibarrier(state(c)->comm, &r);
+    if (rc == MPI_SUCCESS) rc = watch_wait(&state(c)->watch, c->rank, &r);
     return rc == MPI_SUCCESS ? VH_STATUS_OK : mpi_fail(c->rank, rc, "MPI_Barrier");
 }
 
@@ -441,6 +445,7 @@ VH_SDK_API void vh_comm_close(vh_comm *comm);
 
 /* Frees what open made so far: ops, communicator, and MPI itself if ours. */
 static void release(mpi_comm *m) {
+    watch_close(&m->watch);
     for (int i = 0; i < m->ops_created; i++)
         MPI_Op_free(&m->half_ops[i / OP_COUNT][i % OP_COUNT]);
     if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
@@ -504,6 +509,7 @@ vh_status vh_comm_open(const vh_comm_open_args *args, vh_comm **out, char *err, 
     if (rc != MPI_SUCCESS) return open_fail(m, rc, "MPI_Comm_dup", err, err_len);
     rc = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     if (rc != MPI_SUCCESS) return open_fail(m, rc, "MPI_Comm_set_errhandler", err, err_len);
+    watch_open(&m->watch, m->comm);
     int rank = 0, world = 0;
     MPI_Comm_rank(m->comm, &rank);
     MPI_Comm_size(m->comm, &world);

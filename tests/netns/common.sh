@@ -1,0 +1,98 @@
+# common.sh - sourced by the tests of tests/netns/: ranks of `vithost run` on
+# separate hosts (network namespaces, tools/netns-hosts.sh) over TCP.
+# ctest passes VITHOST (the binary), NETNS_HOSTS (tools/netns-hosts.sh) and
+# VH_MPIRUN (mpirun, empty without OpenMPI). Exit 77: skipped.
+set -u
+name=$(basename "$0" .sh)
+export VITHOST_PLUGIN_PATH= OMP_NUM_THREADS=1
+
+fail() { echo "$name: FAILED: $*"; exit 1; }
+say() { echo "$name: $*"; }
+
+[ -n "${VH_MPIRUN:-}" ] || { say "SKIPPED: OpenMPI (mpirun) not found at configure time"; exit 77; }
+[ -x "${VITHOST:-}" ] || fail "VITHOST='${VITHOST:-}' is not the vithost binary"
+
+work=$(mktemp -d /tmp/vh-netns-XXXXXX)
+VH_NETNS=
+cleanup() {
+    [ -n "$VH_NETNS" ] && "$NETNS_HOSTS" down "$VH_NETNS"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+cd "$work" || exit 1
+
+# hosts_up N [options of netns-hosts.sh up]: the set, or exit 77 with its line
+hosts_up() {
+    local out rc
+    out=$(VH_NETNS_OWNER=$$ "$NETNS_HOSTS" up "$@")
+    rc=$?
+    [ $rc = 77 ] && { say "${out#netns-hosts: }"; exit 77; }
+    [ $rc = 0 ] || fail "netns-hosts.sh up $*: $out"
+    export VH_NETNS=$out
+    net=${VH_NETNS_NET:-10.213}.$VH_NETNS
+}
+
+# mpirun over the hosts (TCP only); the command's output in $1.out/$1.err
+mpi() {
+    local log=$1
+    shift
+    timeout -k 5 120 "$NETNS_HOSTS" mpirun -x OMP_NUM_THREADS=1 -x VITHOST_PLUGIN_PATH "$@" \
+        >"$log.out" 2>"$log.err"
+}
+
+# A small ViT on synthetic data (as tests/sharding/test_sharding_mpi.c): a
+# global batch of 12, the per-rank batch set per launch.
+cat >eq.yaml <<'YAML'
+run: {steps: 10, log_every: 1, eval_every: 0, seed: 3}
+model: {plugin: vit, dim: 16, depth: 3, heads: 2, mlp_dim: 24, patch_size: 4}
+precision: {plugin: fp32}
+sharding: {plugin: ddp}
+optim: {plugin: mta, algo: adamw, lr: 3.0e-3, weight_decay: 0.05, warmup_steps: 3}
+data: {plugin: synthetic, channels: 3, image_size: 8, num_classes: 5,
+       train_size: 240, eval_size: 31, pool_size: 40}
+YAML
+
+# one_process DIR [vithost options]: the reference run
+one_process() {
+    local dir=$1
+    shift
+    "$VITHOST" run eq.yaml --out "$dir" --set run.batch_size=12 "$@" >"$dir.out" 2>"$dir.err"
+    local code=$?
+    # 5: stopped by --stop-after, with a checkpoint
+    [ $code = 0 ] || [ $code = 5 ] || fail "one process: exit $code: $(cat "$dir.err")"
+}
+
+# jsonl_field FILE KEY: "step value" of each training line that has KEY
+jsonl_field() {
+    awk -v k="\"$2\":" '/"loss"/ && index($0, k) {
+        s = $0; sub(/.*"step":/, "", s); sub(/[,}].*/, "", s)
+        v = substr($0, index($0, k) + length(k)); sub(/[,}].*/, "", v)
+        print s, v }' "$1"
+}
+
+# same_losses REF_DIR DIR WHAT: every step of DIR's metrics has REF's loss
+# within 1e-5 relative; prints the worst difference
+same_losses() {
+    jsonl_field "$1/metrics.jsonl" loss >ref.txt
+    jsonl_field "$2/metrics.jsonl" loss >got.txt
+    awk -v what="$3" -v tol="${VH_NETNS_TOL:-1e-5}" '
+        FNR == NR { ref[$1] = $2; next }
+        { n++; if (!($1 in ref)) { bad = bad " step " $1 " (no reference)"; next }
+          r = ($2 - ref[$1]) / ref[$1]; if (r < 0) r = -r
+          if (r > worst) worst = r
+          if (!(r <= tol)) bad = bad sprintf(" step %d: %s vs %s", $1, $2, ref[$1]) }
+        END { printf "%s: %d steps, worst relative loss difference %.2g (tolerance %g)\n",
+                     what, n, worst, tol
+              if (bad != "" || n == 0) { print what ": differs:" bad; exit 1 } }' ref.txt got.txt
+}
+
+# ranks_left: vithost processes still running in the set's namespaces
+ranks_left() {
+    local ns pid n=0
+    for ns in $(ip netns list | awk '{print $1}' | grep -E "^vh${VH_NETNS}h[0-9]+$"); do
+        for pid in $(ip netns pids "$ns"); do
+            grep -q vithost "/proc/$pid/cmdline" 2>/dev/null && n=$((n + 1))
+        done
+    done
+    echo $n
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# A host vanishes mid-run (its link set down: no socket closes, nothing
+# fails, TCP just goes silent). Every rank ends within 60 s with a nonzero
+# status and a message naming the lost ranks (the MPI backend's watch,
+# VITHOST_COMM_TIMEOUT, sdk/comm_mpi/watch.c); the last checkpoint resumes
+# on the remaining host with 2 ranks instead of 4 and continues the
+# one-process losses.
+. "$(dirname "$0")/common.sh"
+hosts_up 2 --slots 2
+export VITHOST_COMM_TIMEOUT=${VITHOST_COMM_TIMEOUT:-5}
+long="--set run.steps=1000000 --set run.log_every=1 --set run.checkpoint_every=10"
+mpi van -np 4 -x VITHOST_COMM_TIMEOUT "$VITHOST" run eq.yaml --out van \
+    --set run.batch_size=3 $long &
+launcher=$!
+# a checkpoint past step 10 first (the run writes one every 10 steps)
+for _ in $(seq 600); do
+    [ -d van/checkpoints/step-00000020 ] && break
+    kill -0 $launcher 2>/dev/null || fail "the run ended early: $(tail -5 van.err)"
+    sleep 0.1
+done
+[ -d van/checkpoints/step-00000020 ] || fail "no checkpoint at step 20 within 60 s"
+"$NETNS_HOSTS" link "${VH_NETNS_VANISH:-2}" down
+t0=$SECONDS
+while kill -0 $launcher 2>/dev/null && [ $((SECONDS - t0)) -lt 60 ]; do sleep 0.2; done
+kill -0 $launcher 2>/dev/null && fail "ranks still ran 60 s after host 2 vanished"
+wait $launcher
+code=$?
+took=$((SECONDS - t0))
+left=$(ranks_left)
+say "host 2 gone: mpirun ended after ${took} s with status $code, $left ranks left"
+grep "ranks 2, 3 have not answered" van.err || fail "no message names ranks 2, 3:$(echo; cat van.err)"
+[ $code != 0 ] || fail "mpirun exited 0"
+[ "$left" = 0 ] || fail "$left ranks still run"
+
+# the remaining host, 2 ranks, the same global batch of 12
+last=$(cat van/checkpoints/latest)
+step=$((10#${last#step-}))
+mpi resume -np 2 --host "$net.1:2" "$VITHOST" run eq.yaml --out van --resume \
+    --set run.batch_size=6 $long --stop-after 5
+code=$?
+[ $code = 5 ] || fail "resume on 2 ranks: exit $code, want 5 (stopped):$(echo; tail -5 resume.err)"
+grep -q '"world_size":2' van/metrics.jsonl || fail "the resumed run is not on 2 ranks"
+say "resumed $last on host 1 with 2 ranks"
+# the resumed steps against one process
+one_process one $long --stop-after $((step + 5))
+awk -v s="$step" '/"world_size":2/ && match($0, /"step":[0-9]+/) &&
+    substr($0, RSTART + 7, RLENGTH - 7) + 0 > s' van/metrics.jsonl >resumed.jsonl
+mkdir -p resumed && mv resumed.jsonl resumed/metrics.jsonl
+same_losses one resumed "steps $((step + 1))-$((step + 5)) on 2 ranks after 4" || fail "resume differs"
+say "passed"

@@ -225,8 +225,13 @@ static void test_fsdp_two_processes(void **state) {
     float *a = tensors_of("one/" CK(8, "ema.safetensors"), &na);
     float *b = tensors_of("f/" CK(8, "ema.safetensors"), &nb);
     assert_int_equal(na, nb);
+    /* 1e-4 absolute: the key bias's gradient is zero in exact arithmetic
+     * (softmax ignores a constant added to a row's scores), so its values
+     * (~1e-6) are rounding noise that Adam turns into steps, and any change
+     * of summation order moves them by ~1e-5; every other value agrees to
+     * 1e-5 relative. */
     for (int64_t i = 0; i < na; i++)
-        if (fabsf(a[i] - b[i]) > 1e-5f * (1.0f + fabsf(a[i])))
+        if (fabsf(a[i] - b[i]) > 1e-4f + 1e-5f * fabsf(a[i]))
             fail_msg("element %lld: %g (1 process) vs %g (FSDP)", (long long)i, a[i], b[i]);
     free(a), free(b);
 }

@@ -1,5 +1,6 @@
-/* attention.h - what attention.c (the fp32 path and the fused small-head
- * blocks) shares with attention16.c (bf16 operands on the native kernels). */
+/* attention.h - what attention.c (the fp32 path) shares with
+ * attention_small.c (the fused small-head blocks) and attention16.c (bf16
+ * operands on the native kernels). */
 #ifndef VH_CPU_ATTENTION_H
 #define VH_CPU_ATTENTION_H
 
@@ -34,6 +35,13 @@ VH_CPU_HIDDEN view4 vh_cpu_attention_square(const vh_attention_args *a, void *p,
 
 /* dS = P * (dP - rowsum(dP * P)) in place of dP, `rows` rows of n. */
 VH_CPU_HIDDEN void vh_cpu_softmax_grad_rows(float *ds, const float *p, int64_t rows, int64_t n);
+
+/* attention_small.c: the op for small heads (head_dim 8..32, a multiple of
+ * 8, on an AVX2 or AVX-512 CPU), one (sample, head) block per thread at a
+ * time, any dtype. Returns VH_STATUS_ERR_UNSUPPORTED (having written
+ * nothing) when it does not apply. `a` is checked and not empty. */
+VH_CPU_HIDDEN vh_status vh_cpu_attention_small_forward(const vh_attention_args *a);
+VH_CPU_HIDDEN vh_status vh_cpu_attention_small_backward(const vh_attention_args *a);
 
 /* attention16.c: the op with bf16 qkv/out/probs on oneDNN's bf16 kernels,
  * where the engine's per-shape choice says native is faster. Returns

@@ -1,0 +1,376 @@
+/* attention_small_kern.h - the kernels of attention_small.c for one vector
+ * width, included there once per ISA (a C template): before it, VW (floats
+ * per vector: 16 or 8), VN(name) (name with the ISA's suffix), the tiles
+ * SCORE_R x SCORE_V (scores: rows x vectors) and PROD_R x PROD_V (the
+ * products with the head's rows), and a `#pragma GCC target` the code is
+ * built for. GCC vectors of VW floats are one register of that ISA (a wider
+ * one is split into scalars, not halves). */
+
+typedef float VN(vf) __attribute__((vector_size(VW * 4)));
+typedef int32_t VN(vi) __attribute__((vector_size(VW * 4)));
+typedef uint32_t VN(vu) __attribute__((vector_size(VW * 4)));
+typedef uint16_t VN(vh) __attribute__((vector_size(VW * 2)));
+#define VF VN(vf)
+#define VI VN(vi)
+#define VU VN(vu)
+#define VH VN(vh)
+/* Loads and stores through memcpy (macros: a function passing a vector by
+ * value would be built for the baseline ABI). */
+#define LD(v, p) memcpy(&(v), (p), sizeof(VF))
+#define ST(p, v) memcpy((p), &(v), sizeof(VF))
+
+/* Lanes of a vector summed, and their maximum (halves folded). */
+ALWAYS_INLINE float VN(hsum)(const VF *x) {
+    v8 a;
+    memcpy(&a, x, sizeof a);
+#if VW == 16
+    v8 b;
+    memcpy(&b, (const char *)x + sizeof a, sizeof b);
+    a += b;
+#endif
+    v4 c, d;
+    memcpy(&c, &a, sizeof c);
+    memcpy(&d, (char *)&a + sizeof c, sizeof d);
+    c += d;
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+ALWAYS_INLINE float VN(hmax)(const VF *x) {
+    v8 a;
+    memcpy(&a, x, sizeof a);
+#if VW == 16
+    v8 b;
+    memcpy(&b, (const char *)x + sizeof a, sizeof b);
+    a = SEL(v8, vi8, a > b, a, b);
+#endif
+    const float m0 = a[0] > a[4] ? a[0] : a[4], m1 = a[1] > a[5] ? a[1] : a[5];
+    const float m2 = a[2] > a[6] ? a[2] : a[6], m3 = a[3] > a[7] ? a[3] : a[7];
+    const float m01 = m0 > m1 ? m0 : m1, m23 = m2 > m3 ? m2 : m3;
+    return m01 > m23 ? m01 : m23;
+}
+
+/* e^x in place for x <= 0, -inf and NaN: vh_expf's reduction and
+ * polynomial (the same values), without its overflow branch (never taken
+ * here). (Vectors by pointer: by value they would take the baseline ABI.) */
+ALWAYS_INLINE void VN(exp_nonpos)(VF *px) {
+    const VF x = *px, lo = (VF){0} - 86.5f;
+    const VI under = x < lo;
+    const VF xc = SEL(VF, VI, under, lo, x);
+    const VF n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const VF r = (xc - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
+    VF p = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const VI e = (__builtin_convertvector(n, VI) + 127) << 23; /* 2^n: n >= -125 */
+    const VF y = p * (VF)e;
+    *px = (VF)((VI)y & ~under); /* below e^-86.5: 0, as vh_expf */
+}
+
+/* VW elements of row i of m from column j (m->cs 1), widened from bf16. */
+ALWAYS_INLINE void VN(vget)(VF *v, const mview *m, int64_t i, int64_t j) {
+    if (m->bf16) {
+        VH h;
+        memcpy(&h, (const uint16_t *)m->p + i * m->rs + j, sizeof h);
+        const VU u = __builtin_convertvector(h, VU) << 16;
+        memcpy(v, &u, sizeof *v);
+    } else {
+        memcpy(v, (const float *)m->p + i * m->rs + j, sizeof *v);
+    }
+}
+
+/* The same elements = *y (add: += *y), rounded once to bf16 (to nearest
+ * even, NaN kept quiet: vh_cpu_bf16_round's integer steps). */
+ALWAYS_INLINE void VN(vput)(const mview *m, int64_t i, int64_t j, const VF *y, int add) {
+    VF x = *y, old;
+    if (add) {
+        VN(vget)(&old, m, i, j);
+        x += old;
+    }
+    if (m->bf16) {
+        VU u;
+        memcpy(&u, &x, sizeof u);
+        const VU nan = (VU)((u & 0x7fffffffu) > 0x7f800000u);
+        const VU r = (((u >> 16) | 0x40u) & nan) | (((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) & ~nan);
+        const VH h = __builtin_convertvector(r, VH);
+        memcpy((uint16_t *)m->p + i * m->rs + j, &h, sizeof h);
+    } else {
+        memcpy((float *)m->p + i * m->rs + j, &x, sizeof x);
+    }
+}
+
+/* ---- products ---------------------------------------------------------------
+ * C[R x VW*V] (+)= alpha A[R x K] B[K x VW*V]: R rows of A against V vectors
+ * of B's columns, the R x V accumulators in registers (constant R and V
+ * after inlining). A is read by element (broadcast one at a time: A^T in
+ * place costs the same), B by rows; either, and C, f32 or bf16 in place. */
+ALWAYS_INLINE void VN(tile)(int R, int V, int64_t K, float alpha, mview A, mview B, mview C,
+                            int add) {
+    VF acc[8][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) acc[r][v] = (VF){0};
+    for (int64_t k = 0; k < K; k++) {
+        VF b[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) VN(vget)(&b[v], &B, k, VW * v);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const float ar = mview_get(&A, r, k);
+#pragma GCC unroll 4
+            for (int v = 0; v < V; v++) acc[r][v] += b[v] * ar;
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) {
+            const VF y = acc[r][v] * alpha;
+            VN(vput)(&C, r, VW * v, &y, add);
+        }
+}
+
+/* R rows of C, all n columns: tiles of VM vectors, then the rest. */
+ALWAYS_INLINE void VN(tile_row)(int R, int VM, int64_t n, int64_t K, float alpha, mview A,
+                                mview B, mview C, int add) {
+    int64_t c = 0;
+    for (; c + VW * VM <= n; c += VW * VM)
+        VN(tile)(R, VM, K, alpha, A, mview_at(B, 0, c), mview_at(C, 0, c), add);
+    const int64_t rest = (n - c) / VW;
+    const mview Bc = mview_at(B, 0, c), Cc = mview_at(C, 0, c);
+    if (VM > 3 && rest == 3) VN(tile)(R, 3, K, alpha, A, Bc, Cc, add);
+    if (VM > 2 && rest == 2) VN(tile)(R, 2, K, alpha, A, Bc, Cc, add);
+    if (VM > 1 && rest == 1) VN(tile)(R, 1, K, alpha, A, Bc, Cc, add);
+}
+
+/* C[m x n] (+)= alpha A[m x K] B[K x n], n a multiple of VW: row tiles of
+ * RM, then of 4, then single rows. */
+ALWAYS_INLINE void VN(mm)(int RM, int VM, int64_t m, int64_t n, int64_t K, float alpha,
+                          mview A, mview B, mview C, int add) {
+    int64_t i = 0;
+    for (; i + RM <= m; i += RM)
+        VN(tile_row)(RM, VM, n, K, alpha, mview_at(A, i, 0), B, mview_at(C, i, 0), add);
+    if (RM > 4)
+        for (; i + 4 <= m; i += 4)
+            VN(tile_row)(4, VM, n, K, alpha, mview_at(A, i, 0), B, mview_at(C, i, 0), add);
+    for (; i < m; i++)
+        VN(tile_row)(1, VM, n, K, alpha, mview_at(A, i, 0), B, mview_at(C, i, 0), add);
+}
+
+/* ---- rows of the softmax ----------------------------------------------------
+ * Softmax of R score rows (ld apart) of n values in place, padded to np
+ * (the padding becomes 0); NaN in, NaN out. R rows at a time: each row is a
+ * chain of two horizontal reductions and a division, and interleaving rows
+ * overlaps the chains (one row at a time, the softmax was 45% of the
+ * forward). */
+ALWAYS_INLINE void VN(softmax_rows)(int R, float *s, int64_t ld, int64_t n, int64_t np) {
+#if VW == 16
+    const VI lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#else
+    const VI lane = {0, 1, 2, 3, 4, 5, 6, 7};
+#endif
+    const VF ninf = (VF){0} - INFINITY;
+    VF acc[4];
+    float m[4];
+    for (int r = 0; r < R; r++) acc[r] = ninf;
+    for (int64_t c = 0; c < np; c += VW)
+        for (int r = 0; r < R; r++) {
+            VF x;
+            LD(x, s + r * ld + c);
+            x = SEL(VF, VI, lane < (VI){0} + (int32_t)(n - c), x, ninf);
+            ST(s + r * ld + c, x);
+            acc[r] = SEL(VF, VI, x > acc[r], x, acc[r]);
+        }
+    for (int r = 0; r < R; r++) m[r] = VN(hmax)(&acc[r]), acc[r] = (VF){0};
+    for (int64_t c = 0; c < np; c += VW)
+        for (int r = 0; r < R; r++) {
+            VF x;
+            LD(x, s + r * ld + c);
+            x -= m[r];
+            VN(exp_nonpos)(&x);
+            ST(s + r * ld + c, x);
+            acc[r] += x;
+        }
+    for (int r = 0; r < R; r++) m[r] = 1.0f / VN(hsum)(&acc[r]);
+    for (int64_t c = 0; c < np; c += VW)
+        for (int r = 0; r < R; r++) {
+            VF x;
+            LD(x, s + r * ld + c);
+            x *= m[r];
+            ST(s + r * ld + c, x);
+        }
+}
+
+/* dS = P * (dP - rowsum(dP * P)) in place of a dP row (padding of P is 0).
+ * (Here rows interleaved were slower: no division in the chain.) */
+ALWAYS_INLINE void VN(softmax_grad_row)(float *ds, const float *p, int64_t np) {
+    VF acc = {0};
+    for (int64_t c = 0; c < np; c += VW) {
+        VF d, q;
+        LD(d, ds + c);
+        LD(q, p + c);
+        acc += d * q;
+    }
+    const float rs = VN(hsum)(&acc);
+    for (int64_t c = 0; c < np; c += VW) {
+        VF d, q;
+        LD(d, ds + c);
+        LD(q, p + c);
+        d = q * (d - rs);
+        ST(ds + c, d);
+    }
+}
+
+/* ---- one block -------------------------------------------------------------- */
+
+/* The n rows of q, k, v or dout (src, ts bytes apart): in place when
+ * direct (f32 or bf16 rows of whole vectors, bf16 as bf), else widened into
+ * buf (f32 rows of dp). */
+ALWAYS_INLINE mview VN(rows)(float *buf, const char *src, int64_t ts, const geom *g, int direct,
+                             int bf) {
+    if (direct) {
+        const mview m = {(void *)(uintptr_t)src, ts / (bf ? 2 : 4), 1, bf};
+        return m;
+    }
+    for (int64_t t = 0; t < g->n; t++)
+        load_row(buf + t * g->dp, src + t * ts, g->t, g->dh, g->dp, VW);
+    const mview m = {buf, g->dp, 1, 0};
+    return m;
+}
+
+/* One round of a VW x VW transpose in registers: swaps bit s of the row
+ * index with bit s of the lane, between rows r and r + s. */
+#define TR_LO(s, L) ((L) & (s) ? VW + (L) - (s) : (L))
+#define TR_HI(s, L) ((L) & (s) ? VW + (L) : (L) + (s))
+#if VW == 16
+#define TR_MASK(F, s)                                                                       \
+    {F(s, 0), F(s, 1), F(s, 2), F(s, 3), F(s, 4), F(s, 5), F(s, 6), F(s, 7), F(s, 8),      \
+     F(s, 9), F(s, 10), F(s, 11), F(s, 12), F(s, 13), F(s, 14), F(s, 15)}
+#else
+#define TR_MASK(F, s) {F(s, 0), F(s, 1), F(s, 2), F(s, 3), F(s, 4), F(s, 5), F(s, 6), F(s, 7)}
+#endif
+#define TR_ROUND(x, s)                                                                      \
+    _Pragma("GCC unroll 16") for (int r = 0; r < VW; r++) if (!(r & (s))) {                 \
+        const VI lo = TR_MASK(TR_LO, s), hi = TR_MASK(TR_HI, s);                            \
+        const VF a = __builtin_shuffle(x[r], x[r + (s)], lo);                               \
+        x[r + (s)] = __builtin_shuffle(x[r], x[r + (s)], hi);                               \
+        x[r] = a;                                                                           \
+    }
+
+/* dst (dh rows of np) = src^T (n rows), columns n..np zero: VW x VW
+ * blocks transposed in registers (the scalar copy was a tenth of the
+ * block's time). */
+ALWAYS_INLINE void VN(transpose)(float *dst, const mview *src, const geom *g) {
+    const int64_t n = g->n, np = g->np;
+    for (int64_t t0 = 0; t0 < np; t0 += VW)
+        for (int64_t c0 = 0; c0 < g->dh; c0 += VW) {
+            VF x[VW];
+#pragma GCC unroll 16
+            for (int r = 0; r < VW; r++) {
+                x[r] = (VF){0};
+                if (t0 + r < n) VN(vget)(&x[r], src, t0 + r, c0);
+            }
+            TR_ROUND(x, 1)
+            TR_ROUND(x, 2)
+            TR_ROUND(x, 4)
+#if VW == 16
+            TR_ROUND(x, 8)
+#endif
+#pragma GCC unroll 16
+            for (int c = 0; c < VW; c++)
+                if (c0 + c < g->dh) ST(dst + (c0 + c) * np + t0, x[c]);
+        }
+}
+#undef TR_LO
+#undef TR_HI
+#undef TR_MASK
+#undef TR_ROUND
+
+/* Forward of one block: P = softmax(scale Q K^T) into probs, out = P V.
+ * bf: qkv and out bf16, read and written in place (constant: a copy of the
+ * kernels each; widening rows once into f32 first was no faster at N 49
+ * and 10% slower at N 16). */
+ALWAYS_INLINE void VN(forward_t)(const block *b, const geom *g, float *w, int bf) {
+    const int64_t n = g->n, np = g->np, dp = g->dp, pes = vh_dtype_size(g->pt);
+    const int direct = bf || g->direct;
+    float *qb = w, *vb = qb + n * dp, *o = vb + n * dp, *kt = o + n * dp, *s = kt + g->dh * np;
+    const mview q = VN(rows)(qb, b->q, b->ts, g, direct, bf);
+    const mview k = VN(rows)(o, b->k, b->ts, g, direct, bf); /* o: not used yet */
+    VN(transpose)(kt, &k, g);
+    const mview v = VN(rows)(vb, b->v, b->ts, g, direct, bf);
+    const mview ktv = {kt, np, 1, 0}, sv = {s, np, 1, 0}, ov = {o, dp, 1, 0};
+    VN(mm)(SCORE_R, SCORE_V, n, np, g->dh, g->scale, q, ktv, sv, 0);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) VN(softmax_rows)(4, s + i * np, np, n, np);
+    for (; i < n; i++) VN(softmax_rows)(1, s + i * np, np, n, np);
+    for (i = 0; i < n; i++) store_probs((char *)b->p + i * n * pes, g->pt, s + i * np, n);
+    if (direct) { /* straight into out */
+        const mview out = {b->o, b->ots / (bf ? 2 : 4), 1, bf};
+        VN(mm)(PROD_R, PROD_V, n, dp, n, 1.0f, sv, v, out, 0);
+    } else {
+        VN(mm)(PROD_R, PROD_V, n, dp, n, 1.0f, sv, v, ov, 0);
+        scatter(b->o, b->ots, o, g, 0);
+    }
+}
+
+/* dst += alpha A B, dst rows of dqkv (ts bytes apart): added in place
+ * (direct), else through x. */
+ALWAYS_INLINE void VN(grad)(char *dst, int64_t ts, const geom *g, int direct, int bf,
+                            float alpha, mview A, mview B, float *x) {
+    const int64_t n = g->n, dp = g->dp;
+    if (direct) {
+        const mview d = {dst, ts / (bf ? 2 : 4), 1, bf};
+        VN(mm)(PROD_R, PROD_V, n, dp, n, alpha, A, B, d, 1);
+    } else {
+        const mview xv = {x, dp, 1, 0};
+        VN(mm)(PROD_R, PROD_V, n, dp, n, alpha, A, B, xv, 0);
+        scatter(dst, ts, x, g, 1);
+    }
+}
+
+/* Backward of one block (dq, dk, dv +=); bf as in forward_t. */
+ALWAYS_INLINE void VN(backward_t)(const block *b, const geom *g, float *w, int bf) {
+    const int64_t n = g->n, np = g->np, dp = g->dp, pes = vh_dtype_size(g->pt);
+    const int direct = bf || g->direct;
+    float *qb = w, *kb = qb + n * dp, *gb = kb + n * dp, *x = gb + n * dp, *vt = x + n * dp;
+    float *p = vt + g->dh * np, *ds = p + n * np;
+    const mview q = VN(rows)(qb, b->q, b->ts, g, direct, bf);
+    const mview k = VN(rows)(kb, b->k, b->ts, g, direct, bf);
+    const mview v = VN(rows)(x, b->v, b->ts, g, direct, bf); /* x: not used yet */
+    VN(transpose)(vt, &v, g);
+    const mview go = VN(rows)(gb, b->go, b->ots, g, direct, bf);
+    for (int64_t t = 0; t < n; t++)
+        load_row(p + t * np, (const char *)b->p + t * n * pes, g->pt, n, np, VW);
+    const mview vtv = {vt, np, 1, 0}, dsv = {ds, np, 1, 0}, dst = {ds, 1, np, 0};
+    const mview pt = {p, 1, np, 0};
+    VN(mm)(SCORE_R, SCORE_V, n, np, g->dh, 1.0f, go, vtv, dsv, 0); /* dP = dO V^T */
+    for (int64_t i = 0; i < n; i++) VN(softmax_grad_row)(ds + i * np, p + i * np, np);
+    VN(grad)(b->dv, b->ts, g, direct, bf, 1.0f, pt, go, x);      /* dV += P^T dO */
+    VN(grad)(b->dq, b->ts, g, direct, bf, g->scale, dsv, k, x);  /* dQ += scale dS K */
+    VN(grad)(b->dk, b->ts, g, direct, bf, g->scale, dst, q, x);  /* dK += scale dS^T Q */
+}
+
+static void VN(forward)(const block *b, const geom *g, float *w) {
+    if (g->direct && g->t == VH_DTYPE_BF16)
+        VN(forward_t)(b, g, w, 1);
+    else
+        VN(forward_t)(b, g, w, 0);
+}
+
+static void VN(backward)(const block *b, const geom *g, float *w) {
+    if (g->direct && g->t == VH_DTYPE_BF16)
+        VN(backward_t)(b, g, w, 1);
+    else
+        VN(backward_t)(b, g, w, 0);
+}
+
+#undef LD
+#undef ST
+#undef VF
+#undef VI
+#undef VU
+#undef VH

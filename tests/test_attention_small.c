@@ -1,0 +1,254 @@
+/* test_attention_small.c - the CPU engine's fused small-head attention
+ * (sdk/src/cpu/attention_small.c) against a plain float64 reference.
+ *
+ * Every shape the kernels tile differently: tokens N in {1, 7, 16, 49, 50,
+ * 65} (no full row tile, one, a 1-row tail, two score vectors, more than the
+ * 64 columns of one score tile) and head_dim {8, 16, 24, 32} (half, one and
+ * two vectors per head row), forward and backward, f32 and 16-bit storage,
+ * probs f32 or as the tensors, both layouts, rows with gaps. The reference
+ * reads the inputs as stored and, as vh_device.h says, uses P as stored.
+ * Also: the gaps between rows are never written, and dqkv is added to.
+ * ctest runs it again with ONEDNN_MAX_CPU_ISA=AVX2 (the AVX2 kernels). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "vithost/vh_runtime.h"
+
+#define TOL_F32_MATH 1e-5 /* normalised error of f32 sums of <= 65 terms */
+#define SENTINEL 4096.0f /* in the gaps; exact in every dtype */
+
+static const vh_device_ops *ops;
+static uint64_t rng_state = 7;
+
+static double rnd(void) { /* splitmix64, uniform in [0, 1) */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1p-53;
+}
+
+static double tol(vh_dtype t) {
+    return (t == VH_DTYPE_BF16 ? 0x1p-8 : t == VH_DTYPE_F16 ? 0x1p-11 : 0x1p-24) + TOL_F32_MATH;
+}
+
+static void put(void *p, vh_dtype t, int64_t i, float v) {
+    if (t == VH_DTYPE_BF16) ((uint16_t *)p)[i] = vh_f32_to_bf16(v);
+    else if (t == VH_DTYPE_F16) ((uint16_t *)p)[i] = vh_f32_to_f16(v);
+    else ((float *)p)[i] = v;
+}
+
+static double get(const void *p, vh_dtype t, int64_t i) {
+    if (t == VH_DTYPE_BF16) return vh_bf16_to_f32(((const uint16_t *)p)[i]);
+    if (t == VH_DTYPE_F16) return vh_f16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+/* A tensor of n elements: random values at the listed places (mask 1),
+ * SENTINEL elsewhere. */
+static void *tensor(vh_dtype t, int64_t n, const char *mask, double lo, double hi) {
+    void *p = malloc((size_t)n * vh_dtype_size(t));
+    assert_non_null(p);
+    for (int64_t i = 0; i < n; i++) put(p, t, i, mask[i] ? (float)(lo + (hi - lo) * rnd()) : SENTINEL);
+    return p;
+}
+
+/* ||got - ref|| / ||ref|| over the masked elements; the others untouched. */
+static void expect(const char *what, const void *got, vh_dtype t, const double *ref,
+                   const char *mask, int64_t n, const char *shape) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double g = get(got, t, i);
+        if (!mask[i]) {
+            if (g != SENTINEL) fail_msg("%s %s: gap element %lld written", what, shape, (long long)i);
+            continue;
+        }
+        if (!isfinite(g)) fail_msg("%s %s: element %lld is %g", what, shape, (long long)i, g);
+        num += (g - ref[i]) * (g - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    const double err = den > 0 ? sqrt(num / den) : sqrt(num);
+    if (!(err <= tol(t))) fail_msg("%s %s: normalised error %.3g > %.3g", what, shape, err, tol(t));
+}
+
+typedef struct shape {
+    int64_t B, N, H, Dh;
+    vh_dtype t, pt;
+    int second;
+} shape;
+
+static vh_attention_args args_of(const shape *s) {
+    const int64_t D = s->H * s->Dh, gap = s->second ? 0 : 8; /* batch-first rows with a gap */
+    vh_attention_args a = {.struct_size = sizeof a, .batch = s->B, .tokens = s->N,
+                           .heads = s->H, .head_dim = s->Dh,
+                           .scale = 1.0f / sqrtf((float)s->Dh), .dtype = s->t,
+                           .probs_dtype = s->pt};
+    a.qkv_token_stride = s->second ? s->B * 3 * D : 3 * D + gap;
+    a.qkv_batch_stride = s->second ? 3 * D : s->N * a.qkv_token_stride;
+    a.out_token_stride = s->second ? s->B * D : D + gap;
+    a.out_batch_stride = s->second ? D : s->N * a.out_token_stride;
+    return a;
+}
+
+/* Places of the rows' elements (1) among the gaps (0). */
+static char *row_mask(int64_t n, int64_t rows, int64_t stride, int64_t width) {
+    char *m = calloc((size_t)n, 1);
+    assert_non_null(m);
+    for (int64_t r = 0; r < rows; r++) memset(m + r * stride, 1, (size_t)width);
+    return m;
+}
+
+#define QKV(w, t, d) (b * a->qkv_batch_stride + (t) * a->qkv_token_stride + (w) * D + h * Dh + (d))
+#define OUT(t, d) (b * a->out_batch_stride + (t) * a->out_token_stride + h * Dh + (d))
+
+/* Probabilities from the stored q, k, into p (dense, B H N N). */
+static void ref_probs(const vh_attention_args *a, double *p) {
+    const int64_t N = a->tokens, Dh = a->head_dim, D = a->heads * Dh;
+    for (int64_t b = 0; b < a->batch; b++)
+        for (int64_t h = 0; h < a->heads; h++)
+            for (int64_t i = 0; i < N; i++) {
+                double *row = p + ((b * a->heads + h) * N + i) * N, mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j < N; j++) {
+                    double s = 0;
+                    for (int64_t d = 0; d < Dh; d++)
+                        s += get(a->qkv, a->dtype, QKV(0, i, d)) * get(a->qkv, a->dtype, QKV(1, j, d));
+                    row[j] = s * a->scale;
+                    mx = fmax(mx, row[j]);
+                }
+                for (int64_t j = 0; j < N; j++) sum += (row[j] = exp(row[j] - mx));
+                for (int64_t j = 0; j < N; j++) row[j] /= sum;
+            }
+}
+
+/* out = P V, and dqkv += the gradients, with P as stored. */
+static void ref_rest(const vh_attention_args *a, double *out, double *dqkv) {
+    const int64_t N = a->tokens, Dh = a->head_dim, D = a->heads * Dh;
+    double *ds = malloc((size_t)(N * N) * sizeof(double));
+    assert_non_null(ds);
+#define P(i, j) get(a->probs, a->probs_dtype, ((b * a->heads + h) * N + (i)) * N + (j))
+#define X(w, t, d) get(a->qkv, a->dtype, QKV(w, t, d))
+#define G(t, d) get(a->dout, a->dtype, OUT(t, d))
+    for (int64_t b = 0; b < a->batch; b++)
+        for (int64_t h = 0; h < a->heads; h++) {
+            for (int64_t i = 0; i < N; i++) {
+                double rs = 0;
+                for (int64_t d = 0; d < Dh; d++) {
+                    double o = 0;
+                    for (int64_t j = 0; j < N; j++) o += P(i, j) * X(2, j, d);
+                    out[OUT(i, d)] = o;
+                }
+                for (int64_t j = 0; j < N; j++) {
+                    double dp = 0;
+                    for (int64_t d = 0; d < Dh; d++) dp += G(i, d) * X(2, j, d);
+                    ds[i * N + j] = dp;
+                    rs += dp * P(i, j);
+                }
+                for (int64_t j = 0; j < N; j++) ds[i * N + j] = P(i, j) * (ds[i * N + j] - rs);
+            }
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t d = 0; d < Dh; d++) {
+                    double dq = 0, dk = 0, dv = 0;
+                    for (int64_t j = 0; j < N; j++) {
+                        dq += ds[i * N + j] * X(1, j, d);
+                        dk += ds[j * N + i] * X(0, j, d);
+                        dv += P(j, i) * G(j, d);
+                    }
+                    dqkv[QKV(0, i, d)] += a->scale * dq;
+                    dqkv[QKV(1, i, d)] += a->scale * dk;
+                    dqkv[QKV(2, i, d)] += dv;
+                }
+        }
+#undef P
+#undef X
+#undef G
+    free(ds);
+}
+
+static void run_shape(const shape *s) {
+    vh_attention_args a = args_of(s);
+    const int64_t D = s->H * s->Dh, rows = s->B * s->N;
+    const int64_t qs = s->second ? 3 * D : a.qkv_token_stride;
+    const int64_t os = s->second ? D : a.out_token_stride;
+    const int64_t nq = rows * qs, no = rows * os, np = s->B * s->H * s->N * s->N;
+    char *mq = row_mask(nq, rows, qs, 3 * D), *mo = row_mask(no, rows, os, D);
+    char *mp = row_mask(np, 1, np, np);
+    a.qkv = tensor(s->t, nq, mq, -1.5, 1.5);
+    a.dout = tensor(s->t, no, mo, -1, 1);
+    a.dqkv = tensor(s->t, nq, mq, -1, 1); /* added to */
+    a.out = tensor(s->t, no, mo, 0, 0);
+    a.probs = tensor(s->pt, np, mp, 0, 0);
+    double *p = malloc((size_t)np * sizeof(double)), *out = calloc((size_t)no, sizeof(double));
+    double *dq = malloc((size_t)nq * sizeof(double));
+    assert_true(p && out && dq);
+    for (int64_t i = 0; i < nq; i++) dq[i] = get(a.dqkv, s->t, i);
+    char name[96];
+    snprintf(name, sizeof name, "(N %lld, head_dim %lld, %s, probs %s, %s)", (long long)s->N,
+             (long long)s->Dh, vh_dtype_name(s->t), vh_dtype_name(s->pt),
+             s->second ? "batch-second" : "batch-first with gaps");
+    ref_probs(&a, p);
+    assert_int_equal(ops->attention_forward(ops->device, &a), VH_STATUS_OK);
+    expect("probs", a.probs, s->pt, p, mp, np, name);
+    ref_rest(&a, out, dq);
+    expect("out", a.out, s->t, out, mo, no, name);
+    assert_int_equal(ops->attention_backward(ops->device, &a), VH_STATUS_OK);
+    expect("dqkv (+=)", a.dqkv, s->t, dq, mq, nq, name);
+    free((void *)a.qkv), free((void *)a.dout), free(a.dqkv), free(a.out), free(a.probs);
+    free(p), free(out), free(dq), free(mq), free(mo), free(mp);
+}
+
+static void test_small_heads(void **state) {
+    (void)state;
+    static const int64_t tokens[] = {1, 7, 16, 49, 50, 65}, dims[] = {8, 16, 24, 32};
+    static const vh_dtype types[][2] = {{VH_DTYPE_F32, VH_DTYPE_F32},
+                                        {VH_DTYPE_BF16, VH_DTYPE_F32},
+                                        {VH_DTYPE_BF16, VH_DTYPE_BF16},
+                                        {VH_DTYPE_F16, VH_DTYPE_F16}};
+    int k = 0;
+    for (int ni = 0; ni < 6; ni++)
+        for (int di = 0; di < 4; di++)
+            for (int ti = 0; ti < 4; ti++, k++) {
+                const shape s = {2, tokens[ni], 2, dims[di], types[ti][0], types[ti][1], k % 3 == 0};
+                run_shape(&s);
+            }
+}
+
+/* A large score: the softmax's max is subtracted (no overflow), and a row
+ * whose other scores are far below gives probabilities of exactly 0. */
+static void test_large_scores(void **state) {
+    (void)state;
+    const shape s = {1, 49, 1, 16, VH_DTYPE_F32, VH_DTYPE_F32, 0};
+    vh_attention_args a = args_of(&s);
+    const int64_t nq = 49 * a.qkv_token_stride, no = 49 * a.out_token_stride;
+    float *qkv = calloc((size_t)nq, sizeof(float)), *out = calloc((size_t)no, sizeof(float));
+    float *p = calloc(49 * 49, sizeof(float));
+    assert_true(qkv && out && p);
+    for (int64_t t = 0; t < 49; t++) qkv[t * a.qkv_token_stride + 2 * 16] = (float)t; /* v */
+    qkv[0] = 100.0f, qkv[a.qkv_token_stride + 16] = 100.0f; /* q_0 . k_1 = 1e4 */
+    a.qkv = qkv, a.out = out, a.probs = p;
+    assert_int_equal(ops->attention_forward(ops->device, &a), VH_STATUS_OK);
+    assert_true(p[1] == 1.0f && p[0] == 0.0f && p[48] == 0.0f);
+    assert_true(out[0] == 1.0f); /* row 0 takes v_1 */
+    assert_true(fabsf(p[49] - 1.0f / 49) < 1e-7f && fabsf(out[a.out_token_stride] - 24.0f) < 1e-4f);
+    free(qkv), free(out), free(p);
+}
+
+static int setup(void **state) {
+    (void)state;
+    ops = vh_cpu_device_ops();
+    return ops ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_small_heads),
+        cmocka_unit_test(test_large_scores),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

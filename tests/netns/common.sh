@@ -36,7 +36,7 @@ hosts_up() {
 mpi() {
     local log=$1
     shift
-    timeout -k 5 120 "$NETNS_HOSTS" mpirun -x OMP_NUM_THREADS=1 -x VITHOST_PLUGIN_PATH "$@" \
+    timeout -k 5 240 "$NETNS_HOSTS" mpirun -x OMP_NUM_THREADS=1 -x VITHOST_PLUGIN_PATH "$@" \
         >"$log.out" 2>"$log.err"
 }
 

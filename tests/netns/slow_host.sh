@@ -2,10 +2,11 @@
 # A slow host: 10 ms netem delay on everything host 2 sends. DDP on 2 x 2
 # ranks with its bucketed overlap (sharding.bucket_mb=0: one bucket per unit,
 # each all-reduce started as its unit's backward ends) and without (a bucket
-# larger than the model: one all-reduce after the whole backward), with and
-# without the delay. Prints comm_wait_ms_per_step (mean of steps 2-10) and
-# ms per step; a measurement, not a timed assertion: it fails only when a
-# run fails or reports no comm_wait.
+# larger than the model: one all-reduce after the whole backward); without
+# the delay the two were within this shared machine's noise. Prints
+# comm_wait_ms_per_step (mean of steps 2-10) and ms per step; a measurement,
+# not a timed assertion: it fails only when a run fails or reports no
+# comm_wait.
 . "$(dirname "$0")/common.sh"
 delay=${VH_NETNS_DELAY_MS:-10}
 hosts_up 2 --slots 2
@@ -35,7 +36,4 @@ run() { # DIR LABEL bucket_mb
 }
 run slow_overlap "$slow, overlap (bucket_mb 0)" 0
 run slow_one "$slow, no overlap (one bucket)" 1000
-"$NETNS_HOSTS" shape 2 --clear
-run fast_overlap "unshaped, overlap (bucket_mb 0)" 0
-run fast_one "unshaped, no overlap (one bucket)" 1000
 say "passed (a measurement)"

@@ -630,6 +630,33 @@ static vh_status readable_everywhere(vh_session *s, const char *run_dir, const c
                     what[0] > 0 ? strerror((int)what[1]) : "its checkpoint could not be found");
 }
 
+vh_status checkpoint_folder_shared(vh_session *s, const char *run_dir, vh_diag *d) {
+    vh_comm *c = &s->run->comm;
+    if (c->world_size <= 1) return VH_STATUS_OK;
+    /* rank 0 has written run.json before this barrier */
+    vh_status st = c->ops->barrier(c);
+    if (st != VH_STATUS_OK) return diag_set(d, st, "the ranks' barrier after the run folder failed");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/run.json", run_dir);
+    int fd = open(path, O_RDONLY), err = fd < 0 ? errno : 0;
+    if (fd >= 0) close(fd);
+    double first[1] = {err ? (double)c->rank : (double)c->world_size};
+    vh_diag why;
+    if ((st = session_reduce_scalars(s, first, 1, VH_REDUCE_OP_MIN, &why)) != VH_STATUS_OK)
+        return diag_set(d, st, "%s", why.text);
+    const int32_t who = (int32_t)first[0];
+    double what[1] = {who == c->rank ? (double)err : 0.0};
+    if ((st = session_reduce_scalars(s, what, 1, VH_REDUCE_OP_MAX, &why)) != VH_STATUS_OK)
+        return diag_set(d, st, "%s", why.text);
+    if (who >= c->world_size) return VH_STATUS_OK;
+    s->run->failed_together = 1; /* every rank has the message: rank 0 says it */
+    return diag_set(d, VH_STATUS_ERR_IO,
+                    "the run folder %s, which rank 0 writes, cannot be seen on rank %d of %d "
+                    "(%s: %s): a resume has every rank read the checkpoints in it, so put --out "
+                    "on a file system all ranks share (on one machine: a local path)",
+                    run_dir, (int)who, (int)c->world_size, path, strerror((int)what[0]));
+}
+
 vh_status checkpoint_resume_point(vh_session *s, const char *run_dir, char *out, size_t len,
                                   vh_diag *d) {
     vh_comm *c = &s->run->comm;

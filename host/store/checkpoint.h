@@ -29,6 +29,12 @@ vh_status checkpoint_save(vh_session *s, const char *run_dir, int64_t keep, vh_d
  * the newest whole checkpoint to name in `latest`). Reads only. */
 vh_status checkpoint_latest(const char *run_dir, char *out, size_t len, vh_diag *d);
 
+/* A new run of several ranks, after rank 0 made the run folder: every rank
+ * must see it (its run.json), since on a resume every rank reads the
+ * checkpoints itself. Refused up front, the same message on every rank,
+ * naming the first rank that cannot and the path. One rank: nothing. */
+vh_status checkpoint_folder_shared(vh_session *s, const char *run_dir, vh_diag *d);
+
 /* checkpoint_latest for --resume on every rank: rank 0 (holding the run
  * folder's lock) first puts back a folder a killed replacement left
  * missing and removes the leftovers of killed saves; the ranks then agree

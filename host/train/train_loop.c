@@ -526,6 +526,7 @@ vh_status train_run(vh_run *run, const vh_train_options *o, vh_diag *d) {
     memset(&s, 0, sizeof s);
     if (st == VH_STATUS_OK) st = session_open(&s, run, d);
     if (st == VH_STATUS_OK && rank0) st = run_folder_create(run, dir, d);
+    if (st == VH_STATUS_OK && !o->resume) st = checkpoint_folder_shared(&s, dir, d);
     char ckpt[4300] = "";
     vh_ema ema;
     memset(&ema, 0, sizeof ema);

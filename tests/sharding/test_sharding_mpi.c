@@ -416,6 +416,31 @@ static void test_resume_refused_where_a_rank_cannot_read(void **state) {
     free(err);
 }
 
+/* A new run whose folder rank 1 cannot see (its `shared` is an empty tmpfs:
+ * another machine without the shared file system) is refused up front on
+ * every rank, before a step: a resume would have rank 1 read checkpoints
+ * it cannot see. Needs a mount namespace (root). */
+static void test_run_refused_where_a_rank_cannot_see_the_folder(void **state) {
+    (void)state;
+    if (sh("unshare -m true") != 0) {
+        print_message("SKIPPED: no mount namespace here (unshare -m needs root)\n");
+        return;
+    }
+    assert_int_equal(sh("mkdir -p shared"), 0);
+    int code = sh(VH_TEST_MPIRUN " --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 "
+                  "-np 1 %s run eq.yaml --out shared/run --set run.batch_size=6 : -np 1 "
+                  "unshare -m sh -c 'mount -t tmpfs none shared && exec %s run eq.yaml --out "
+                  "shared/run --set run.batch_size=6'",
+                  VH_TEST_VITHOST, VH_TEST_VITHOST);
+    assert_true(code != 0);
+    char *err = tmp_text("err");
+    if (!strstr(err, "the run folder shared/run, which rank 0 writes, cannot be seen on rank 1 "
+                     "of 2 (shared/run/run.json: No such file or directory)"))
+        fail_msg("no message naming rank 1 and the folder:\n%s", err);
+    free(err);
+    assert_true(sh("test -e shared/run/checkpoints/step-00000001") != 0); /* no step ran */
+}
+
 /* Whether process `pid` runs in tmp_dir: ours, not another run's (several
  * test runs may share the machine). */
 static int in_tmp_dir(const char *pid) {
@@ -569,6 +594,7 @@ int main(void) {
         cmocka_unit_test(test_resume_on_another_world_size),
         cmocka_unit_test(test_gathered_save_is_the_summed_save),
         cmocka_unit_test(test_resume_refused_where_a_rank_cannot_read),
+        cmocka_unit_test(test_run_refused_where_a_rank_cannot_see_the_folder),
         cmocka_unit_test(test_zero1_reports_half_the_state),
         cmocka_unit_test(test_one_rank_failing_ends_the_run),
         cmocka_unit_test(test_killed_rank_ends_the_run),

@@ -24,6 +24,7 @@ cd "$work" || exit 1
 # hosts_up N [options of netns-hosts.sh up]: the set, or exit 77 with its line
 hosts_up() {
     local out rc
+    hosts_n=$1
     out=$(VH_NETNS_OWNER=$$ "$NETNS_HOSTS" up "$@")
     rc=$?
     [ $rc = 77 ] && { say "${out#netns-hosts: }"; exit 77; }
@@ -32,12 +33,40 @@ hosts_up() {
     net=${VH_NETNS_NET:-10.213}.$VH_NETNS
 }
 
-# mpirun over the hosts (TCP only); the command's output in $1.out/$1.err
+# mpirun over the hosts (TCP only); the command's output in $1.out/$1.err.
+# OpenMPI launched into the namespaces now and then hangs with no message:
+# before a daemon starts a rank, or after the ranks are done (seen beside
+# other OpenMPI jobs on a loaded machine, about one launch in 30). So an
+# attempt that starts no rank within 30 s, or (MPI_ATTEMPT_S, 60; 0: no
+# limit) has not ended by then, is killed and made again into a fresh --out
+# folder $1, at most twice, saying so. A resume ($1 = resume) is only
+# launched again when it started no rank.
 mpi() {
-    local log=$1
+    local log=$1 try pid t seen limit=${MPI_ATTEMPT_S:-60}
     shift
-    timeout -k 5 240 "$NETNS_HOSTS" mpirun -x OMP_NUM_THREADS=1 -x VITHOST_PLUGIN_PATH "$@" \
-        >"$log.out" 2>"$log.err"
+    for try in 1 2 3; do
+        [ "$try" -gt 1 ] && [ "$log" != resume ] && rm -rf "$log"
+        timeout -k 5 240 "$NETNS_HOSTS" mpirun -x OMP_NUM_THREADS=1 -x VITHOST_PLUGIN_PATH "$@" \
+            >"$log.out" 2>"$log.err" &
+        pid=$!
+        seen=0 t=0
+        while kill -0 $pid 2>/dev/null; do
+            [ $seen = 0 ] && [ "$(ranks_left)" -gt 0 ] && seen=1
+            [ $seen = 0 ] && [ $t -ge 150 ] && break
+            [ "$limit" != 0 ] && [ "$log" != resume ] && [ $t -ge $((limit * 5)) ] && break
+            sleep 0.2
+            t=$((t + 1))
+        done
+        if kill -0 $pid 2>/dev/null; then
+            say "launch $try of $log hung ($([ $seen = 0 ] && echo no rank started || echo not ended)): killing it, launching again"
+            for t in $(seq 0 "$hosts_n"); do "$NETNS_HOSTS" kill "$t"; done
+            wait $pid 2>/dev/null
+            continue
+        fi
+        wait $pid
+        return $?
+    done
+    fail "$log: three launches hung"
 }
 
 # A small ViT on synthetic data (as tests/sharding/test_sharding_mpi.c): a
@@ -86,10 +115,11 @@ same_losses() {
               if (bad != "" || n == 0) { print what ": differs:" bad; exit 1 } }' ref.txt got.txt
 }
 
-# ranks_left: vithost processes still running in the set's namespaces
+# ranks_left: vithost processes still running in the set's hosts (not host 0,
+# the launcher's, where mpirun's own command line names vithost)
 ranks_left() {
     local ns pid n=0
-    for ns in $(ip netns list | awk '{print $1}' | grep -E "^vh${VH_NETNS}h[0-9]+$"); do
+    for ns in $(ip netns list | awk '{print $1}' | grep -E "^vh${VH_NETNS}h[1-9][0-9]*$"); do
         for pid in $(ip netns pids "$ns"); do
             grep -q vithost "/proc/$pid/cmdline" 2>/dev/null && n=$((n + 1))
         done

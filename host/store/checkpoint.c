@@ -595,6 +595,24 @@ static int unreadable(const vh_session *s, const char *ckpt_dir, int *err) {
     return 0;
 }
 
+/* Which rank is the first to have failed a check every rank made, and what
+ * that rank says of it: *who is the lowest failing rank (world_size when
+ * none), and `info` (n values, each >= -1) ends as that rank's on every
+ * rank. Two reductions of scalars, so every rank can refuse with the same
+ * message instead of one failing alone while the others wait. */
+static vh_status agree_first_failure(vh_session *s, int failed, double *info, int n,
+                                     int32_t *who, vh_diag *d) {
+    vh_comm *c = &s->run->comm;
+    double first[1] = {failed ? (double)c->rank : (double)c->world_size};
+    vh_diag why;
+    vh_status st = session_reduce_scalars(s, first, 1, VH_REDUCE_OP_MIN, &why);
+    *who = (int32_t)first[0];
+    if (*who != c->rank)
+        for (int i = 0; i < n; i++) info[i] = -2.0; /* below any rank's value */
+    if (st == VH_STATUS_OK) st = session_reduce_scalars(s, info, n, VH_REDUCE_OP_MAX, &why);
+    return st == VH_STATUS_OK ? st : diag_set(d, st, "%s", why.text);
+}
+
 /* Every rank reads the checkpoint itself (each maps the files and takes its
  * own pieces), so it must lie where every rank can read it: on one file
  * system the ranks share, or copied to the same path on every machine.
@@ -607,13 +625,10 @@ static vh_status readable_everywhere(vh_session *s, const char *run_dir, const c
                                      vh_status st, vh_diag *d) {
     vh_comm *c = &s->run->comm;
     int err = 0, file = st != VH_STATUS_OK ? -1 : unreadable(s, ckpt, &err);
-    double first[1] = {file ? (double)c->rank : (double)c->world_size};
-    vh_diag why;
-    vh_status cst = session_reduce_scalars(s, first, 1, VH_REDUCE_OP_MIN, &why);
-    const int32_t who = (int32_t)first[0];
-    double what[2] = {who == c->rank ? (double)file : -2.0, who == c->rank ? (double)err : 0.0};
-    if (cst == VH_STATUS_OK) cst = session_reduce_scalars(s, what, 2, VH_REDUCE_OP_MAX, &why);
-    if (cst != VH_STATUS_OK) return diag_set(d, cst, "%s", why.text);
+    double what[2] = {(double)file, (double)err};
+    int32_t who = 0;
+    vh_status cst = agree_first_failure(s, file != 0, what, 2, &who, d);
+    if (cst != VH_STATUS_OK) return cst;
     if (who >= c->world_size) return VH_STATUS_OK;
     s->run->failed_together = 1; /* every rank has the message: rank 0 says it */
     if (who == c->rank && file < 0) return st; /* its own words, as one process says them */
@@ -640,14 +655,9 @@ vh_status checkpoint_folder_shared(vh_session *s, const char *run_dir, vh_diag *
     snprintf(path, sizeof path, "%s/run.json", run_dir);
     int fd = open(path, O_RDONLY), err = fd < 0 ? errno : 0;
     if (fd >= 0) close(fd);
-    double first[1] = {err ? (double)c->rank : (double)c->world_size};
-    vh_diag why;
-    if ((st = session_reduce_scalars(s, first, 1, VH_REDUCE_OP_MIN, &why)) != VH_STATUS_OK)
-        return diag_set(d, st, "%s", why.text);
-    const int32_t who = (int32_t)first[0];
-    double what[1] = {who == c->rank ? (double)err : 0.0};
-    if ((st = session_reduce_scalars(s, what, 1, VH_REDUCE_OP_MAX, &why)) != VH_STATUS_OK)
-        return diag_set(d, st, "%s", why.text);
+    double what[1] = {(double)err};
+    int32_t who = 0;
+    if ((st = agree_first_failure(s, err != 0, what, 1, &who, d)) != VH_STATUS_OK) return st;
     if (who >= c->world_size) return VH_STATUS_OK;
     s->run->failed_together = 1; /* every rank has the message: rank 0 says it */
     return diag_set(d, VH_STATUS_ERR_IO,

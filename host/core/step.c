@@ -168,25 +168,23 @@ static vh_status step_end(vh_session *s, int64_t step, double *lr, int *skipped,
 }
 
 vh_status session_step_begin(vh_session *s, vh_diag *d) {
-    phase_clock clock = {0};
-    return step_begin(s, &clock, d);
+    return session_step_begin_timed(s, NULL, d);
 }
 
 vh_status session_step_micro(vh_session *s, const vh_batch *batch, int64_t micro,
                              int64_t count, const float **dev_loss, vh_diag *d) {
-    phase_clock clock = {0};
-    return step_micro(s, batch, micro, count, dev_loss, &clock, d);
+    return session_step_micro_timed(s, batch, micro, count, dev_loss, NULL, d);
 }
 
 vh_status session_step_end(vh_session *s, int64_t step, double *lr, int *skipped, vh_diag *d) {
-    phase_clock clock = {0};
-    return step_end(s, step, lr, skipped, &clock, d);
+    return session_step_end_timed(s, step, lr, skipped, NULL, d);
 }
 
-/* The three parts with the clock on (`vithost bench` with run.grad_accum
- * > 1): each call starts the clock; zero_grads counts as forward. */
+/* The three parts, with the clock on when phases is not NULL (`vithost
+ * bench` with run.grad_accum > 1): each call starts the clock; zero_grads
+ * counts as forward. */
 vh_status session_step_begin_timed(vh_session *s, vh_step_phases *phases, vh_diag *d) {
-    phase_clock clock;
+    phase_clock clock = {0};
     phase_start(s, &clock, phases);
     vh_status st = step_begin(s, &clock, d);
     if (st == VH_STATUS_OK) st = phase_end(s, &clock, VH_STEP_PHASE_FORWARD, d);
@@ -196,14 +194,14 @@ vh_status session_step_begin_timed(vh_session *s, vh_step_phases *phases, vh_dia
 vh_status session_step_micro_timed(vh_session *s, const vh_batch *batch, int64_t micro,
                                    int64_t count, const float **dev_loss,
                                    vh_step_phases *phases, vh_diag *d) {
-    phase_clock clock;
+    phase_clock clock = {0};
     phase_start(s, &clock, phases);
     return step_micro(s, batch, micro, count, dev_loss, &clock, d);
 }
 
 vh_status session_step_end_timed(vh_session *s, int64_t step, double *lr, int *skipped,
                                  vh_step_phases *phases, vh_diag *d) {
-    phase_clock clock;
+    phase_clock clock = {0};
     phase_start(s, &clock, phases);
     return step_end(s, step, lr, skipped, &clock, d);
 }

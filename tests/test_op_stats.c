@@ -111,11 +111,63 @@ static void test_wrapper_passes_through_and_counts(void **state) {
     assert_int_equal(stats.stat[entry_of("layernorm_forward")].calls, 1);
     assert_int_equal(stats.stat[entry_of("convert")].calls, 1);
     assert_int_equal(stats.stat[entry_of("add")].calls, 0);
+    /* all three calls were one shape: one row, with the op's figures */
+    assert_int_equal(stats.gemm_shapes, 1);
+    assert_int_equal(stats.gemm_shape[0].stat.calls, 3);
+    assert_int_equal(stats.gemm_shape[0].batch, 3);
+    assert_true(fabs(stats.gemm_shape[0].stat.flops - stats.stat[gi].flops) < 1e-9);
 
     op_stats_uninstall(&stats, &dev);
     assert_ptr_equal(dev, &fake_ops);
     assert_int_equal(op_stats_install(&other, &dev), VH_STATUS_OK); /* free again */
     op_stats_uninstall(&other, &dev);
+}
+
+/* Calls that differ in anything but their pointers are separate shapes;
+ * past the table's size a shape is counted in the op only. */
+static void test_gemm_shapes(void **state) {
+    (void)state;
+    const vh_device_ops *dev = &fake_ops;
+    vh_op_stats stats;
+    assert_int_equal(op_stats_install(&stats, &dev), VH_STATUS_OK);
+    op_stats_start(&stats);
+    answer = VH_STATUS_OK;
+    float x[2];
+    vh_gemm_args g = {.struct_size = sizeof g, .m = 8, .n = 4, .k = 2, .ab_dtype = VH_DTYPE_BF16,
+                      .c_dtype = VH_DTYPE_F32};
+    assert_int_equal(dev->gemm(dev->device, &g), VH_STATUS_OK);
+    g.a = x; /* same shape, other operands */
+    assert_int_equal(dev->gemm(dev->device, &g), VH_STATUS_OK);
+    g.trans_a = 1; /* another */
+    assert_int_equal(dev->gemm(dev->device, &g), VH_STATUS_OK);
+    g.trans_a = 0, g.bias = x; /* and another */
+    assert_int_equal(dev->gemm(dev->device, &g), VH_STATUS_OK);
+    assert_int_equal(stats.gemm_shapes, 3);
+    assert_int_equal(stats.gemm_shape[0].stat.calls, 2);
+    assert_int_equal(stats.gemm_shape[1].trans_a, 1);
+    assert_int_equal(stats.gemm_shape[2].bias, 1);
+    for (int i = 0; i < VH_OP_STATS_GEMM_SHAPES + 5; i++) {
+        g.m = 100 + i;
+        assert_int_equal(dev->gemm(dev->device, &g), VH_STATUS_OK);
+    }
+    assert_int_equal(stats.gemm_shapes, VH_OP_STATS_GEMM_SHAPES);
+    assert_int_equal(stats.stat[entry_of("gemm")].calls, 4 + VH_OP_STATS_GEMM_SHAPES + 5);
+    char *text = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&text, &size);
+    stats.steps = 1, stats.step_seconds = 1.0;
+    op_stats_print(&stats, f); /* the slowest ten: which ones is the clock's to say */
+    fclose(f);
+    if (!strstr(text, "the 10 slowest of 48+")) fail_msg("no shapes heading in:\n%s", text);
+    free(text);
+    f = open_memstream(&text, &size);
+    op_stats_print_json(&stats, f); /* all of them */
+    fclose(f);
+    if (!strstr(text, "\"8x4x2 bf16->f32 A.B\"") || !strstr(text, "\"8x4x2 bf16->f32 A^T.B\"") ||
+        !strstr(text, "\"8x4x2 bf16->f32 A.B +bias\""))
+        fail_msg("shapes missing from:\n%s", text);
+    free(text);
+    op_stats_uninstall(&stats, &dev);
 }
 
 static void test_entries_are_distinct(void **state) {
@@ -147,6 +199,9 @@ static void test_bench_ops(void **state) {
     if (!gemm) fail_msg("no gemm in: %s", ops);
     assert_true(harness_json_number(gemm, "calls_per_step") > 0);
     assert_true(harness_json_number(gemm, "gflop_per_s") > 0);
+    const char *shapes = strstr(ops, "\"gemm_shapes\": [{\"shape\": \"");
+    if (!shapes) fail_msg("no gemm_shapes in: %s", ops);
+    assert_true(harness_json_number(shapes, "ms_per_step") > 0);
     double total = harness_json_number(ops, "total_ms"), step = harness_json_number(ops, "step_ms");
     if (!(total > 0 && total <= step)) fail_msg("ops %g ms, step %g ms", total, step);
     free(out);
@@ -166,6 +221,7 @@ static void test_bench_ops(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wrapper_passes_through_and_counts),
+        cmocka_unit_test(test_gemm_shapes),
         cmocka_unit_test(test_entries_are_distinct),
         cmocka_unit_test(test_bench_ops),
     };

@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "op_stats.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -49,9 +50,12 @@ static vh_status op_end(vh_op_stats *s, int op, double t0, vh_status st, double 
 }
 
 /* The ops that take (device, one argument struct): name, struct, FLOPs of
- * one call (an expression of `a`). */
+ * one call (an expression of `a`). GEMM first, with a trampoline of its
+ * own that also keeps its shapes. */
 #define VH_ARGS_OPS(X)                                                        \
     X(gemm, vh_gemm_args, gemm_flops(a))                                      \
+    VH_OTHER_ARGS_OPS(X)
+#define VH_OTHER_ARGS_OPS(X)                                                  \
     X(layernorm_forward, vh_layernorm_args, 0.0)                              \
     X(layernorm_backward, vh_layernorm_args, 0.0)                             \
     X(gelu_forward, vh_eltwise_args, 0.0)                                     \
@@ -86,7 +90,40 @@ _Static_assert(OP_COUNT <= VH_OP_STATS_MAX, "raise VH_OP_STATS_MAX");
         vh_status st = s->inner.member(dev, a);                               \
         return op_end(s, OP_##member, t0, st, st == VH_STATUS_OK ? (flops) : 0.0); \
     }
-VH_ARGS_OPS(OP_TRAMPOLINE)
+VH_OTHER_ARGS_OPS(OP_TRAMPOLINE)
+
+/* The shape's row in s->gemm_shape, made on first sight; NULL once full. */
+static vh_op_stat *gemm_shape_stat(vh_op_stats *s, const vh_gemm_args *a) {
+    vh_op_gemm_shape key = {a->batch > 1 ? a->batch : 1, a->m, a->n, a->k,
+                            a->trans_a, a->trans_b, a->ab_dtype, a->c_dtype, a->epilogue,
+                            a->bias != NULL, a->residual != NULL, a->beta != 0.0f, {0, 0, 0}};
+    for (int i = 0; i < s->gemm_shapes; i++) /* everything but the figures */
+        if (!memcmp(&s->gemm_shape[i], &key, offsetof(vh_op_gemm_shape, stat)))
+            return &s->gemm_shape[i].stat;
+    if (s->gemm_shapes == VH_OP_STATS_GEMM_SHAPES) return NULL;
+    memset(&key.stat, 0, sizeof key.stat);
+    s->gemm_shape[s->gemm_shapes] = key;
+    return &s->gemm_shape[s->gemm_shapes++].stat;
+}
+
+_Static_assert(offsetof(vh_op_gemm_shape, stat) == 4 * sizeof(int64_t) + 8 * sizeof(int32_t),
+               "the shape key has no padding: memcmp compares it");
+
+static vh_status timed_gemm(vh_device *dev, const vh_gemm_args *a) {
+    vh_op_stats *s = active;
+    if (!s->counting) return s->inner.gemm(dev, a);
+    double t0 = op_begin(s);
+    vh_status st = s->inner.gemm(dev, a);
+    double flops = st == VH_STATUS_OK ? gemm_flops(a) : 0.0;
+    st = op_end(s, OP_gemm, t0, st, flops);
+    vh_op_stat *g = gemm_shape_stat(s, a);
+    if (g) {
+        g->calls++;
+        g->seconds += now_seconds() - t0;
+        g->flops += flops;
+    }
+    return st;
+}
 
 /* The three of their own signature. */
 static vh_status timed_convert(vh_device *dev, void *dst, vh_dtype dst_dtype, const void *src,
@@ -175,6 +212,8 @@ void op_stats_uninstall(vh_op_stats *stats, const vh_device_ops **device) {
 
 void op_stats_start(vh_op_stats *stats) {
     memset(stats->stat, 0, sizeof stats->stat);
+    memset(stats->gemm_shape, 0, sizeof stats->gemm_shape);
+    stats->gemm_shapes = 0;
     stats->step_seconds = 0.0;
     stats->steps = 0;
     stats->counting = 1;
@@ -215,6 +254,61 @@ static double percent(const vh_op_stats *s, double seconds) {
     return s->step_seconds > 0 ? 100.0 * seconds / s->step_seconds : 0.0;
 }
 
+static const vh_op_stats *sorting_shapes;
+
+static int shape_by_time(const void *a, const void *b) {
+    double x = sorting_shapes->gemm_shape[*(const int *)a].stat.seconds;
+    double y = sorting_shapes->gemm_shape[*(const int *)b].stat.seconds;
+    return (x < y) - (x > y);
+}
+
+static int sorted_shapes(const vh_op_stats *s, int *order) {
+    for (int i = 0; i < s->gemm_shapes; i++) order[i] = i;
+    sorting_shapes = s;
+    qsort(order, (size_t)s->gemm_shapes, sizeof *order, shape_by_time);
+    return s->gemm_shapes;
+}
+
+/* "[batch x] m x n x k dtype A^T.B +bias +gelu +res +beta", as the call
+ * asked for it (op(A) is m x k, op(B) k x n). */
+static void shape_name(const vh_op_gemm_shape *g, char *buf, size_t size) {
+    int n = g->batch > 1 ? snprintf(buf, size, "%lldx ", (long long)g->batch) : 0;
+    snprintf(buf + n, size - (size_t)n, "%lldx%lldx%lld %s%s %s.%s%s%s%s%s",
+             (long long)g->m, (long long)g->n, (long long)g->k,
+             vh_dtype_name((vh_dtype)g->ab_dtype),
+             g->c_dtype != g->ab_dtype ? "->" : "",
+             g->trans_a ? "A^T" : "A", g->trans_b ? "B^T" : "B", g->bias ? " +bias" : "",
+             g->epilogue == VH_EPILOGUE_GELU ? " +gelu" : "", g->residual ? " +res" : "",
+             g->beta ? " +beta" : "");
+    if (g->c_dtype != g->ab_dtype) { /* name C's dtype after the arrow */
+        char *arrow = strstr(buf, "->");
+        char rest[96];
+        snprintf(rest, sizeof rest, "%s", arrow + 2);
+        snprintf(arrow + 2, size - (size_t)(arrow + 2 - buf), "%s%s",
+                 vh_dtype_name((vh_dtype)g->c_dtype), rest);
+    }
+}
+
+#define SHAPES_PRINTED 10
+
+static void print_shapes(const vh_op_stats *s, FILE *out) {
+    int order[VH_OP_STATS_GEMM_SHAPES];
+    int n = sorted_shapes(s, order);
+    if (n == 0) return;
+    fprintf(out, "    gemm by shape (m x n x k, op(A).op(B)), the %d slowest of %d%s\n",
+            n < SHAPES_PRINTED ? n : SHAPES_PRINTED, n,
+            n == VH_OP_STATS_GEMM_SHAPES ? "+" : "");
+    for (int k = 0; k < n && k < SHAPES_PRINTED; k++) {
+        const vh_op_gemm_shape *g = &s->gemm_shape[order[k]];
+        char name[160];
+        shape_name(g, name, sizeof name);
+        fprintf(out, "      %-45s %5.1f %10.3f %7.1f%% %9.1f\n", name,
+                per_step(s, (double)g->stat.calls), 1e3 * per_step(s, g->stat.seconds),
+                percent(s, g->stat.seconds),
+                g->stat.seconds > 0 ? g->stat.flops / g->stat.seconds / 1e9 : 0.0);
+    }
+}
+
 void op_stats_print(const vh_op_stats *s, FILE *out) {
     int order[VH_OP_STATS_MAX];
     int n = sorted_ops(s, order);
@@ -237,6 +331,7 @@ void op_stats_print(const vh_op_stats *s, FILE *out) {
             1e3 * per_step(s, s->step_seconds - total), percent(s, s->step_seconds - total));
     fprintf(out, "    %-31s %9s %10.3f %7.1f%%\n", "step (mean)", "",
             1e3 * per_step(s, s->step_seconds), s->step_seconds > 0 ? 100.0 : 0.0);
+    print_shapes(s, out);
     fflush(out);
 }
 
@@ -257,5 +352,19 @@ void op_stats_print_json(const vh_op_stats *s, FILE *out) {
         if (o->flops > 0 && o->seconds > 0) fprintf(out, "%.6g}", o->flops / o->seconds / 1e9);
         else fputs("null}", out);
     }
-    fputs("}}", out);
+    fputs("}, \"gemm_shapes\": [", out);
+    int shapes[VH_OP_STATS_GEMM_SHAPES];
+    n = sorted_shapes(s, shapes);
+    for (int k = 0; k < n; k++) {
+        const vh_op_gemm_shape *g = &s->gemm_shape[shapes[k]];
+        char name[160];
+        shape_name(g, name, sizeof name);
+        fprintf(out,
+                "%s{\"shape\": \"%s\", \"calls_per_step\": %.6g, \"ms_per_step\": %.6g, "
+                "\"gflop_per_s\": %.6g}",
+                k ? ", " : "", name, per_step(s, (double)g->stat.calls),
+                1e3 * per_step(s, g->stat.seconds),
+                g->stat.seconds > 0 ? g->stat.flops / g->stat.seconds / 1e9 : 0.0);
+    }
+    fputs("]}", out);
 }

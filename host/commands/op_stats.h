@@ -44,12 +44,25 @@ typedef struct vh_op_stat {
     double flops; /* GEMM and attention; 0 for the others */
 } vh_op_stat;
 
+/* GEMMs by shape: the "gemm" row split, so a slow shape shows. Shapes past
+ * VH_OP_STATS_GEMM_SHAPES are counted in the row but not split out. */
+#define VH_OP_STATS_GEMM_SHAPES 48
+
+typedef struct vh_op_gemm_shape {
+    int64_t batch, m, n, k;
+    int32_t trans_a, trans_b, ab_dtype, c_dtype, epilogue;
+    int32_t bias, residual, beta; /* 0/1: a bias, a residual, beta != 0 */
+    vh_op_stat stat;
+} vh_op_gemm_shape;
+
 typedef struct vh_op_stats {
     vh_device_ops inner;           /* the device's table, as installed over */
     vh_device_ops ops;             /* the layer's: what the run sees */
     const vh_device_ops *original; /* restored by op_stats_uninstall */
     int counting;                  /* 0: trampolines only pass through */
     vh_op_stat stat[VH_OP_STATS_MAX]; /* by op_stats_entries index */
+    vh_op_gemm_shape gemm_shape[VH_OP_STATS_GEMM_SHAPES];
+    int gemm_shapes;               /* used entries of gemm_shape */
     double step_seconds;           /* the timed steps' wall time, summed by the caller */
     int64_t steps;
 } vh_op_stats;
@@ -66,10 +79,13 @@ void op_stats_start(vh_op_stats *stats);
 void op_stats_stop(vh_op_stats *stats);
 
 /* The figures per step, sorted by time (longest first), against the mean
- * step: a human table, or the members of a JSON object
+ * step; the human table follows with the GEMMs' ten slowest shapes
+ * ("gemm_shapes" in JSON, all of them). A human table, or a JSON object
  *   {"step_ms": mean step, "total_ms": the timed ops, "other_ms": the rest,
  *    "by_op": {"gemm": {"calls_per_step": .., "ms_per_step": ..,
- *    "percent_of_step": .., "gflop_per_s": .. or null}, ...}}
+ *    "percent_of_step": .., "gflop_per_s": .. or null}, ...},
+ *    "gemm_shapes": [{"shape": "64x6400x192x64 bf16 A.B^T +bias", "calls_per_step",
+ *    "ms_per_step", "gflop_per_s"}, ...]}
  * (ops never called are left out). */
 void op_stats_print(const vh_op_stats *stats, FILE *out);
 void op_stats_print_json(const vh_op_stats *stats, FILE *out);

@@ -140,6 +140,44 @@ VH_CPU_CLONES static void gelu_backward_span_bf16(uint16_t *dx, const uint16_t *
                                                     vh_cpu_bf16_widen(dout[i])));
 }
 
+/* Pairs again (see gelu_backward_pairs_bf16): two fp32 values in, each
+ * output word holds two bf16 results. Measured on Zen 5, 2 threads, T3's
+ * fc1 (1576 x 1536) in AMP: 0.63 ms against 1.02 for the GELU pass into fp32
+ * scratch and the two conversions after it. */
+VH_CPU_CLONES static void gelu_forward_pairs_f32_to_bf16(uint32_t *out, uint32_t *pre,
+                                                         const float *t, int64_t pairs) {
+#pragma omp simd
+    for (int64_t i = 0; i < pairs; i++) {
+        const float lo = t[2 * i], hi = t[2 * i + 1];
+        pre[i] = vh_cpu_bf16_round32(lo) | (vh_cpu_bf16_round32(hi) << 16);
+        out[i] = vh_cpu_bf16_round32(gelu_forward_one(lo)) |
+                 (vh_cpu_bf16_round32(gelu_forward_one(hi)) << 16);
+    }
+}
+
+VH_CPU_CLONES static void gelu_forward_span_f32_to_bf16(uint16_t *out, uint16_t *pre,
+                                                        const float *t, int64_t n) {
+    int64_t i = 0;
+    if (((uintptr_t)out | (uintptr_t)pre) % 4 == 0) {
+        gelu_forward_pairs_f32_to_bf16((uint32_t *)(void *)out, (uint32_t *)(void *)pre, t,
+                                       n / 2);
+        i = n / 2 * 2;
+    }
+    for (; i < n; i++) {
+        pre[i] = vh_cpu_bf16_round(t[i]);
+        out[i] = vh_cpu_bf16_round(gelu_forward_one(t[i]));
+    }
+}
+
+void vh_cpu_k_gelu_forward_f32_to_bf16(uint16_t *out, uint16_t *pre, const float *t, int64_t n) {
+    const int64_t pieces = PIECES(n);
+#pragma omp parallel for schedule(static) PAR(n)
+    for (int64_t p = 0; p < pieces; p++) {
+        const int64_t o = p * VH_CPU_PIECE;
+        gelu_forward_span_f32_to_bf16(out + o, pre + o, t + o, PIECE_LEN(n, p));
+    }
+}
+
 void vh_cpu_k_gelu_forward_bf16(uint16_t *out, const uint16_t *x, int64_t n) {
     const int64_t pieces = PIECES(n);
 #pragma omp parallel for schedule(static) PAR(n)

@@ -273,6 +273,10 @@ VH_CPU_HIDDEN void vh_cpu_k_gelu_backward(float *dx, const float *x, const float
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_bf16(uint16_t *out, const uint16_t *x, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_gelu_backward_bf16(uint16_t *dx, const uint16_t *x,
                                                const uint16_t *dout, int64_t n);
+/* From an fp32 pre-activation t: pre = bf16(t), out = bf16(gelu(t)), in
+ * one pass (a GEMM's GELU epilogue with bf16 outputs). */
+VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_f32_to_bf16(uint16_t *out, uint16_t *pre,
+                                                     const float *t, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_add(float *out, const float *a, const float *b, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_mul(float *out, const float *a, const float *b, int64_t n,
                                 int32_t accumulate);

@@ -425,6 +425,12 @@ static vh_status run_fused(const vh_gemm_args *g, int64_t batch, gemm_views *v) 
     return st;
 }
 
+/* AMP's fc1: C = gelu(T) and aux = T, both bf16 and dense, nothing added. */
+static int gelu_to_bf16(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
+    return g->epilogue == VH_EPILOGUE_GELU && g->aux && batch == 1 && !v->res.p &&
+           g->beta == 0.0f && g->c_dtype == VH_DTYPE_BF16 && g->ldc == g->n;
+}
+
 /* Route 2, split: T into aux (f32) or a dense scratch, then the epilogue. */
 static vh_status run_split(const vh_gemm_args *g, int64_t batch, int multiply, gemm_views *v) {
     const int64_t m = g->m, n = g->n;
@@ -447,6 +453,10 @@ static vh_status run_split(const vh_gemm_args *g, int64_t batch, int multiply, g
             else
                 memset(row, 0, (size_t)n * sizeof(float));
         }
+    }
+    if (gelu_to_bf16(g, batch, v)) { /* C and aux rounded in the GELU's own pass */
+        vh_cpu_k_gelu_forward_f32_to_bf16(g->c, g->aux, t.p, m * n);
+        return VH_STATUS_OK;
     }
     if ((st = finish(g, batch, &t, &v->c, &v->res, v->beta0 ? 0.0f : g->beta)) != VH_STATUS_OK)
         return st;

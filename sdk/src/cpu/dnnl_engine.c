@@ -236,7 +236,7 @@ vh_status vh_dnnl_matmul_run(const vh_dnnl_matmul *mm, const void *a, const void
 }
 
 vh_status vh_dnnl_matmul_run_residual(const vh_dnnl_matmul *mm, const void *a, const void *b,
-                                      const float *bias, const float *residual, void *c) {
+                                      const float *bias, const void *residual, void *c) {
     if (mm->residual && !residual) return VH_STATUS_ERR_INVALID_ARG;
     thread_cache *tc = this_cache();
     if (!tc) return VH_STATUS_ERR_UNSUPPORTED;

@@ -7,7 +7,7 @@
  * One operation: a (batched) matmul with fused post-ops,
  *   T = alpha * A @ B + bias            (bias only with alpha == 1: oneDNN 2.x
  *                                         scales after it)
- *   C = gelu?(T) + residual? + sum * C  (residual: an f32 tensor with C's
+ *   C = gelu?(T) + residual? + sum * C  (residual: a tensor of C's dtype,
  *                                         shape and strides)
  * where A is (batch..., m, k), B (batch..., k, n), C (batch..., m, n), each
  * given by element strides, so transposes, leading
@@ -56,10 +56,10 @@ VH_CPU_HIDDEN void vh_dnnl_matmul_init(vh_dnnl_matmul *mm);
  * takes a simpler route (plain f32, post-ops done by hand). */
 VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run(const vh_dnnl_matmul *mm, const void *a,
                                            const void *b, const float *bias, void *c);
-/* The same with the residual tensor of mm->residual. */
+/* The same with the residual tensor of mm->residual (C's dtype). */
 VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run_residual(const vh_dnnl_matmul *mm, const void *a,
                                                     const void *b, const float *bias,
-                                                    const float *residual, void *c);
+                                                    const void *residual, void *c);
 
 /* Does this CPU multiply bf16 natively (avx512_bf16 or AMX)? oneDNN
  * decides the ISA at run time and honours ONEDNN_MAX_CPU_ISA. */

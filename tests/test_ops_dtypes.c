@@ -235,6 +235,9 @@ static const gemm_case kGemmCases[] = {
     {1, 0, 13, 11, 17, 3, 1.0f, 0.0f, 0, 0, 0, 1, 0, 1}, /* one A for every member */
     {0, 1, 13, 11, 0, 2, 1.0f, 0.5f, 1, 1, 1, 1, 0, 0},  /* k = 0 */
     {0, 1, 200, 96, 64, 1, 1.0f, 0.0f, 1, 1, 1, 1, 0, 0}, /* threaded passes */
+    {1, 0, 9, 12, 2048, 1, 1.0f, 1.0f, 0, 0, 0, 0, 0, 0}, /* small dW +=: k in halves */
+    {1, 1, 8, 6, 4096, 1, 0.5f, 0.25f, 0, 0, 0, 0, 0, 0}, /* the same, B^T, alpha, beta */
+    {1, 0, 9, 12, 2049, 1, 1.0f, 1.0f, 0, 0, 0, 0, 0, 0}, /* odd k: one product */
 };
 
 static void test_gemm_dtypes(void **state) {

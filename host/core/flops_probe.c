@@ -7,10 +7,6 @@
 
 #include "progress.h"
 
-double flops_probe_peak_tflops(const vh_device_ops *dev) {
-    return flops_probe_peak_tflops_dtype(dev, VH_DTYPE_F32);
-}
-
 double flops_probe_peak_tflops_dtype(const vh_device_ops *dev, vh_dtype dtype) {
     if (!dev->gemm || !dev->synchronize) return 0.0;
     if (dtype != VH_DTYPE_F32 && !dev->convert) return 0.0;

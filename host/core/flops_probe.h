@@ -6,11 +6,9 @@
 
 #include "vithost/vh_device.h"
 
-/* TFLOP/s of an f32 GEMM, best of a few repetitions; 0 when it cannot be
- * measured. */
-double flops_probe_peak_tflops(const vh_device_ops *dev);
-/* The same with a and b in `dtype` (f32, bf16, f16; f32 accumulation and
- * output): the peak for a policy's compute dtype. 0 when the device
+/* TFLOP/s of a GEMM with a and b in `dtype` (f32, bf16, f16; f32
+ * accumulation and output), best of a few repetitions: the peak for a
+ * policy's compute dtype. 0 when it cannot be measured or the device
  * refuses the dtype. */
 double flops_probe_peak_tflops_dtype(const vh_device_ops *dev, vh_dtype dtype);
 

@@ -38,7 +38,7 @@ const vh_config_key vh_run_schema[] = {
     {"keep_checkpoints", VH_CONFIG_TYPE_INT, "3", "newest checkpoints kept (0: all)", NULL, 0,
      1e6, 0},
     {"peak_tflops", VH_CONFIG_TYPE_FLOAT, "0",
-     "device peak for MFU, TFLOP/s (0: measured on CPU with an sgemm probe)", NULL, 0, 1e6, 0},
+     "device peak for MFU, TFLOP/s (0: a GEMM probe in the policy's compute dtype)", NULL, 0, 1e6, 0},
     /* Dead runs stop: a healthy dynamic loss scale finds one that fits in
      * about log2(init_scale / needed) skips in a row (16 from 65536, 24 from
      * the 2^24 ceiling); 50 is twice that with room. A total cannot have one

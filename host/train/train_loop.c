@@ -460,7 +460,10 @@ static vh_status setup_loop(loop_state *ls, vh_session *s, vh_ema *ema, const ch
     double peak = 0.0;
     const vh_config_entry *e = config_find(&run->run_config, "peak_tflops");
     if (e) peak = e->as.f;
-    ls->peak_tflops = peak > 0 ? peak : flops_probe_peak_tflops(run->device);
+    /* the peak of the dtype the GEMMs run in, as `vithost bench` has it: against the
+     * f32 peak an AMP run's MFU read twice too high where bf16 GEMMs run at 2x */
+    ls->peak_tflops =
+        peak > 0 ? peak : flops_probe_peak_tflops_dtype(run->device, s->policy.compute_dtype);
     progress_init(&ls->prog, s->out);
     ls->prog.keep_going = strcmp(run_config_string(run, "write_errors"), "warn") == 0;
     /* mpirun gives its processes a terminal of its own and forwards what

@@ -22,7 +22,11 @@ What one run prints (a benchmark, not a test: ctest never runs it):
    fails): vithost fp32 / torch fp32 (2.0x, 1.4x, 1.15x); vithost AMP-bf16 / torch bf16 autocast
    (1.3x); vithost AMP-bf16 / vithost fp32 (1.5x where the engine's bf16 GEMM peak is at least
    1.8x its f32 one, else 0.95x: the line above the table names the machine's kind); the f32
-   GEMM peak share of vithost (85% on T3).
+   GEMM peak share of vithost (85% on T3);
+5. where each vithost step went (the same runs, `--ops`): GEMMs (share, GFLOP/s), attention
+   and the rest, and per configuration the ceiling of AMP-bf16 / fp32 on this CPU: the fp32
+   step over (the AMP step's other ops + the fp32 GEMMs sped up by the bf16/f32 GEMM peak
+   ratio), which says when a goal of 1.5x cannot hold for want of faster bf16 units.
 
 Configurations (DESIGN.md's letters):
   T1  D64  L4  H4 P4,  28x28x1,  B128, 10 classes
@@ -90,7 +94,7 @@ def cpu_facts():
 
 def gemm_peaks(build):
     exe = os.path.join(build, "bench", "bench_gemm")
-    out = subprocess.run([exe, "3"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([exe, "10"], capture_output=True, text=True, check=True).stdout
     peaks = {}
     for line in out.splitlines():
         if line.startswith("PEAK "):
@@ -116,7 +120,8 @@ data:      {{ plugin: synthetic, channels: {ch}, image_size: {side}, num_classes
 
 
 def run_vithost(build, name, cfg, precision, env, quick):
-    """Median img/s of `vithost bench --json` (its own warm-up), or None."""
+    """`vithost bench --ops --json`'s object (img_per_s: the median step's; ops: where the step
+    went, op by op; the timing layer costs two clock reads per op), or None."""
     steps, warmup = cfg[9], cfg[10]
     if quick:
         steps, warmup = max(3, steps // 3), 1
@@ -125,13 +130,13 @@ def run_vithost(build, name, cfg, precision, env, quick):
         path = os.path.join(work, f"{name}.yaml")
         with open(path, "w") as f:
             f.write(recipe(cfg, precision))
-        cmd = [os.path.join(build, "vithost"), "bench", path, "--json", "--steps", str(steps),
-               "--warmup", str(warmup)]
+        cmd = [os.path.join(build, "vithost"), "bench", path, "--json", "--ops", "--steps",
+               str(steps), "--warmup", str(warmup)]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0:
             print(f"  vithost {name} {precision}: exit {r.returncode}\n{r.stderr[-2000:]}")
             return None
-        return json.loads(r.stdout.strip().splitlines()[-1])["img_per_s"]
+        return json.loads(r.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -220,6 +225,53 @@ def flops_per_image(cfg):
 PRECISIONS = {"fp32": "fp32", "amp": "AMP-bf16", "fp16": "FP16"}
 
 
+def split_step(run):
+    """(step ms, GEMM ms, GEMM GFLOP/s, attention ms) of one `vithost bench --ops` object."""
+    ops = run.get("ops") or {}
+    by = ops.get("by_op", {})
+    gemm = by.get("gemm", {})
+    attn = sum(by.get(k, {}).get("ms_per_step", 0.0)
+               for k in ("attention_forward", "attention_backward"))
+    return ops.get("step_ms"), gemm.get("ms_per_step", 0.0), gemm.get("gflop_per_s"), attn
+
+
+def print_profile(names, precisions, runs, peaks):
+    """Where each step went (the same runs as the table), and what that allows AMP against fp32:
+    were every GEMM of the fp32 step as much faster in bf16 as the engine's bf16 GEMM peak is
+    over its f32 one, and the rest of the step took what it took in the AMP run, AMP-bf16 /
+    fp32 could reach at most fp32 step / (AMP rest + fp32 GEMMs / peak ratio)."""
+    print()
+    print("where the step goes (`vithost bench --ops`, the runs above), ms per step")
+    print("| cfg | precision | step | GEMMs (share, GFLOP/s) | attention | rest |")
+    print("|---|---|---|---|---|---|")
+    for n in names:
+        for p in precisions:
+            run = runs[p].get(n)
+            if not run or not run.get("ops"):
+                continue
+            step, gemm, rate, attn = split_step(run)
+            if not step:
+                continue
+            gf = f", {rate:.0f}" if rate else ""
+            print(f"| {n} | {PRECISIONS[p]} | {step:.2f} | {gemm:.2f} ({100 * gemm / step:.0f}%{gf})"
+                  f" | {attn:.2f} | {step - gemm - attn:.2f} |")
+    f32, bf16 = peaks.get("f32"), peaks.get("bf16")
+    if "fp32" not in precisions or "amp" not in precisions or not f32 or not bf16:
+        return
+    ratio = bf16 / f32
+    for n in names:
+        a, b = runs["fp32"].get(n), runs["amp"].get(n)
+        if not a or not b or not a.get("ops") or not b.get("ops"):
+            continue
+        s32, g32, _, _ = split_step(a)
+        s16, g16, _, _ = split_step(b)
+        if not s32 or not s16:
+            continue
+        ceiling = s32 / ((s16 - g16) + g32 / ratio)
+        print(f"{n}: AMP-bf16 / fp32 ceiling {ceiling:.2f}x (fp32 step {s32:.2f} ms, its GEMMs "
+              f"{g32:.2f} ms / {ratio:.2f}; the AMP step's other ops {s16 - g16:.2f} ms)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -250,13 +302,14 @@ def main():
     model, isa = cpu_facts()
     print(f"CPU: {model}; ISA: {' '.join(isa) or '?'}; threads: {args.threads}")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    print("GEMM peak through the SDK's CPU engine (best of 3):")
+    print("GEMM peak through the SDK's CPU engine (best of 10):")
     peaks = gemm_peaks(args.build)
 
-    ours = {p: {} for p in precisions}
+    ours, runs = {p: {} for p in precisions}, {p: {} for p in precisions}
     for n in names:
         for p in precisions:
-            ours[p][n] = run_vithost(args.build, n, CONFIGS[n], p, env, args.quick)
+            runs[p][n] = run_vithost(args.build, n, CONFIGS[n], p, env, args.quick)
+            ours[p][n] = runs[p][n]["img_per_s"] if runs[p][n] else None
     want_bf16 = args.torch_bf16 == "yes" or (args.torch_bf16 == "auto" and "avx512_bf16" in isa)
     bf16_note = ""
     if not want_bf16:
@@ -335,9 +388,14 @@ def main():
         print(line)
     if bf16_note:
         print(f"({bf16_note})")
+    print_profile(names, precisions, runs, peaks)
     print("JSON " + json.dumps({"cpu": model, "isa": isa, "threads": args.threads,
                                 "gemm_peak_gflops": peaks, "machine_kind": kind,
                                 "vithost_img_s": ours,
+                                "vithost_step_ms": {p: {n: dict(zip(
+                                    ("step", "gemm", "gemm_gflops", "attention"),
+                                    split_step(r))) for n, r in runs[p].items() if r}
+                                    for p in precisions},
                                 "torch": [{k: t[k] for k in ("python", "version",
                                                              "matmul_gflops", "fp32", "bf16")}
                                           for t in peers],

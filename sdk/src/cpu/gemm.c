@@ -36,6 +36,11 @@
  * matmul for CPUs).
  *
  * Routes, in order:
+ * 0. k in halves: a small C from a long k, no epilogue (weight gradients
+ *    of small layers): two products side by side, summed (run_ksplit).
+ *    Then, for bf16 operands on the native kernels and a bf16 C, oneDNN
+ *    writes C itself, its residual and beta read in the epilogue
+ *    (run_direct16); otherwise C is f32 or an f32 copy:
  * 1. fused: one oneDNN matmul: output scale alpha, bias (DNNL_ARG_BIAS,
  *    only with alpha == 1: oneDNN 2.x scales after the bias), then post-ops
  *    erf GELU and sum. A residual goes in through the sum: C is first set to

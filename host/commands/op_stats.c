@@ -270,23 +270,21 @@ static int sorted_shapes(const vh_op_stats *s, int *order) {
 }
 
 /* "[batch x] m x n x k dtype A^T.B +bias +gelu +res +beta", as the call
- * asked for it (op(A) is m x k, op(B) k x n). */
+ * asked for it (op(A) is m x k, op(B) k x n; "bf16->f32": C's dtype
+ * after the arrow when it is not A's and B's). */
 static void shape_name(const vh_op_gemm_shape *g, char *buf, size_t size) {
+    char dtypes[32];
+    if (g->c_dtype != g->ab_dtype)
+        snprintf(dtypes, sizeof dtypes, "%s->%s", vh_dtype_name((vh_dtype)g->ab_dtype),
+                 vh_dtype_name((vh_dtype)g->c_dtype));
+    else
+        snprintf(dtypes, sizeof dtypes, "%s", vh_dtype_name((vh_dtype)g->ab_dtype));
     int n = g->batch > 1 ? snprintf(buf, size, "%lldx ", (long long)g->batch) : 0;
-    snprintf(buf + n, size - (size_t)n, "%lldx%lldx%lld %s%s %s.%s%s%s%s%s",
-             (long long)g->m, (long long)g->n, (long long)g->k,
-             vh_dtype_name((vh_dtype)g->ab_dtype),
-             g->c_dtype != g->ab_dtype ? "->" : "",
-             g->trans_a ? "A^T" : "A", g->trans_b ? "B^T" : "B", g->bias ? " +bias" : "",
+    snprintf(buf + n, size - (size_t)n, "%lldx%lldx%lld %s %s.%s%s%s%s%s", (long long)g->m,
+             (long long)g->n, (long long)g->k, dtypes, g->trans_a ? "A^T" : "A",
+             g->trans_b ? "B^T" : "B", g->bias ? " +bias" : "",
              g->epilogue == VH_EPILOGUE_GELU ? " +gelu" : "", g->residual ? " +res" : "",
              g->beta ? " +beta" : "");
-    if (g->c_dtype != g->ab_dtype) { /* name C's dtype after the arrow */
-        char *arrow = strstr(buf, "->");
-        char rest[96];
-        snprintf(rest, sizeof rest, "%s", arrow + 2);
-        snprintf(arrow + 2, size - (size_t)(arrow + 2 - buf), "%s%s",
-                 vh_dtype_name((vh_dtype)g->c_dtype), rest);
-    }
 }
 
 #define SHAPES_PRINTED 10

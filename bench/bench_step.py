@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/bench_step.py [--build build] [--configs T1,T2,T3] [--threads 2]
                                          [--precision fp32,amp] [--torch PY1,PY2 ...]
-                                         [--torch-bf16 auto|yes|no] [--quick]
+                                         [--torch-bf16 auto|yes|no] [--repeat 3] [--quick]
 
 What one run prints (a benchmark, not a test: ctest never runs it):
 1. the CPU model and the ISA features that decide the engine's kernels (avx2, avx512f,
@@ -32,7 +32,10 @@ Configurations (DESIGN.md's letters):
   T1  D64  L4  H4 P4,  28x28x1,  B128, 10 classes
   T2  D192 L12 H3 P4,  32x32x3,  B64,  10 classes
   T3  ViT-S/16 (D384 L12 H6 P16), 224x224x3, B8, 1000 classes
-Timings drift +-30% between runs on shared machines: compare ratios within one run.
+Timings drift +-30% between runs on shared machines: compare ratios within one run. Each case
+runs --repeat rounds (default 3), every vithost case and then every peer's in each round, so a
+neighbour's load lands on both sides of a ratio; the medians count, and the cases whose rounds
+spread over 10% are named under the table.
 """
 
 import argparse
@@ -225,6 +228,15 @@ def flops_per_image(cfg):
 PRECISIONS = {"fp32": "fp32", "amp": "AMP-bf16", "fp16": "FP16"}
 
 
+def median_of(values):
+    return statistics.median(values) if values else None
+
+
+def spread_of(values):
+    """(max - min) / median of a case's rounds, or None with fewer than two."""
+    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else None
+
+
 def split_step(run):
     """(step ms, GEMM ms, GEMM GFLOP/s, attention ms) of one `vithost bench --ops` object."""
     ops = run.get("ops") or {}
@@ -282,6 +294,9 @@ def main():
     ap.add_argument("--torch", action="append",
                     help="interpreters that have torch, a comma list or repeated; the first is "
                          "the peer of record (default /usr/bin/python3)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="rounds of every case, vithost's and the peers' in turn; the median "
+                         "counts (--quick: 1)")
     ap.add_argument("--quick", action="store_true", help="fewer steps on both sides (a smoke "
                     "test of the command, not a measurement)")
     ap.add_argument("--torch-bf16", choices=("auto", "yes", "no"), default="auto",
@@ -298,6 +313,8 @@ def main():
     for p in precisions:
         if p not in PRECISIONS:
             sys.exit(f"bench_step: unknown precision '{p}' (have {', '.join(PRECISIONS)})")
+    if args.repeat < 1:
+        sys.exit(f"bench_step: --repeat {args.repeat}: give 1 or more rounds")
 
     model, isa = cpu_facts()
     print(f"CPU: {model}; ISA: {' '.join(isa) or '?'}; threads: {args.threads}")
@@ -305,11 +322,6 @@ def main():
     print("GEMM peak through the SDK's CPU engine (best of 10):")
     peaks = gemm_peaks(args.build)
 
-    ours, runs = {p: {} for p in precisions}, {p: {} for p in precisions}
-    for n in names:
-        for p in precisions:
-            runs[p][n] = run_vithost(args.build, n, CONFIGS[n], p, env, args.quick)
-            ours[p][n] = runs[p][n]["img_per_s"] if runs[p][n] else None
     want_bf16 = args.torch_bf16 == "yes" or (args.torch_bf16 == "auto" and "avx512_bf16" in isa)
     bf16_note = ""
     if not want_bf16:
@@ -323,11 +335,40 @@ def main():
         label = f"torch {version.split('+')[0]}" if version else f"torch ({py})"
         mm = " ".join(f"{k} {v:.0f}" for k, v in rates.items()) or "-"
         print(f"{label} ({py}): 2048^3 matmul GFLOP/s, {args.threads} threads: {mm}")
-        peer = {"python": py, "version": version, "label": label, "matmul_gflops": rates,
-                "fp32": run_torch(py, names, args.threads, "none", args.quick),
-                "bf16": run_torch(py, names, args.threads, "bf16", args.quick) if want_bf16
-                else {}}
-        peers.append(peer)
+        peers.append({"python": py, "version": version, "label": label, "matmul_gflops": rates,
+                      "rounds": {"fp32": {n: [] for n in names}, "bf16": {n: [] for n in names}}})
+
+    # Rounds, each every vithost case then every peer's: a neighbour's load lands on both
+    # sides of a ratio, not on one (the median of the rounds counts).
+    rounds = 1 if args.quick else args.repeat
+    vruns = {p: {n: [] for n in names} for p in precisions}
+    for r in range(rounds):
+        if rounds > 1:
+            print(f"round {r + 1} of {rounds}", flush=True)
+        for n in names:
+            for p in precisions:
+                run = run_vithost(args.build, n, CONFIGS[n], p, env, args.quick)
+                if run:
+                    vruns[p][n].append(run)
+        for t in peers:
+            for key, autocast in (("fp32", "none"), ("bf16", "bf16")):
+                if key == "bf16" and not want_bf16:
+                    continue
+                for n, v in run_torch(t["python"], names, args.threads, autocast,
+                                      args.quick).items():
+                    t["rounds"][key][n].append(v)
+    ours, runs, spreads = {p: {} for p in precisions}, {p: {} for p in precisions}, {}
+    for p in precisions:
+        for n in names:
+            ordered = sorted(vruns[p][n], key=lambda x: x["img_per_s"])
+            runs[p][n] = ordered[(len(ordered) - 1) // 2] if ordered else None
+            ours[p][n] = median_of([x["img_per_s"] for x in ordered])
+            spreads[f"vithost {PRECISIONS[p]} {n}"] = spread_of([x["img_per_s"] for x in ordered])
+    for t in peers:
+        for key in ("fp32", "bf16"):
+            t[key] = {n: median_of(v) for n, v in t["rounds"][key].items() if v}
+            for n, v in t["rounds"][key].items():
+                spreads[f"{t['label']} {key} {n}"] = spread_of(v)
 
     def fmt(x, spec=".1f"):
         return format(x, spec) if x is not None else "-"
@@ -388,6 +429,10 @@ def main():
         print(line)
     if bf16_note:
         print(f"({bf16_note})")
+    wide = {k: v for k, v in spreads.items() if v is not None and v > 0.10}
+    if rounds > 1:
+        print(f"medians of {rounds} rounds; spread (max - min) / median over 10%: " +
+              (", ".join(f"{k} {100 * v:.0f}%" for k, v in wide.items()) or "none"))
     print_profile(names, precisions, runs, peaks)
     print("JSON " + json.dumps({"cpu": model, "isa": isa, "threads": args.threads,
                                 "gemm_peak_gflops": peaks, "machine_kind": kind,
@@ -399,6 +444,8 @@ def main():
                                 "torch": [{k: t[k] for k in ("python", "version",
                                                              "matmul_gflops", "fp32", "bf16")}
                                           for t in peers],
+                                "rounds": rounds,
+                                "spread": {k: v for k, v in spreads.items() if v is not None},
                                 "quick": args.quick}))
 
 

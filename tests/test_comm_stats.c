@@ -2,7 +2,8 @@
  * (comm_upgrade) and its counting layer (comm_stats_install): an older,
  * smaller vh_comm is read up to its own size, a required call that is
  * missing refuses the backend by name, and an optional call the backend
- * lacks stays NULL through the counting layer. */
+ * lacks stays NULL through the counting layer; a 2.2 backend's ops table,
+ * which ends before gather_start, reads with no gather. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -93,6 +94,33 @@ static void test_older_comm_read_at_its_size(void **state) {
     assert_true(stats.bytes > 0.0);
 }
 
+/* A 2.2 backend: its vh_comm_ops ends at abort; a poisoned word where
+ * 2.3's gather_start would be must not be read as one. */
+typedef struct ops22 {
+    vh_comm_ops ops;
+    uint64_t poison;
+} ops22;
+
+static void test_abi22_ops_have_no_gather(void **state) {
+    (void)state;
+    ops22 old;
+    memset(&old, 0xAB, sizeof old);
+    old.ops = fake_ops;
+    memset(&old.ops.gather_start, 0xAB, sizeof old.ops.gather_start);
+    old.ops.struct_size = (uint32_t)offsetof(vh_comm_ops, gather_start);
+    vh_comm src = {.struct_size = sizeof src, .backend = "fake22", .world_size = 2,
+                   .ops = &old.ops};
+    vh_comm comm;
+    vh_comm_stats stats;
+    char why[256];
+    assert_int_equal(comm_upgrade(&comm, &stats.inner_ops, &src, why, sizeof why),
+                     VH_STATUS_OK);
+    assert_null(comm.ops->gather_start);
+    assert_ptr_equal(comm.ops->barrier, fake_barrier);
+    comm_stats_install(&comm, &stats);
+    assert_null(comm.ops->gather_start); /* the host then saves by all_reduce */
+}
+
 static void test_missing_required_call_is_named(void **state) {
     (void)state;
     vh_comm_ops ops = fake_ops;
@@ -112,6 +140,7 @@ static void test_missing_required_call_is_named(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_older_comm_read_at_its_size),
+        cmocka_unit_test(test_abi22_ops_have_no_gather),
         cmocka_unit_test(test_missing_required_call_is_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

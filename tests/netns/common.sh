@@ -69,17 +69,10 @@ mpi() {
     fail "$log: three launches hung"
 }
 
-# A small ViT on synthetic data (as tests/sharding/test_sharding_mpi.c): a
-# global batch of 12, the per-rank batch set per launch.
-cat >eq.yaml <<'YAML'
-run: {steps: 10, log_every: 1, eval_every: 0, seed: 3}
-model: {plugin: vit, dim: 16, depth: 3, heads: 2, mlp_dim: 24, patch_size: 4}
-precision: {plugin: fp32}
-sharding: {plugin: ddp}
-optim: {plugin: mta, algo: adamw, lr: 3.0e-3, weight_decay: 0.05, warmup_steps: 3}
-data: {plugin: synthetic, channels: 3, image_size: 8, num_classes: 5,
-       train_size: 240, eval_size: 31, pool_size: 40}
-YAML
+# The recipe every test here runs (a global batch of 12, the per-rank batch
+# set per launch).
+cp "$(dirname "${BASH_SOURCE[0]}")/../data/recipes/small_vit_eq.yaml" eq.yaml ||
+    fail "no tests/data/recipes/small_vit_eq.yaml"
 
 # one_process DIR [vithost options]: the reference run
 one_process() {

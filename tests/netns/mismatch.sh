@@ -8,7 +8,8 @@ sed 's/lr: 3.0e-3/lr: 0.1/' eq.yaml >stale.yaml
 mpi mm -np 2 "$VITHOST" run eq.yaml --out mm --set run.batch_size=3 : \
     -np 2 "$VITHOST" run stale.yaml --out mm --set run.batch_size=3
 code=$?
-want="optim.lr is '3.0e-3' (eq.yaml:5) on rank 0 but '0.1' (stale.yaml:5) on rank 2"
+line=$(grep -n '^optim:' eq.yaml | cut -d: -f1)
+want="optim.lr is '3.0e-3' (eq.yaml:$line) on rank 0 but '0.1' (stale.yaml:$line) on rank 2"
 grep -F "$want" mm.err || fail "exit $code, no '$want':$(echo; cat mm.err)"
 [ $code = 3 ] || fail "exit $code, want 3 (a recipe error)"
 [ ! -e mm/metrics.jsonl ] || fail "the refused run trained"

@@ -18,6 +18,7 @@ if [ "${1:-}" != --inside ]; then
     exec "$2" run "$0" --inside "$vithost"
 fi
 vithost=$2
+recipe=$(readlink -f "$(dirname "$0")/../data/recipes/small_vit_eq.yaml")
 if ! srun --mpi=list 2>&1 | grep -qw pmix; then
     echo "test_srun: SKIPPED: this Slurm has no PMIx plugin (srun --mpi=list)"
     exit 77
@@ -30,17 +31,10 @@ export OMP_NUM_THREADS=1
 
 fail() { echo "test_srun: FAILED: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -n 8 "$f"; done; exit 1; }
 
-# A small ViT on synthetic data (as tests/sharding/test_sharding_mpi.c):
-# 240 training samples = 20 steps of 12.
-cat >eq.yaml <<'EOF'
-run: {steps: 20, log_every: 1, eval_every: 10, seed: 3}
-model: {plugin: vit, dim: 16, depth: 3, heads: 2, mlp_dim: 24, patch_size: 4}
-precision: {plugin: fp32}
-sharding: {plugin: ddp}
-optim: {plugin: mta, algo: adamw, lr: 3.0e-3, weight_decay: 0.05, warmup_steps: 3}
-data: {plugin: synthetic, channels: 3, image_size: 8, num_classes: 5,
-       train_size: 240, eval_size: 31, pool_size: 40}
-EOF
+# The netns tests' recipe, run 20 steps (240 samples = 20 steps of 12) with an
+# evaluation at step 10.
+sed 's/steps: 10, log_every: 1, eval_every: 0/steps: 20, log_every: 1, eval_every: 10/' \
+    "$recipe" >eq.yaml && grep -q 'steps: 20' eq.yaml || fail "no $recipe"
 
 # "step loss world_size" of each training line of a run folder's metrics.
 train_lines() {

@@ -226,13 +226,7 @@ ALWAYS_INLINE void scatter(char *dst, int64_t ts, const float *src, const geom *
 #define SCORE_V 4
 #define PROD_R 8
 #define PROD_V 2
-#include "attention_small_kern.h"
-#undef VW
-#undef VN
-#undef SCORE_R
-#undef SCORE_V
-#undef PROD_R
-#undef PROD_V
+#include "attention_small_kern.h" /* it undefines the six */
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -243,13 +237,7 @@ ALWAYS_INLINE void scatter(char *dst, int64_t ts, const float *src, const geom *
 #define SCORE_V 2
 #define PROD_R 4
 #define PROD_V 2
-#include "attention_small_kern.h"
-#undef VW
-#undef VN
-#undef SCORE_R
-#undef SCORE_V
-#undef PROD_R
-#undef PROD_V
+#include "attention_small_kern.h" /* it undefines the six */
 #pragma GCC pop_options
 
 /* The ISA oneDNN is held to (ONEDNN_MAX_CPU_ISA, how the tests take the

@@ -3,7 +3,7 @@
  * per vector: 16 or 8), VN(name) (name with the ISA's suffix), the tiles
  * SCORE_R x SCORE_V (scores: rows x vectors) and PROD_R x PROD_V (the
  * products with the head's rows), and a `#pragma GCC target` the code is
- * built for. GCC vectors of VW floats are one register of that ISA (a wider
+ * built for; it undefines those six at its end, ready for the next. GCC vectors of VW floats are one register of that ISA (a wider
  * one is split into scalars, not halves). */
 
 typedef float VN(vf) __attribute__((vector_size(VW * 4)));
@@ -374,3 +374,9 @@ static void VN(backward)(const block *b, const geom *g, float *w) {
 #undef VI
 #undef VU
 #undef VH
+#undef VW
+#undef VN
+#undef SCORE_R
+#undef SCORE_V
+#undef PROD_R
+#undef PROD_V

@@ -389,6 +389,16 @@ static void test_gathered_save_is_the_summed_save(void **state) {
     }
 }
 
+/* `vithost run eq.yaml ARGS` on two ranks, rank 1 in a mount namespace
+ * where an empty tmpfs covers MOUNT (another machine that cannot see it):
+ * mpirun's exit status. */
+static int run_rank1_over_tmpfs(const char *mount, const char *args) {
+    return sh(VH_TEST_MPIRUN " --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 "
+              "-np 1 %s run eq.yaml %s : -np 1 unshare -m sh -c 'mount -t tmpfs none %s && "
+              "exec %s run eq.yaml %s'",
+              VH_TEST_VITHOST, args, mount, VH_TEST_VITHOST, args);
+}
+
 /* Every rank reads the checkpoint it resumes from: a rank that cannot (here
  * rank 1 sees an empty folder, as on another machine without the shared
  * file system) ends every rank before anything is loaded, with one message
@@ -401,12 +411,9 @@ static void test_resume_refused_where_a_rank_cannot_read(void **state) {
     }
     int code = run_np(2, "unread", "--stop-after 2 --set sharding.plugin=fsdp");
     assert_int_equal(code, 5);
-    code = sh(VH_TEST_MPIRUN " --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 "
-              "-np 1 %s run eq.yaml --out unread --resume --set run.batch_size=6 "
-              "--set sharding.plugin=fsdp : -np 1 unshare -m sh -c 'mount -t tmpfs none "
-              "unread/checkpoints/step-00000002 && exec %s run eq.yaml --out unread --resume "
-              "--set run.batch_size=6 --set sharding.plugin=fsdp'",
-              VH_TEST_VITHOST, VH_TEST_VITHOST);
+    code = run_rank1_over_tmpfs("unread/checkpoints/step-00000002",
+                                "--out unread --resume --set run.batch_size=6 "
+                                "--set sharding.plugin=fsdp");
     assert_true(code != 0);
     char *err = tmp_text("err");
     if (!strstr(err, "unread/checkpoints/step-00000002/state.json cannot be read on rank 1 of "
@@ -427,11 +434,7 @@ static void test_run_refused_where_a_rank_cannot_see_the_folder(void **state) {
         return;
     }
     assert_int_equal(sh("mkdir -p shared"), 0);
-    int code = sh(VH_TEST_MPIRUN " --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 "
-                  "-np 1 %s run eq.yaml --out shared/run --set run.batch_size=6 : -np 1 "
-                  "unshare -m sh -c 'mount -t tmpfs none shared && exec %s run eq.yaml --out "
-                  "shared/run --set run.batch_size=6'",
-                  VH_TEST_VITHOST, VH_TEST_VITHOST);
+    int code = run_rank1_over_tmpfs("shared", "--out shared/run --set run.batch_size=6");
     assert_true(code != 0);
     char *err = tmp_text("err");
     if (!strstr(err, "the run folder shared/run, which rank 0 writes, cannot be seen on rank 1 "

@@ -14,7 +14,6 @@
 /* Rows per chunk of bias_backward: each fixed chunk sums its rows, then the
  * chunks are added in order, so the result does not depend on thread count. */
 #define BIAS_CHUNK_ROWS 64
-#define BIAS_WIDEN_FLOATS 4096
 
 /* GELU uses vh_gelu_cdf (gelu_erf.h): the formula the CUDA kernels share. */
 
@@ -250,9 +249,9 @@ int vh_cpu_k_bias_backward(float *dbias, vh_cpu_rows dout, int64_t rows, int64_t
         const int64_t r0 = c * BIAS_CHUNK_ROWS;
         const int64_t n = rows - r0 < BIAS_CHUNK_ROWS ? rows - r0 : BIAS_CHUNK_ROWS;
         /* 16-bit rows widened a few at a time, while they fit L1 (a whole
-         * chunk of fc1's 768 columns was 192 KiB, out of L1); the same
-         * sums, in the same order */
-        const int64_t step = dout.dtype == VH_DTYPE_F32 ? n : BIAS_WIDEN_FLOATS / cols + 1;
+         * chunk of fc1's 768 columns was 192 KiB); the same sums, in the
+         * same order */
+        const int64_t step = vh_cpu_rows_block(dout.dtype == VH_DTYPE_F32, n, cols, 1);
         memset(part + c * cols, 0, (size_t)cols * sizeof(float));
         for (int64_t s = r0; s < r0 + n; s += step) {
             const int64_t m = r0 + n - s < step ? r0 + n - s : step;

@@ -97,13 +97,6 @@ VH_CPU_CLONES static void layernorm_backward_rows(float *dx, float *pw, float *p
     }
 }
 
-/* Rows widened at a time: three blocks of them (dx, dout, x) stay in L1.
- * A whole 64-row chunk of T2's width (192) was 147 KiB, in L2: bf16 layer
- * norms ran 25% slower than fp32 ones. */
-#define LN_WIDEN_FLOATS 2048
-
-static int64_t widen_rows(int64_t dim) { return dim < LN_WIDEN_FLOATS ? LN_WIDEN_FLOATS / dim : 1; }
-
 /* Chunk c of the backward pass (its partial dweight and dbias into pw,
  * overwritten), its 16-bit rows widened in scratch a few at a time; the
  * rows are summed in order, so the partials are the same either way. */
@@ -111,10 +104,9 @@ static int layernorm_backward_chunk(vh_cpu_rows dx, float *pw, vh_cpu_rows dout,
                                     const float *weight, const float *mean, const float *rstd,
                                     int64_t c, int64_t rows, int64_t dim) {
     const int64_t r0 = c * LN_CHUNK_ROWS, n = rows - r0 < LN_CHUNK_ROWS ? rows - r0 : LN_CHUNK_ROWS;
-    const int64_t step = dx.dtype == VH_DTYPE_F32 && dout.dtype == VH_DTYPE_F32 &&
-                                 x.dtype == VH_DTYPE_F32
-                             ? n
-                             : widen_rows(dim);
+    const int all_f32 = dx.dtype == VH_DTYPE_F32 && dout.dtype == VH_DTYPE_F32 &&
+                        x.dtype == VH_DTYPE_F32;
+    const int64_t step = vh_cpu_rows_block(all_f32, n, dim, 3);
     memset(pw, 0, (size_t)(2 * dim) * sizeof(float));
     for (int64_t s = r0; s < r0 + n; s += step) {
         const int64_t m = r0 + n - s < step ? r0 + n - s : step;

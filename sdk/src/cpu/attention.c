@@ -22,7 +22,8 @@
  * transposed copy instead of through strides made QK^T 15% faster alone but
  * not the op: not kept. A stride pattern oneDNN refuses in 4-D is run as
  * one 3-D matmul per sample, then per block. Small heads (head_dim 8..32,
- * a multiple of 8) take the fused blocks of attention_small.c instead.
+ * a multiple of 8; f32 up to 64 on AVX-512) take the fused blocks of
+ * attention_small.c instead.
  *
  * dtypes: all-bf16 calls (qkv, out and probs) run on oneDNN's bf16 kernels
  * where the engine's per-shape choice says they are faster (attention16.c).

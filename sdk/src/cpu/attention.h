@@ -37,7 +37,7 @@ VH_CPU_HIDDEN view4 vh_cpu_attention_square(const vh_attention_args *a, void *p,
 VH_CPU_HIDDEN void vh_cpu_softmax_grad_rows(float *ds, const float *p, int64_t rows, int64_t n);
 
 /* attention_small.c: the op for small heads (head_dim 8..32, a multiple of
- * 8, on an AVX2 or AVX-512 CPU), one (sample, head) block per thread at a
+ * 8, on an AVX2 or AVX-512 CPU; f32 up to 64 on AVX-512), one (sample, head) block per thread at a
  * time, any dtype. Returns VH_STATUS_ERR_UNSUPPORTED (having written
  * nothing) when it does not apply. `a` is checked and not empty. */
 VH_CPU_HIDDEN vh_status vh_cpu_attention_small_forward(const vh_attention_args *a);

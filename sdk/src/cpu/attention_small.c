@@ -1,5 +1,6 @@
 /* attention_small.c - attention for small heads (head_dim 8..32, a multiple
- * of 8), one (sample, head) block at a time on one thread.
+ * of 8; f32 up to 64 on AVX-512), one (sample, head) block at a time on one
+ * thread.
  *
  *   forward:  S = scale Q K^T, P = softmax rows (rounded once to
  *             probs_dtype, and used as stored), O = P V
@@ -56,6 +57,22 @@
  * in f32, 0.22 / 0.25 against 0.35 / 0.26 in bf16. */
 #define FUSED_MAX_HEAD_DIM 32
 #define FUSED_MAX_HEAD_DIM_AVX2 16
+
+/* f32 heads up to 64 on AVX-512 too: there the blocks beat oneDNN's f32
+ * batched matmuls in the batch-second layout, and match them in the
+ * batch-first one. In a training step (Zen 5, 2 threads, attention ms a
+ * step, forward + backward): T2 batch-second 83-86 -> 55-61 (the step
+ * 7-11% faster), T3 batch-first 76-98 -> 69-77; T2 batch-first even within
+ * the runs' spread. Per call, batch-second, data out of cache, mean ms,
+ * forward / backward, these kernels against attention.c:
+ *   B=64 N=65  H=3  Dh=64 (T2)     1.50 / 2.68-2.92  against  2.16-2.31 / 3.72-3.79
+ *   B=8  N=197 H=6  Dh=64 (T3)     2.26-2.38 / 3.91-4.15  against  2.51-2.88 / 4.01-4.68
+ *   B=16 N=50  H=12 Dh=64          1.00-1.11 / 1.86-2.22  against  1.57-1.62 / 2.56-2.63
+ *   B=2  N=577 H=6  Dh=64          3.75-3.82 / 6.77-6.95  against  3.81-3.84 / 8.26-8.42
+ *   B=8  N=197 H=8  Dh=48          even, within the runs' spread
+ * bf16 at Dh 64 stays on attention16.c's bf16 kernels: these were slower
+ * there (T3: backward 3.4-3.8 ms against 2.4-2.6). */
+#define FUSED_MAX_HEAD_DIM_F32 64
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(VH_CPU_NO_CLONES)
@@ -256,7 +273,8 @@ static kernels pick(const vh_attention_args *a) {
                   avx2 = {forward_v3, backward_v3, 8};
     if (a->head_dim % 8 != 0) return none;
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v4") && isa_allows(1) && a->head_dim <= FUSED_MAX_HEAD_DIM)
+    const int64_t max512 = a->dtype == VH_DTYPE_F32 ? FUSED_MAX_HEAD_DIM_F32 : FUSED_MAX_HEAD_DIM;
+    if (__builtin_cpu_supports("x86-64-v4") && isa_allows(1) && a->head_dim <= max512)
         return avx512;
     if (__builtin_cpu_supports("x86-64-v3") && isa_allows(0) &&
         a->head_dim <= FUSED_MAX_HEAD_DIM_AVX2)

@@ -4,10 +4,11 @@
  * Every shape the kernels tile differently: tokens N in {1, 7, 16, 49, 50,
  * 65} (no full row tile, one, a 1-row tail, two score vectors, more than the
  * 64 columns of one score tile) and head_dim {8, 16, 24, 32} (half, one and
- * two vectors per head row; f32 also 40 and 64), forward and backward, f32 and 16-bit storage,
- * probs f32 or as the tensors, both layouts, rows with gaps. The reference
- * reads the inputs as stored and, as vh_device.h says, uses P as stored.
- * Also: the gaps between rows are never written, and dqkv is added to.
+ * two vectors per head row; f32 also 40 and 64), forward and backward, f32
+ * and 16-bit storage, probs f32 or as the tensors, both layouts, rows with
+ * gaps. The reference reads the inputs as stored and, as vh_device.h says,
+ * uses P as stored. Also: the gaps between rows are never written, and dqkv
+ * is added to.
  * ctest runs it again with ONEDNN_MAX_CPU_ISA=AVX2 (the AVX2 kernels). */
 #include <math.h>
 #include <setjmp.h>
@@ -222,7 +223,8 @@ static void test_small_heads(void **state) {
     static const int64_t f32_dims[] = {40, 64};
     for (int ni = 0; ni < 6; ni++)
         for (int di = 0; di < 2; di++, k++) {
-            const shape s = {2, tokens[ni], 2, f32_dims[di], VH_DTYPE_F32, VH_DTYPE_F32, k % 2 == 0};
+            const shape s = {2, tokens[ni], 2, f32_dims[di], VH_DTYPE_F32, VH_DTYPE_F32,
+                             k % 2 == 0};
             run_shape(&s);
         }
 }

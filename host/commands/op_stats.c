@@ -223,11 +223,30 @@ void op_stats_stop(vh_op_stats *stats) { stats->counting = 0; }
 
 /* ---- printing ------------------------------------------------------------------- */
 
-static const vh_op_stats *sorting;
+/* The figures qsort compares: entry i at (char *)sort_first + i * sort_stride. */
+static const vh_op_stat *sort_first;
+static size_t sort_stride;
+
+static double sort_seconds(int i) {
+    return ((const vh_op_stat *)(const void *)((const char *)sort_first +
+                                                (size_t)i * sort_stride))->seconds;
+}
 
 static int by_time(const void *a, const void *b) {
-    double x = sorting->stat[*(const int *)a].seconds, y = sorting->stat[*(const int *)b].seconds;
+    double x = sort_seconds(*(const int *)a), y = sort_seconds(*(const int *)b);
     return (x < y) - (x > y);
+}
+
+/* order's n indices of entries (first, stride bytes apart), longest first. */
+static void sort_by_time(int *order, int n, const vh_op_stat *first, size_t stride) {
+    sort_first = first;
+    sort_stride = stride;
+    qsort(order, (size_t)n, sizeof *order, by_time);
+}
+
+/* GFLOP/s of an entry; 0 when it did no FLOPs or took no time. */
+static double gflops(const vh_op_stat *o) {
+    return o->flops > 0 && o->seconds > 0 ? o->flops / o->seconds / 1e9 : 0.0;
 }
 
 /* The called ops, longest first, into order; how many. */
@@ -235,8 +254,7 @@ static int sorted_ops(const vh_op_stats *s, int *order) {
     int n = 0;
     for (int i = 0; i < op_stats_entry_count; i++)
         if (s->stat[i].calls > 0) order[n++] = i;
-    sorting = s;
-    qsort(order, (size_t)n, sizeof *order, by_time);
+    sort_by_time(order, n, s->stat, sizeof s->stat[0]);
     return n;
 }
 
@@ -254,18 +272,10 @@ static double percent(const vh_op_stats *s, double seconds) {
     return s->step_seconds > 0 ? 100.0 * seconds / s->step_seconds : 0.0;
 }
 
-static const vh_op_stats *sorting_shapes;
-
-static int shape_by_time(const void *a, const void *b) {
-    double x = sorting_shapes->gemm_shape[*(const int *)a].stat.seconds;
-    double y = sorting_shapes->gemm_shape[*(const int *)b].stat.seconds;
-    return (x < y) - (x > y);
-}
-
+/* The GEMM shapes, longest first, into order; how many. */
 static int sorted_shapes(const vh_op_stats *s, int *order) {
     for (int i = 0; i < s->gemm_shapes; i++) order[i] = i;
-    sorting_shapes = s;
-    qsort(order, (size_t)s->gemm_shapes, sizeof *order, shape_by_time);
+    sort_by_time(order, s->gemm_shapes, &s->gemm_shape[0].stat, sizeof s->gemm_shape[0]);
     return s->gemm_shapes;
 }
 
@@ -303,7 +313,7 @@ static void print_shapes(const vh_op_stats *s, FILE *out) {
         fprintf(out, "      %-45s %5.1f %10.3f %7.1f%% %9.1f\n", name,
                 per_step(s, (double)g->stat.calls), 1e3 * per_step(s, g->stat.seconds),
                 percent(s, g->stat.seconds),
-                g->stat.seconds > 0 ? g->stat.flops / g->stat.seconds / 1e9 : 0.0);
+                gflops(&g->stat));
     }
 }
 
@@ -320,7 +330,7 @@ void op_stats_print(const vh_op_stats *s, FILE *out) {
         fprintf(out, "    %-31s %9.1f %10.3f %7.1f%%", op_stats_entries[order[k]].name,
                 per_step(s, (double)o->calls), 1e3 * per_step(s, o->seconds),
                 percent(s, o->seconds));
-        if (o->flops > 0 && o->seconds > 0) fprintf(out, " %9.1f\n", o->flops / o->seconds / 1e9);
+        if (gflops(o) > 0) fprintf(out, " %9.1f\n", gflops(o));
         else fputs("         -\n", out);
     }
     fprintf(out, "    %-31s %9s %10.3f %7.1f%%\n", "all ops", "", 1e3 * per_step(s, total),
@@ -347,7 +357,7 @@ void op_stats_print_json(const vh_op_stats *s, FILE *out) {
                 "\"percent_of_step\": %.4g, \"gflop_per_s\": ",
                 k ? ", " : "", op_stats_entries[order[k]].name, per_step(s, (double)o->calls),
                 1e3 * per_step(s, o->seconds), percent(s, o->seconds));
-        if (o->flops > 0 && o->seconds > 0) fprintf(out, "%.6g}", o->flops / o->seconds / 1e9);
+        if (gflops(o) > 0) fprintf(out, "%.6g}", gflops(o));
         else fputs("null}", out);
     }
     fputs("}, \"gemm_shapes\": [", out);
@@ -362,7 +372,7 @@ void op_stats_print_json(const vh_op_stats *s, FILE *out) {
                 "\"gflop_per_s\": %.6g}",
                 k ? ", " : "", name, per_step(s, (double)g->stat.calls),
                 1e3 * per_step(s, g->stat.seconds),
-                g->stat.seconds > 0 ? g->stat.flops / g->stat.seconds / 1e9 : 0.0);
+                gflops(&g->stat));
     }
     fputs("]}", out);
 }

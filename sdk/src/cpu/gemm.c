@@ -550,19 +550,18 @@ static vh_status run_ksplit(const vh_gemm_args *g, gemm_views *v) {
 static vh_status run(const vh_gemm_args *g, int64_t batch) {
     const int multiply = g->k > 0 && g->alpha != 0.0f;
     const int want_aux = g->epilogue == VH_EPILOGUE_GELU && g->aux;
-    const int fusable = multiply && !want_aux;
     gemm_views v = {.beta0 = 0};
     vh_status st = view_inputs(g, batch, multiply, &v);
     if (st != VH_STATUS_OK) return st;
+    /* one oneDNN matmul with its post-ops can do it (a bias only with alpha 1) */
+    const int fusable = multiply && !want_aux && !(v.bias && g->alpha != 1.0f);
     if (multiply && ksplit_fits(g, batch)) {
         if ((st = view_outputs(g, batch, &v)) != VH_STATUS_OK) return st;
         return run_ksplit(g, &v);
     }
-    if (fusable && !(v.bias && g->alpha != 1.0f) &&
-        (st = run_direct16(g, batch, &v)) != VH_STATUS_ERR_UNSUPPORTED)
-        return st;
+    if (fusable && (st = run_direct16(g, batch, &v)) != VH_STATUS_ERR_UNSUPPORTED) return st;
     if ((st = view_outputs(g, batch, &v)) != VH_STATUS_OK) return st;
-    if (fusable && !(v.bias && g->alpha != 1.0f)) {
+    if (fusable) {
         st = run_fused(g, batch, &v);
         if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
     }

@@ -83,6 +83,7 @@ typedef struct shape {
     int64_t B, N, H, Dh;
     vh_dtype t, pt;
     int second;
+    double dqkv_init; /* dqkv's values before backward, in [-x, x]; 0: 1 */
 } shape;
 
 static vh_attention_args args_of(const shape *s) {
@@ -182,7 +183,8 @@ static void run_shape(const shape *s) {
     char *mp = row_mask(np, 1, np, np);
     a.qkv = tensor(s->t, nq, mq, -1.5, 1.5);
     a.dout = tensor(s->t, no, mo, -1, 1);
-    a.dqkv = tensor(s->t, nq, mq, -1, 1); /* added to */
+    const double init = s->dqkv_init > 0 ? s->dqkv_init : 1.0;
+    a.dqkv = tensor(s->t, nq, mq, -init, init); /* added to */
     a.out = tensor(s->t, no, mo, 0, 0);
     a.probs = tensor(s->pt, np, mp, 0, 0);
     double *p = malloc((size_t)np * sizeof(double)), *out = calloc((size_t)no, sizeof(double));
@@ -215,7 +217,7 @@ static void test_small_heads(void **state) {
     for (int ni = 0; ni < 6; ni++)
         for (int di = 0; di < 4; di++)
             for (int ti = 0; ti < 4; ti++, k++) {
-                const shape s = {2, tokens[ni], 2, dims[di], types[ti][0], types[ti][1], k % 3 == 0};
+                const shape s = {2, tokens[ni], 2, dims[di], types[ti][0], types[ti][1], k % 3 == 0, 0};
                 run_shape(&s);
             }
     /* f32 heads up to 64 take the blocks too on AVX-512 (a head row of
@@ -224,16 +226,35 @@ static void test_small_heads(void **state) {
     for (int ni = 0; ni < 6; ni++)
         for (int di = 0; di < 2; di++, k++) {
             const shape s = {2, tokens[ni], 2, f32_dims[di], VH_DTYPE_F32, VH_DTYPE_F32,
-                             k % 2 == 0};
+                             k % 2 == 0, 0};
             run_shape(&s);
         }
+}
+
+/* bf16 heads of 48..96: attention16.c's routes (the dot-product blocks of
+ * attention_dot16.c on an AVX512-BF16 CPU, oneDNN's bf16 matmuls, or the
+ * widened f32 path; ctest runs each that the CPU has: see CMakeLists.txt).
+ * P and dS are rounded to bf16 before their products there, which the
+ * bf16 tolerance covers. dqkv starts small, so that the error of the
+ * gradients, not of its old values, is what the tolerance measures. */
+static void test_bf16_wide_heads(void **state) {
+    (void)state;
+    static const int64_t tokens[] = {1, 7, 16, 49, 50, 65}, dims[] = {48, 64, 80, 96};
+    int k = 0;
+    for (int ni = 0; ni < 6; ni++)
+        for (int di = 0; di < 4; di++)
+            for (int pi = 0; pi < 2; pi++, k++) {
+                const shape s = {2, tokens[ni], 2, dims[di], VH_DTYPE_BF16,
+                                 pi ? VH_DTYPE_BF16 : VH_DTYPE_F32, k % 3 == 1, 0x1p-6};
+                run_shape(&s);
+            }
 }
 
 /* A large score: the softmax's max is subtracted (no overflow), and a row
  * whose other scores are far below gives probabilities of exactly 0. */
 static void test_large_scores(void **state) {
     (void)state;
-    const shape s = {1, 49, 1, 16, VH_DTYPE_F32, VH_DTYPE_F32, 0};
+    const shape s = {1, 49, 1, 16, VH_DTYPE_F32, VH_DTYPE_F32, 0, 0};
     vh_attention_args a = args_of(&s);
     const int64_t nq = 49 * a.qkv_token_stride, no = 49 * a.out_token_stride;
     float *qkv = calloc((size_t)nq, sizeof(float)), *out = calloc((size_t)no, sizeof(float));
@@ -258,6 +279,7 @@ static int setup(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_small_heads),
+        cmocka_unit_test(test_bf16_wide_heads),
         cmocka_unit_test(test_large_scores),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -1,6 +1,7 @@
 /* attention.h - what attention.c (the fp32 path) shares with
- * attention_small.c (the fused small-head blocks) and attention16.c (bf16
- * operands on the native kernels). */
+ * attention_small.c (the fused small-head blocks), attention16.c (bf16
+ * operands on the native kernels) and attention_dot16.c (its fused blocks
+ * on bf16 dot products). */
 #ifndef VH_CPU_ATTENTION_H
 #define VH_CPU_ATTENTION_H
 
@@ -49,5 +50,17 @@ VH_CPU_HIDDEN vh_status vh_cpu_attention_small_backward(const vh_attention_args 
  * the caller then runs the widened fp32 path. `a` is checked and not empty. */
 VH_CPU_HIDDEN vh_status vh_cpu_attention16_forward(const vh_attention_args *a);
 VH_CPU_HIDDEN vh_status vh_cpu_attention16_backward(const vh_attention_args *a);
+
+/* attention_dot16.c: attention16.c's numbers for heads of 48..96 (a
+ * multiple of 16) in fused blocks on AVX512-BF16's dot products; called by
+ * attention16.c once it has chosen the native route. Returns
+ * VH_STATUS_ERR_UNSUPPORTED (having written nothing) when it does not apply. */
+VH_CPU_HIDDEN vh_status vh_cpu_attention_dot16_forward(const vh_attention_args *a);
+VH_CPU_HIDDEN vh_status vh_cpu_attention_dot16_backward(const vh_attention_args *a);
+
+/* attention_small.c's AVX-512 softmax of `rows` score rows in place (ld
+ * floats apart, ld a multiple of 16 and >= n): n values each, the rest of
+ * the row set to 0. Only on a CPU with AVX-512 (x86-64-v4). */
+VH_CPU_HIDDEN void vh_cpu_attention_softmax_v4(float *s, int64_t rows, int64_t ld, int64_t n);
 
 #endif

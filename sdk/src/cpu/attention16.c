@@ -105,6 +105,8 @@ static uint16_t *probs16(const vh_attention_args *a, int64_t np) {
 
 vh_status vh_cpu_attention16_forward(const vh_attention_args *a) {
     if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
+    vh_status st = vh_cpu_attention_dot16_forward(a);
+    if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
     const int64_t B = a->batch, H = a->heads, N = a->tokens, Dh = a->head_dim;
     const int64_t rows = B * H * N;
     void *qkv = (void *)(uintptr_t)a->qkv;
@@ -114,7 +116,7 @@ vh_status vh_cpu_attention16_forward(const vh_attention_args *a) {
     float *s = f32_probs ? a->probs : vh_cpu_scratch_alloc((size_t)(rows * N) * sizeof(float));
     uint16_t *p16 = f32_probs ? vh_cpu_scratch_alloc((size_t)(rows * N) * sizeof(uint16_t))
                               : a->probs;
-    vh_status st = VH_STATUS_ERR_NOMEM;
+    st = VH_STATUS_ERR_NOMEM;
     if (s && p16) {
         const view4 q = vh_cpu_attention_qkv(a, qkv, VH_DTYPE_BF16, 0, 0);
         const view4 kt = vh_cpu_attention_qkv(a, qkv, VH_DTYPE_BF16, 1, 1);
@@ -159,13 +161,15 @@ static vh_status softmax_grad_to_bf16(float *dp, const void *probs, vh_dtype pt,
 
 vh_status vh_cpu_attention16_backward(const vh_attention_args *a) {
     if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
+    vh_status st = vh_cpu_attention_dot16_backward(a);
+    if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
     const int64_t B = a->batch, H = a->heads, N = a->tokens, Dh = a->head_dim;
     const int64_t rows = B * H * N;
     void *qkv = (void *)(uintptr_t)a->qkv, *dout = (void *)(uintptr_t)a->dout;
     vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
     float *dp = vh_cpu_scratch_alloc((size_t)(rows * N) * sizeof(float));
     uint16_t *ds16 = vh_cpu_scratch_alloc((size_t)(rows * N) * sizeof(uint16_t));
-    vh_status st = dp && ds16 ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
+    st = dp && ds16 ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
     const view4 go = vh_cpu_attention_out(a, dout, VH_DTYPE_BF16);
     if (st == VH_STATUS_OK) { /* dP = dO V^T */
         const view4 vt = vh_cpu_attention_qkv(a, qkv, VH_DTYPE_BF16, 2, 1);

@@ -257,6 +257,13 @@ ALWAYS_INLINE void scatter(char *dst, int64_t ts, const float *src, const geom *
 #include "attention_small_kern.h" /* it undefines the six */
 #pragma GCC pop_options
 
+__attribute__((target("arch=x86-64-v4"))) void vh_cpu_attention_softmax_v4(float *s, int64_t rows,
+                                                                         int64_t ld, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= rows; i += 4) softmax_rows_v4(4, s + i * ld, ld, n, ld);
+    for (; i < rows; i++) softmax_rows_v4(1, s + i * ld, ld, n, ld);
+}
+
 /* The ISA oneDNN is held to (ONEDNN_MAX_CPU_ISA, how the tests take the
  * route of a CPU without AVX-512 or AVX2) holds these kernels too. */
 static int isa_allows(int avx512) {

@@ -1,0 +1,478 @@
+/* attention_dot16.c - bf16 attention for heads of 48..96 on the CPU's bf16
+ * dot-product instruction (AVX512-BF16 vdpbf16ps: in each f32 lane, the
+ * two products of a pair of bf16 values added to the sum), one (sample,
+ * head) block at a time on one thread, its scores kept in L2.
+ *
+ * The numbers are attention16.c's (autocast's): the same roundings at the
+ * same places, only the order of the f32 sums differs.
+ *   forward:  S = scale Q K^T (f32) -> softmax -> probs, P16 = P in bf16
+ *             out = P16 V                        (f32 sums, bf16 out)
+ *   backward: dP = dO V^T (f32), dS = P * (dP - rowsum(dP * P)) -> bf16,
+ *             dQ += scale dS K, dK += scale dS^T Q, dV += P16^T dO
+ *             (each added to dqkv in f32 and rounded once)
+ *
+ * Why: attention16.c runs each product as one batched oneDNN matmul over
+ * all blocks, plus a softmax pass, so the scores and dS of a whole call
+ * (7 MiB each on T3) go through memory between them, and oneDNN's bf16
+ * kernels lose much of their rate on 197 x 197 x 64 matrices. Here a
+ * block's scores never leave L2 (T3: 160 KiB).
+ *
+ * A product C (+)= alpha A B reduces over pairs: A is read one 32-bit pair
+ * at a time (broadcast; a bf16 row of q, dout, P16 or dS read in place
+ * holds its pairs along the row), B as rows of pairs, 16 columns to a
+ * vector. B is rebuilt per block in scratch: K and V as [d/2][tokens]
+ * (a transpose of 32-bit words: the pairs of one row are one word), and V,
+ * K, Q, dO, dS and P16 with rows 2a and 2a+1 interleaved. Odd token counts
+ * and the columns past n are zeros in every operand, so the padded pairs
+ * add nothing.
+ *
+ * Taken by attention16.c where the engine's choice for the batched Q K^T
+ * class is native (the bf16 kernels are the faster ones) and the CPU has
+ * AVX512-BF16 but not AMX (oneDNN's AMX kernels are another league).
+ * VITHOST_CPU_ATTENTION16=onednn keeps attention16.c's batched matmuls
+ * (tests and A/B runs); "dot" or unset: these blocks where they apply. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(VH_CPU_NO_CLONES)
+#define DOT_PATHS 1
+#include <immintrin.h>
+#else
+#define DOT_PATHS 0
+#endif
+
+#define MIN_HEAD_DIM 48 /* smaller heads take attention_small.c */
+#define MAX_HEAD_DIM 96 /* a product tile is rows x head_dim/16 vectors */
+
+#if DOT_PATHS
+#define ALWAYS_INLINE __attribute__((always_inline)) static inline
+
+/* The kernels are built for AVX-512 with BF16; the call's own code (run()
+ * below) for the baseline, so that a CPU without them never executes one of
+ * their instructions. */
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4,avx512bf16")
+
+/* A block's tensors in place (bytes) and its shape. */
+typedef struct dblock {
+    const char *q, *k, *v, *go;
+    char *o, *dq, *dk, *dv;
+    char *p; /* its n x n probabilities (forward: written) */
+    int64_t ts, ots; /* token strides of qkv and out/dout, bytes */
+} dblock;
+
+typedef struct dgeom {
+    int64_t n, n2, np; /* tokens, token pairs, tokens padded to 16 */
+    int64_t dh;
+    vh_dtype pt;
+    float scale;
+} dgeom;
+
+enum { OUT_F32, OUT_BF16, OUT_BF16_ADD };
+
+/* The 32-bit word (a bf16 pair) at p, in every lane. */
+ALWAYS_INLINE __m512i bcast_pair(const char *p) {
+    int32_t w;
+    memcpy(&w, p, sizeof w);
+    return _mm512_set1_epi32(w);
+}
+
+ALWAYS_INLINE __m512 widen16(const void *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* To bf16, nearest even, NaN kept quiet: vh_cpu_bf16_round32's steps (not
+ * vcvtneps2bf16, which flushes subnormals). */
+ALWAYS_INLINE __m256i round16(__m512 y) {
+    const __m512i u = _mm512_castps_si512(y);
+    const __mmask16 nan = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_srli_epi32(r, 16);
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
+}
+
+/* ---- products --------------------------------------------------------------
+ * C[R x 16V] (+)= alpha sum over K pairs of A[r][pair] . B[pair][16V]: A's
+ * pair (r, k) at A + r * ars + k * aks, B's row of pairs k at B + k * ldb,
+ * C's row r at C + r * ldc (bytes); C f32, or bf16 stored or added to. R
+ * and V constant after inlining: R x V accumulators in registers. */
+ALWAYS_INLINE void tile(int R, int V, int mode, int64_t K, const char *A, int64_t ars,
+                        int64_t aks, const char *B, int64_t ldb, char *C, int64_t ldc,
+                        float alpha) {
+    __m512 acc[8][6];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int v = 0; v < V; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512i b[6];
+#pragma GCC unroll 6
+        for (int v = 0; v < V; v++) b[v] = _mm512_loadu_si512(B + k * ldb + 64 * v);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const __m512i a = bcast_pair(A + r * ars + k * aks);
+#pragma GCC unroll 6
+            for (int v = 0; v < V; v++)
+                acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)a, (__m512bh)b[v]);
+        }
+    }
+    const __m512 al = _mm512_set1_ps(alpha);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int v = 0; v < V; v++) {
+            __m512 y = _mm512_mul_ps(acc[r][v], al);
+            if (mode == OUT_F32) {
+                _mm512_storeu_ps(C + r * ldc + 64 * v, y);
+            } else {
+                char *c = C + r * ldc + 32 * v;
+                if (mode == OUT_BF16_ADD) y = _mm512_add_ps(y, widen16(c));
+                _mm256_storeu_si256((__m256i *)c, round16(y));
+            }
+        }
+}
+
+/* The scores' products: m rows of C (f32), nv vectors of columns, tiles of
+ * 6 rows x 4 vectors (24 accumulators). */
+#define SCORE_TILE(R, V) tile(R, V, OUT_F32, K, A + i * ars, ars, aks, B + 64 * c, ldb, \
+                              C + i * ldc + 64 * c, ldc, alpha)
+#define SCORE_ROWS(R)                                                                 \
+    do {                                                                              \
+        int64_t c = 0;                                                                \
+        for (; c + 4 <= nv; c += 4) SCORE_TILE(R, 4);                                 \
+        if (nv - c == 3) SCORE_TILE(R, 3);                                            \
+        if (nv - c == 2) SCORE_TILE(R, 2);                                            \
+        if (nv - c == 1) SCORE_TILE(R, 1);                                            \
+    } while (0)
+
+ALWAYS_INLINE void mm_scores(int64_t m, int64_t nv, int64_t K, const char *A, int64_t ars,
+                             int64_t aks, const char *B, int64_t ldb, char *C, int64_t ldc,
+                             float alpha) {
+    int64_t i = 0;
+    for (; i + 6 <= m; i += 6) SCORE_ROWS(6);
+    switch (m - i) {
+    case 5: SCORE_ROWS(5); break;
+    case 4: SCORE_ROWS(4); break;
+    case 3: SCORE_ROWS(3); break;
+    case 2: SCORE_ROWS(2); break;
+    case 1: SCORE_ROWS(1); break;
+    default: break;
+    }
+}
+#undef SCORE_ROWS
+#undef SCORE_TILE
+
+/* The products with a head's rows: m rows of C (bf16), all V = head_dim/16
+ * vectors in one tile of RM rows (RM x V <= 24 accumulators). */
+#define PROD_TILE(R) tile(R, V, mode, K, A + i * ars, ars, aks, B, ldb, C + i * ldc, ldc, alpha)
+
+ALWAYS_INLINE void mm_prod_v(int RM, int V, int mode, int64_t m, int64_t K, const char *A,
+                             int64_t ars, int64_t aks, const char *B, int64_t ldb, char *C,
+                             int64_t ldc, float alpha) {
+    int64_t i = 0;
+    for (; i + RM <= m; i += RM) PROD_TILE(RM);
+    switch (m - i) {
+    case 7: PROD_TILE(7); break;
+    case 6: PROD_TILE(6); break;
+    case 5: PROD_TILE(5); break;
+    case 4: PROD_TILE(4); break;
+    case 3: PROD_TILE(3); break;
+    case 2: PROD_TILE(2); break;
+    case 1: PROD_TILE(1); break;
+    default: break;
+    }
+}
+#undef PROD_TILE
+
+ALWAYS_INLINE void mm_prod(int add, const dgeom *g, const char *A, int64_t ars, int64_t aks,
+                           const char *B, char *C, int64_t ldc, float alpha) {
+    const int mode = add ? OUT_BF16_ADD : OUT_BF16;
+    const int64_t m = g->n, K = g->n2, ldb = g->dh * 4;
+    switch (g->dh / 16) {
+    case 3: mm_prod_v(8, 3, mode, m, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
+    case 4: mm_prod_v(6, 4, mode, m, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
+    case 5: mm_prod_v(4, 5, mode, m, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
+    default: mm_prod_v(4, 6, mode, m, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
+    }
+}
+
+/* ---- operands in pairs ------------------------------------------------------ */
+
+/* r[0..16) (16 x 16 32-bit words) transposed in registers: pairs of rows
+ * interleaved by 32 then 64 bits within each 128-bit lane, then the lanes
+ * gathered across four rows at a time. */
+ALWAYS_INLINE void transpose16(__m512i r[16]) {
+    __m512i t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    /* r[4i + c], lane L: rows 4i..4i+3 of column 4L + c */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i a = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);  /* lanes 0, 2 */
+        const __m512i b = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);  /* lanes 1, 3 */
+        const __m512i e = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+        const __m512i f = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+        t[c] = _mm512_shuffle_i32x4(a, e, 0x88);
+        t[8 + c] = _mm512_shuffle_i32x4(a, e, 0xdd);
+        t[4 + c] = _mm512_shuffle_i32x4(b, f, 0x88);
+        t[12 + c] = _mm512_shuffle_i32x4(b, f, 0xdd);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* dst[d/2][np] (32-bit words) = the pairs of n bf16 rows of dh (ts bytes
+ * apart), transposed; columns n..np zero. 16 x 16 words at a time (one
+ * word at a time, this was a sixth of the forward). */
+ALWAYS_INLINE void pairs_transposed(uint32_t *dst, const char *src, int64_t ts, const dgeom *g) {
+    const int64_t words = g->dh / 2;
+    for (int64_t j0 = 0; j0 < g->np; j0 += 16)
+        for (int64_t p0 = 0; p0 < words; p0 += 16) {
+            const int64_t w = words - p0 < 16 ? words - p0 : 16;
+            const __mmask16 m = (__mmask16)((1u << w) - 1);
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++)
+                r[i] = j0 + i < g->n ? _mm512_maskz_loadu_epi32(m, src + (j0 + i) * ts + 4 * p0)
+                                     : _mm512_setzero_si512();
+            transpose16(r);
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++)
+                if (c < w) _mm512_storeu_si512(dst + (p0 + c) * g->np + j0, r[c]);
+        }
+}
+
+/* dst[a][len] (32-bit words) = rows 2a and 2a+1 of n bf16 rows of len
+ * (a multiple of 16; ts bytes apart) interleaved, row n (odd n) zero. */
+ALWAYS_INLINE void pairs_of_rows(uint32_t *dst, const char *src, int64_t ts, int64_t n,
+                                 int64_t len) {
+    for (int64_t a = 0; a < (n + 1) / 2; a++) {
+        const char *r0 = src + 2 * a * ts, *r1 = r0 + ts;
+        for (int64_t c = 0; c < len; c += 16) {
+            const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + 2 * c)));
+            const __m512i hi = 2 * a + 1 < n
+                ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r1 + 2 * c)))
+                : _mm512_setzero_si512();
+            _mm512_storeu_si512(dst + a * len + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+    }
+}
+
+/* ---- one block ---------------------------------------------------------------- */
+
+/* Bytes of per-thread work space a block needs (the backward's, the larger). */
+static int64_t block_scratch(const dgeom *g) {
+    const int64_t words = g->dh / 2 * g->np + 2 * g->n2 * g->np + 3 * g->n2 * g->dh;
+    return 4 * words + 4 * g->n * g->np + 2 * 2 * g->n * g->np + 64 * 10;
+}
+
+/* Bytes from *at, 64-byte aligned pieces. */
+static void *carve(char **at, int64_t bytes) {
+    void *p = *at;
+    *at += (bytes + 63) & ~(int64_t)63;
+    return p;
+}
+
+/* f32 probs row (its n values) stored in probs, and rounded into p16 (np
+ * values: the padding's zeros too); bf16 probs: p16 itself is the row. */
+ALWAYS_INLINE void store_probs_row(char *dst, vh_dtype pt, const float *s, uint16_t *p16,
+                                   int64_t n, int64_t np) {
+    for (int64_t c = 0; c < np; c += 16) {
+        const __m512 x = _mm512_loadu_ps(s + c);
+        const __m256i h = round16(x);
+        _mm256_storeu_si256((__m256i *)(p16 + c), h);
+        if (c >= n) continue;
+        const __mmask16 m = n - c >= 16 ? 0xffff : (__mmask16)((1u << (n - c)) - 1);
+        if (pt == VH_DTYPE_F32)
+            _mm512_mask_storeu_ps((float *)dst + c, m, x);
+        else
+            _mm256_mask_storeu_epi16((uint16_t *)dst + c, m, h);
+    }
+}
+
+__attribute__((noinline)) static void block_forward(const dblock *b, const dgeom *g, char *w) {
+    const int64_t n = g->n, np = g->np, dh = g->dh;
+    uint32_t *kp = carve(&w, dh / 2 * np * 4), *vr = carve(&w, g->n2 * dh * 4);
+    float *s = carve(&w, n * np * 4);
+    uint16_t *p16 = carve(&w, n * np * 2);
+    const int64_t pes = vh_dtype_size(g->pt);
+    pairs_transposed(kp, b->k, b->ts, g);
+    mm_scores(n, np / 16, dh / 2, b->q, b->ts, 4, (const char *)kp, np * 4, (char *)s, np * 4,
+              g->scale);
+    vh_cpu_attention_softmax_v4(s, n, np, n);
+    for (int64_t i = 0; i < n; i++) {
+        if (i + 4 < n) {
+            char *ahead = b->p + (i + 4) * n * pes;
+            for (int64_t c = 0; c < n * pes; c += 64) __builtin_prefetch(ahead + c, 1, 3);
+        }
+        store_probs_row(b->p + i * n * pes, g->pt, s + i * np, p16 + i * np, n, np);
+    }
+    pairs_of_rows(vr, b->v, b->ts, n, dh);
+    mm_prod(0, g, (const char *)p16, np * 2, 4, (const char *)vr, b->o, b->ots, 1.0f);
+}
+
+/* Rows of dS = P * (dP - rowsum(dP * P)) rounded into ds16, and P16 (P as
+ * stored, rounded when f32), both np wide with zero padding. */
+ALWAYS_INLINE void grad_row(const float *dp, const char *prow, vh_dtype pt, uint16_t *ds16,
+                            uint16_t *p16, int64_t n, int64_t np) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t c = 0; c < np; c += 16) {
+        const __mmask16 m = c >= n ? 0 : n - c >= 16 ? 0xffff : (__mmask16)((1u << (n - c)) - 1);
+        const __m512 p = pt == VH_DTYPE_F32
+            ? _mm512_maskz_loadu_ps(m, (const float *)prow + c)
+            : _mm512_castsi512_ps(_mm512_slli_epi32(
+                  _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)prow + c)), 16));
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(dp + c), p, acc);
+    }
+    const __m512 rs = _mm512_set1_ps(_mm512_reduce_add_ps(acc));
+    for (int64_t c = 0; c < np; c += 16) {
+        const __mmask16 m = c >= n ? 0 : n - c >= 16 ? 0xffff : (__mmask16)((1u << (n - c)) - 1);
+        __m512 p;
+        if (pt == VH_DTYPE_F32) {
+            p = _mm512_maskz_loadu_ps(m, (const float *)prow + c);
+            _mm256_storeu_si256((__m256i *)(p16 + c), round16(p));
+        } else {
+            const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)prow + c);
+            _mm256_storeu_si256((__m256i *)(p16 + c), h);
+            p = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        }
+        const __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + c), rs));
+        _mm256_storeu_si256((__m256i *)(ds16 + c), round16(ds));
+    }
+}
+
+__attribute__((noinline)) static void block_backward(const dblock *b, const dgeom *g, char *w) {
+    const int64_t n = g->n, np = g->np, dh = g->dh, n2 = g->n2;
+    uint32_t *vt = carve(&w, dh / 2 * np * 4);
+    uint32_t *dsw = carve(&w, n2 * np * 4), *pw = carve(&w, n2 * np * 4);
+    uint32_t *kr = carve(&w, n2 * dh * 4), *qr = carve(&w, n2 * dh * 4);
+    uint32_t *gr = carve(&w, n2 * dh * 4);
+    float *dp = carve(&w, n * np * 4);
+    uint16_t *ds16 = carve(&w, n * np * 2), *p16 = carve(&w, n * np * 2);
+    const int64_t pes = vh_dtype_size(g->pt);
+    pairs_transposed(vt, b->v, b->ts, g);
+    mm_scores(n, np / 16, dh / 2, b->go, b->ots, 4, (const char *)vt, np * 4, (char *)dp,
+              np * 4, 1.0f); /* dP = dO V^T */
+    for (int64_t i = 0; i < n; i++) {
+        if (i + 4 < n) {
+            const char *ahead = b->p + (i + 4) * n * pes;
+            for (int64_t c = 0; c < n * pes; c += 64) _mm_prefetch(ahead + c, _MM_HINT_T0);
+        }
+        grad_row(dp + i * np, b->p + i * n * pes, g->pt, ds16 + i * np, p16 + i * np, n, np);
+    }
+    pairs_of_rows(dsw, (const char *)ds16, np * 2, n, np);
+    pairs_of_rows(pw, (const char *)p16, np * 2, n, np);
+    pairs_of_rows(kr, b->k, b->ts, n, dh);
+    pairs_of_rows(qr, b->q, b->ts, n, dh);
+    pairs_of_rows(gr, b->go, b->ots, n, dh);
+    /* dQ += scale dS K: A = dS's rows; dK += scale dS^T Q and dV += P16^T dO:
+     * A's row j is column j of dS or P16, its pairs in dsw/pw */
+    mm_prod(1, g, (const char *)ds16, np * 2, 4, (const char *)kr, b->dq, b->ts, g->scale);
+    mm_prod(1, g, (const char *)dsw, 4, np * 4, (const char *)qr, b->dk, b->ts, g->scale);
+    mm_prod(1, g, (const char *)pw, 4, np * 4, (const char *)gr, b->dv, b->ts, 1.0f);
+}
+
+#pragma GCC pop_options
+
+/* ---- the call ---------------------------------------------------------------- */
+
+static int cpu_has_dot16(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("x86-64-v4") || !__builtin_cpu_supports("avx512bf16") ||
+        __builtin_cpu_supports("amx-bf16"))
+        return 0;
+    /* The ISA oneDNN is held to (how tests take a smaller CPU's route). */
+    const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+    return !cap || !*cap || strcmp(cap, "ALL") == 0 ||
+           strncmp(cap, "AVX512_CORE_BF16", 16) == 0 || strncmp(cap, "AVX512_CORE_FP16", 16) == 0 ||
+           strncmp(cap, "AVX10", 5) == 0;
+}
+
+/* VITHOST_CPU_ATTENTION16: unset, "auto" or "dot" (these blocks where they
+ * apply), or "onednn" (never); another value is reported once and read as
+ * unset. */
+static int wanted(void) {
+    static int told;
+    const char *v = getenv("VITHOST_CPU_ATTENTION16");
+    if (!v || !*v || strcmp(v, "auto") == 0 || strcmp(v, "dot") == 0) return 1;
+    if (strcmp(v, "onednn") == 0) return 0;
+    if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+        fprintf(stderr, "vithost: VITHOST_CPU_ATTENTION16=%s is not auto, dot or onednn; "
+                        "taking auto\n", v);
+    return 1;
+}
+
+static int applies(const vh_attention_args *a) {
+    static int cpu = -1;
+    if (a->dtype != VH_DTYPE_BF16) return 0;
+    if (a->probs_dtype != VH_DTYPE_BF16 && a->probs_dtype != VH_DTYPE_F32) return 0;
+    if (a->head_dim % 16 != 0 || a->head_dim < MIN_HEAD_DIM || a->head_dim > MAX_HEAD_DIM)
+        return 0;
+    if (cpu < 0) cpu = cpu_has_dot16();
+    return cpu && wanted();
+}
+
+static vh_status run(const vh_attention_args *a, int backward) {
+    if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
+    const int64_t B = a->batch, H = a->heads, N = a->tokens, Dh = a->head_dim, D = H * Dh;
+    const dgeom g = {N, (N + 1) / 2, (N + 15) / 16 * 16, Dh, (vh_dtype)a->probs_dtype, a->scale};
+    const int64_t ps = vh_dtype_size(g.pt), nblocks = B * H;
+    int failed = 0;
+#pragma omp parallel if (nblocks > 1 && nblocks * N * N * Dh > VH_CPU_PAR_ELEMS) \
+    reduction(| : failed)
+    {
+        vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
+        char *w = vh_cpu_scratch_alloc((size_t)block_scratch(&g));
+        if (!w) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < nblocks; bh++) {
+            if (!w) continue;
+            const int64_t bi = bh / H, h = bh % H;
+            const int64_t qo = (bi * a->qkv_batch_stride + h * Dh) * 2;
+            const int64_t oo = (bi * a->out_batch_stride + h * Dh) * 2;
+            const char *qkv = (const char *)a->qkv + qo;
+            dblock blk = {qkv, qkv + D * 2, qkv + 2 * D * 2, NULL, NULL, NULL, NULL, NULL,
+                          (char *)a->probs + bh * N * N * ps, a->qkv_token_stride * 2,
+                          a->out_token_stride * 2};
+            if (backward) {
+                char *dqkv = (char *)a->dqkv + qo;
+                blk.go = (const char *)a->dout + oo;
+                blk.dq = dqkv, blk.dk = dqkv + D * 2, blk.dv = dqkv + 2 * D * 2;
+                block_backward(&blk, &g, w);
+            } else {
+                blk.o = (char *)a->out + oo;
+                block_forward(&blk, &g, w);
+            }
+        }
+        vh_cpu_scratch_end(mark);
+    }
+    return failed ? VH_STATUS_ERR_NOMEM : VH_STATUS_OK;
+}
+#else
+static vh_status run(const vh_attention_args *a, int backward) {
+    (void)a, (void)backward;
+    return VH_STATUS_ERR_UNSUPPORTED;
+}
+#endif
+
+vh_status vh_cpu_attention_dot16_forward(const vh_attention_args *a) { return run(a, 0); }
+
+vh_status vh_cpu_attention_dot16_backward(const vh_attention_args *a) { return run(a, 1); }

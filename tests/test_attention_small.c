@@ -27,12 +27,25 @@
 
 #include <cmocka.h>
 
+#include "vithost/vh_cpu_engine.h"
 #include "vithost/vh_runtime.h"
 
 #define TOL_F32_MATH 1e-5 /* normalised error of f32 sums of <= 65 terms */
 #define SENTINEL 4096.0f /* in the gaps; exact in every dtype */
 
 static const vh_device_ops *ops;
+
+/* What attention_dot16.c asks of the CPU (and of the build). */
+static int cpu_has_dot16(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(VH_CPU_NO_CLONES)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16") &&
+           !__builtin_cpu_supports("amx-bf16");
+#else
+    return 0;
+#endif
+}
 static uint64_t rng_state = 7;
 
 static double rnd(void) { /* splitmix64, uniform in [0, 1) */
@@ -254,6 +267,20 @@ static void test_bf16_wide_heads(void **state) {
                                  pi ? VH_DTYPE_BF16 : VH_DTYPE_F32, k % 3 == 1, 0x1p-6};
                 run_shape(&s);
             }
+    /* The route the native choice took, as vithost bench prints it: on a
+     * CPU with AVX512-BF16 (and no AMX) the dot-product blocks, unless
+     * VITHOST_CPU_ATTENTION16=onednn. */
+    char line[256];
+    vh_cpu_attention_routes(line, sizeof line);
+    print_message("%s\n", line);
+    const char *g16 = getenv("VITHOST_CPU_GEMM16"), *a16 = getenv("VITHOST_CPU_ATTENTION16");
+    const char *isa = getenv("ONEDNN_MAX_CPU_ISA");
+    if (g16 && strcmp(g16, "native") == 0) {
+        if (a16 && strcmp(a16, "onednn") == 0)
+            assert_null(strstr(line, "dot-product"));
+        else if (cpu_has_dot16() && (!isa || !*isa))
+            assert_non_null(strstr(line, "dot-product"));
+    }
 }
 
 /* A large score: the softmax's max is subtracted (no overflow), and a row

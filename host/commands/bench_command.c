@@ -374,6 +374,10 @@ void bench_print(const vh_run *run, const vh_bench_result *r, FILE *out) {
             fprintf(out, "              %.*s\n", (int)(e - p), p);
         }
     }
+    if (run->device->kind == VH_DEVICE_KIND_CPU) {
+        char line[256]; /* which kernels attention ran on (sdk/src/cpu/attention*.c) */
+        fprintf(out, "  attention   %s\n", vh_cpu_attention_routes(line, sizeof line));
+    }
     fprintf(out, "  step time   median %.2f ms, min %.2f, max %.2f (the slowest rank's)\n",
             r->step_ms_median, r->step_ms_min, r->step_ms_max);
     double img_min, img_max, spread;

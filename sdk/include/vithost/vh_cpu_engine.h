@@ -57,6 +57,15 @@ VH_SDK_API const char *vh_cpu_gemm16_classes(char *buf, size_t len);
  * Call it while no GEMM runs. */
 VH_SDK_API void vh_cpu_gemm16_reset(void);
 
+/* One line into buf (truncated to len), returned: the routes this process's
+ * attention calls (forward and backward) took, e.g. "24 calls: 24 on the
+ * bf16 dot-product blocks", or "no calls". The routes:
+ * the fused small-head blocks, the bf16 dot-product blocks (AVX512-BF16),
+ * oneDNN's batched bf16 matmuls, oneDNN's batched f32 matmuls (16-bit
+ * operands widened). VITHOST_CPU_ATTENTION16=onednn keeps the bf16 calls off
+ * the dot-product blocks. */
+VH_SDK_API const char *vh_cpu_attention_routes(char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -35,7 +35,10 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "vithost/vh_cpu_engine.h"
 
 #include "attention.h"
 #include "cpu_ops.h"
@@ -169,6 +172,37 @@ view4 vh_cpu_attention_square(const vh_attention_args *a, void *p, vh_dtype t, i
     return v;
 }
 
+/* ---- routes taken ----------------------------------------------------------- */
+
+static uint64_t g_route_calls[VH_CPU_ATTENTION_ROUTE_COUNT];
+
+void vh_cpu_attention_count(vh_cpu_attention_route route) {
+    __atomic_fetch_add(&g_route_calls[route], 1, __ATOMIC_RELAXED);
+}
+
+const char *vh_cpu_attention_routes(char *buf, size_t len) {
+    static const char *const names[VH_CPU_ATTENTION_ROUTE_COUNT] = {
+        "the fused small-head blocks", "the bf16 dot-product blocks",
+        "oneDNN's batched bf16 matmuls", "oneDNN's batched f32 matmuls"};
+    if (!buf || len == 0) return buf;
+    uint64_t n[VH_CPU_ATTENTION_ROUTE_COUNT], total = 0;
+    for (int r = 0; r < VH_CPU_ATTENTION_ROUTE_COUNT; r++)
+        total += n[r] = __atomic_load_n(&g_route_calls[r], __ATOMIC_RELAXED);
+    if (total == 0) {
+        snprintf(buf, len, "no calls");
+        return buf;
+    }
+    int at = snprintf(buf, len, "%llu calls:", (unsigned long long)total);
+    const char *sep = " ";
+    for (int r = 0; r < VH_CPU_ATTENTION_ROUTE_COUNT && (size_t)at < len; r++) {
+        if (!n[r]) continue;
+        at += snprintf(buf + at, len - (size_t)at, "%s%llu on %s", sep, (unsigned long long)n[r],
+                       names[r]);
+        sep = ", ";
+    }
+    return buf;
+}
+
 /* ---- entry points --------------------------------------------------------- */
 
 vh_status vh_cpu_attention_forward(vh_device *dev, const vh_attention_args *args) {
@@ -176,8 +210,12 @@ vh_status vh_cpu_attention_forward(vh_device *dev, const vh_attention_args *args
     vh_attention_args a;
     vh_status st = check(&a, args, 0);
     if (st != VH_STATUS_OK || empty(&a)) return st;
-    if ((st = vh_cpu_attention_small_forward(&a)) != VH_STATUS_ERR_UNSUPPORTED) return st;
+    if ((st = vh_cpu_attention_small_forward(&a)) != VH_STATUS_ERR_UNSUPPORTED) {
+        vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_SMALL);
+        return st;
+    }
     if ((st = vh_cpu_attention16_forward(&a)) != VH_STATUS_ERR_UNSUPPORTED) return st;
+    vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_BATCHED);
     const int64_t B = a.batch, H = a.heads, N = a.tokens, Dh = a.head_dim;
     const int64_t np = B * H * N * N, nq = qkv_extent(&a), no = out_extent(&a);
     vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
@@ -214,8 +252,12 @@ vh_status vh_cpu_attention_backward(vh_device *dev, const vh_attention_args *arg
     vh_attention_args a;
     vh_status st = check(&a, args, 1);
     if (st != VH_STATUS_OK || empty(&a)) return st;
-    if ((st = vh_cpu_attention_small_backward(&a)) != VH_STATUS_ERR_UNSUPPORTED) return st;
+    if ((st = vh_cpu_attention_small_backward(&a)) != VH_STATUS_ERR_UNSUPPORTED) {
+        vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_SMALL);
+        return st;
+    }
     if ((st = vh_cpu_attention16_backward(&a)) != VH_STATUS_ERR_UNSUPPORTED) return st;
+    vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_BATCHED);
     const int64_t B = a.batch, H = a.heads, N = a.tokens, Dh = a.head_dim;
     const int64_t np = B * H * N * N, nq = qkv_extent(&a), no = out_extent(&a);
     vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();

@@ -7,6 +7,18 @@
 
 #include "cpu_ops.h"
 
+/* The routes an attention call can take, counted for vh_cpu_attention_routes. */
+typedef enum vh_cpu_attention_route {
+    VH_CPU_ATTENTION_ROUTE_SMALL = 0, /* attention_small.c */
+    VH_CPU_ATTENTION_ROUTE_DOT16,     /* attention_dot16.c */
+    VH_CPU_ATTENTION_ROUTE_ONEDNN16,  /* attention16.c's batched bf16 matmuls */
+    VH_CPU_ATTENTION_ROUTE_BATCHED,   /* attention.c's batched f32 matmuls */
+    VH_CPU_ATTENTION_ROUTE_COUNT
+} vh_cpu_attention_route;
+
+/* Counts a call that ran on `route`. */
+VH_CPU_HIDDEN void vh_cpu_attention_count(vh_cpu_attention_route route);
+
 /* Rows of the softmax loops per task: whole rows to each thread, few calls. */
 #define ROW_BLOCK 64
 

@@ -106,7 +106,10 @@ static uint16_t *probs16(const vh_attention_args *a, int64_t np) {
 vh_status vh_cpu_attention16_forward(const vh_attention_args *a) {
     if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
     vh_status st = vh_cpu_attention_dot16_forward(a);
-    if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
+    if (st != VH_STATUS_ERR_UNSUPPORTED) {
+        vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_DOT16);
+        return st;
+    }
     const int64_t B = a->batch, H = a->heads, N = a->tokens, Dh = a->head_dim;
     const int64_t rows = B * H * N;
     void *qkv = (void *)(uintptr_t)a->qkv;
@@ -131,6 +134,7 @@ vh_status vh_cpu_attention16_forward(const vh_attention_args *a) {
         st = vh_cpu_attention_bmm(B, H, N, Dh, N, 1.0f, &p, &v, &o, 0);
     }
     vh_cpu_scratch_end(mark);
+    if (st != VH_STATUS_ERR_UNSUPPORTED) vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_ONEDNN16);
     return st;
 }
 
@@ -162,7 +166,10 @@ static vh_status softmax_grad_to_bf16(float *dp, const void *probs, vh_dtype pt,
 vh_status vh_cpu_attention16_backward(const vh_attention_args *a) {
     if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
     vh_status st = vh_cpu_attention_dot16_backward(a);
-    if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
+    if (st != VH_STATUS_ERR_UNSUPPORTED) {
+        vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_DOT16);
+        return st;
+    }
     const int64_t B = a->batch, H = a->heads, N = a->tokens, Dh = a->head_dim;
     const int64_t rows = B * H * N;
     void *qkv = (void *)(uintptr_t)a->qkv, *dout = (void *)(uintptr_t)a->dout;
@@ -196,5 +203,6 @@ vh_status vh_cpu_attention16_backward(const vh_attention_args *a) {
         if (st == VH_STATUS_ERR_UNSUPPORTED) st = VH_STATUS_ERR_INTERNAL;
     }
     vh_cpu_scratch_end(mark);
+    if (st != VH_STATUS_ERR_UNSUPPORTED) vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_ONEDNN16);
     return st;
 }

@@ -26,7 +26,8 @@
  * attention_small.c instead.
  *
  * dtypes: all-bf16 calls (qkv, out and probs) run on oneDNN's bf16 kernels
- * where the engine's per-shape choice says they are faster (attention16.c).
+ * where the engine's per-shape choice says they are faster (attention16.c;
+ * heads of 48..96 there on attention_dot16.c's bf16 dot-product blocks).
  * Otherwise bf16/f16 qkv, out, dout, dqkv are converted to fp32 (their whole
  * extent, gaps included) and back, rounded once; probs are kept in
  * probs_dtype, and P V uses the probabilities as stored (as autocast's bmm

@@ -20,7 +20,9 @@
  * as in every AMP GEMM. Which path runs is the engine's choice for the
  * batched Q K^T shape class (gemm_choice.c: timed once per process, or
  * forced by VITHOST_CPU_GEMM16), so a CPU whose bf16 kernels are slower
- * keeps the widened path.
+ * keeps the widened path. On the native path, heads of 48..96 on a CPU with
+ * AVX512-BF16 and no AMX take attention_dot16.c's fused blocks instead (the
+ * same roundings; VITHOST_CPU_ATTENTION16=onednn keeps them here).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime in strict C11 */
 #include <math.h>

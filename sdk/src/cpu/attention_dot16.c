@@ -399,11 +399,12 @@ static int cpu_has_dot16(void) {
     if (!__builtin_cpu_supports("x86-64-v4") || !__builtin_cpu_supports("avx512bf16") ||
         __builtin_cpu_supports("amx-bf16"))
         return 0;
-    /* The ISA oneDNN is held to (how tests take a smaller CPU's route). */
+    /* The ISA oneDNN is held to (how tests take a smaller CPU's route):
+     * these kernels only where it allows AVX512-BF16 or more. */
     const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
     return !cap || !*cap || strcmp(cap, "ALL") == 0 ||
            strncmp(cap, "AVX512_CORE_BF16", 16) == 0 || strncmp(cap, "AVX512_CORE_FP16", 16) == 0 ||
-           strncmp(cap, "AVX10", 5) == 0;
+           strncmp(cap, "AVX512_CORE_AMX", 15) == 0 || strncmp(cap, "AVX10", 5) == 0;
 }
 
 /* VITHOST_CPU_ATTENTION16: unset, "auto" or "dot" (these blocks where they
@@ -421,13 +422,14 @@ static int wanted(void) {
 }
 
 static int applies(const vh_attention_args *a) {
-    static int cpu = -1;
+    static int cpu = -1; /* cpu_has_dot16(), once (its value is the same in every thread) */
     if (a->dtype != VH_DTYPE_BF16) return 0;
     if (a->probs_dtype != VH_DTYPE_BF16 && a->probs_dtype != VH_DTYPE_F32) return 0;
     if (a->head_dim % 16 != 0 || a->head_dim < MIN_HEAD_DIM || a->head_dim > MAX_HEAD_DIM)
         return 0;
-    if (cpu < 0) cpu = cpu_has_dot16();
-    return cpu && wanted();
+    int has = __atomic_load_n(&cpu, __ATOMIC_RELAXED);
+    if (has < 0) __atomic_store_n(&cpu, has = cpu_has_dot16(), __ATOMIC_RELAXED);
+    return has && wanted();
 }
 
 static vh_status run(const vh_attention_args *a, int backward) {

@@ -2,7 +2,8 @@
  * the run with exit 1, the cause and the last good checkpoint, never
  * `finished`; precision.backoff_factor 0 is refused; a checkpoint taken in
  * the middle of an epoch (run.steps, final evaluation) resumes and extends
- * with the same numbers as an uninterrupted run, on one process and on two. */
+ * with the same numbers as an uninterrupted run, on one process and on two;
+ * a run.peak_tflops below the run's own rate is said. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <setjmp.h>
@@ -85,6 +86,23 @@ static void failed_run(int code) {
         fail_msg("a failed run said finished:\n%s\n%s", out, err);
     free(out);
     free(err);
+}
+
+/* ---- the reported rate ------------------------------------------------------ */
+
+/* A run.peak_tflops below what the run computes: said once (its MFU reads
+ * over 100%), and the run goes on. (A probed peak is probed again instead,
+ * train_loop.c check_peak.) */
+static void test_a_peak_below_the_rate_is_said_once(void **state) {
+    (void)state;
+    assert_int_equal(vithost("run r.yaml --out peak --set run.steps=6 --set run.peak_tflops=1e-12"),
+                     0);
+    char *out = tmp_text("out");
+    const char *want = "above run.peak_tflops 1e-12: its MFU reads over 100%";
+    const char *first = strstr(out, want);
+    if (!first) fail_msg("'%s' not in:\n%s", want, out);
+    if (strstr(first + 1, want)) fail_msg("said more than once:\n%s", out);
+    free(out);
 }
 
 /* ---- steps that do not train --------------------------------------------- */
@@ -296,6 +314,7 @@ static void test_resume_extends_on_two_processes(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_peak_below_the_rate_is_said_once),
         cmocka_unit_test(test_a_run_whose_every_step_overflows_fails),
         cmocka_unit_test(test_skips_in_a_row_stop_the_run),
         cmocka_unit_test(test_a_dead_run_names_its_last_good_checkpoint),

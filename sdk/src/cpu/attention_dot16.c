@@ -27,8 +27,8 @@
  * add nothing.
  *
  * Taken by attention16.c where the engine's choice for the batched Q K^T
- * class is native (the bf16 kernels are the faster ones) and the CPU has
- * AVX512-BF16 but not AMX (oneDNN's AMX kernels are another league).
+ * class is native (the bf16 kernels are the faster ones) and oneDNN runs
+ * AVX512-BF16 but not AMX (its AMX kernels are another league).
  * VITHOST_CPU_ATTENTION16=onednn keeps attention16.c's batched matmuls
  * (tests and A/B runs); "dot" or unset: these blocks where they apply. */
 #include <stdint.h>
@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "dnnl_engine.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(VH_CPU_NO_CLONES)
@@ -394,17 +395,13 @@ __attribute__((noinline)) static void block_backward(const dblock *b, const dgeo
 
 /* ---- the call ---------------------------------------------------------------- */
 
+/* AVX-512 with BF16 where oneDNN may use it (its effective ISA, capped by
+ * ONEDNN_MAX_CPU_ISA), but not AMX, whose kernels are another league. */
 static int cpu_has_dot16(void) {
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("x86-64-v4") || !__builtin_cpu_supports("avx512bf16") ||
-        __builtin_cpu_supports("amx-bf16"))
-        return 0;
-    /* The ISA oneDNN is held to (how tests take a smaller CPU's route):
-     * these kernels only where it allows AVX512-BF16 or more. */
-    const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
-    return !cap || !*cap || strcmp(cap, "ALL") == 0 ||
-           strncmp(cap, "AVX512_CORE_BF16", 16) == 0 || strncmp(cap, "AVX512_CORE_FP16", 16) == 0 ||
-           strncmp(cap, "AVX512_CORE_AMX", 15) == 0 || strncmp(cap, "AVX10", 5) == 0;
+    return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16") &&
+           vh_dnnl_isa_has(VH_DNNL_ISA_AVX512_CORE_BF16) &&
+           !vh_dnnl_isa_has(VH_DNNL_ISA_AVX512_CORE_AMX);
 }
 
 /* VITHOST_CPU_ATTENTION16: unset, "auto" or "dot" (these blocks where they

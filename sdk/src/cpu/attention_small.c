@@ -27,10 +27,10 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
+#include "dnnl_engine.h"
 
 /* Largest head for the small path, AVX-512 and AVX2. Measured on Zen 5
  * (AVX-512), one thread, best of 180 calls, ms per call, forward /
@@ -264,16 +264,6 @@ __attribute__((target("arch=x86-64-v4"))) void vh_cpu_attention_softmax_v4(float
     for (; i < rows; i++) softmax_rows_v4(1, s + i * ld, ld, n, ld);
 }
 
-/* The ISA oneDNN is held to (ONEDNN_MAX_CPU_ISA, how the tests take the
- * route of a CPU without AVX-512 or AVX2) holds these kernels too. */
-static int isa_allows(int avx512) {
-    const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
-    if (!cap || !*cap || strcmp(cap, "ALL") == 0 || strncmp(cap, "AVX512", 6) == 0 ||
-        strncmp(cap, "AVX10", 5) == 0)
-        return 1;
-    return !avx512 && strncmp(cap, "AVX2", 4) == 0;
-}
-
 /* The kernels for this call and CPU (forward NULL: none). */
 static kernels pick(const vh_attention_args *a) {
     const kernels none = {NULL, NULL, 0}, avx512 = {forward_v4, backward_v4, 16},
@@ -281,9 +271,11 @@ static kernels pick(const vh_attention_args *a) {
     if (a->head_dim % 8 != 0) return none;
     __builtin_cpu_init();
     const int64_t max512 = a->dtype == VH_DTYPE_F32 ? FUSED_MAX_HEAD_DIM_F32 : FUSED_MAX_HEAD_DIM;
-    if (__builtin_cpu_supports("x86-64-v4") && isa_allows(1) && a->head_dim <= max512)
+    /* the ISA oneDNN is held to (ONEDNN_MAX_CPU_ISA) holds these kernels too */
+    if (__builtin_cpu_supports("x86-64-v4") && vh_dnnl_isa_has(VH_DNNL_ISA_AVX512_CORE) &&
+        a->head_dim <= max512)
         return avx512;
-    if (__builtin_cpu_supports("x86-64-v3") && isa_allows(0) &&
+    if (__builtin_cpu_supports("x86-64-v3") && vh_dnnl_isa_has(VH_DNNL_ISA_AVX2) &&
         a->head_dim <= FUSED_MAX_HEAD_DIM_AVX2)
         return avx2;
     return none;

@@ -293,11 +293,16 @@ static void fill_version(void) {
     snprintf(version_buf, sizeof version_buf, "oneDNN %d.%d.%d", v->major, v->minor, v->patch);
 }
 
-int vh_dnnl_native_bf16(void) {
+int vh_dnnl_isa_has(vh_dnnl_isa level) {
+    static const dnnl_cpu_isa_t isas[] = {dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core,
+                                          dnnl_cpu_isa_avx512_core_bf16,
+                                          dnnl_cpu_isa_avx512_core_amx};
     pthread_once(&g_once, global_init);
-    const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+    /* the ISAs are nested bit sets: a level is in every one above it */
+    return (dnnl_get_effective_cpu_isa() & isas[level]) == isas[level];
 }
+
+int vh_dnnl_native_bf16(void) { return vh_dnnl_isa_has(VH_DNNL_ISA_AVX512_CORE_BF16); }
 
 const char *vh_dnnl_version_name(void) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;

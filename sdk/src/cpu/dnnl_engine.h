@@ -65,6 +65,19 @@ VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run_residual(const vh_dnnl_matmul *mm, co
  * decides the ISA at run time and honours ONEDNN_MAX_CPU_ISA. */
 VH_CPU_HIDDEN int vh_dnnl_native_bf16(void);
 
+/* ISA levels of oneDNN's effective ISA (the CPU's, capped by
+ * ONEDNN_MAX_CPU_ISA), which our own kernels are held to as well: a test
+ * that caps oneDNN takes a smaller CPU's route everywhere. */
+typedef enum vh_dnnl_isa {
+    VH_DNNL_ISA_AVX2,
+    VH_DNNL_ISA_AVX512_CORE,
+    VH_DNNL_ISA_AVX512_CORE_BF16,
+    VH_DNNL_ISA_AVX512_CORE_AMX,
+} vh_dnnl_isa;
+
+/* Does oneDNN's effective ISA include `level`? */
+VH_CPU_HIDDEN int vh_dnnl_isa_has(vh_dnnl_isa level);
+
 /* The CPU's ISA as oneDNN sees it ("avx2", "avx512_core_bf16", ...). */
 VH_CPU_HIDDEN const char *vh_dnnl_isa_name(void);
 

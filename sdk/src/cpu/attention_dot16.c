@@ -141,67 +141,59 @@ ALWAYS_INLINE void tile(int R, int V, int mode, int64_t K, const char *A, int64_
         }
 }
 
-/* The scores' products: m rows of C (f32), nv vectors of columns, tiles of
- * 6 rows x 4 vectors (24 accumulators). */
-#define SCORE_TILE(R, V) tile(R, V, OUT_F32, K, A + i * ars, ars, aks, B + 64 * c, ldb, \
-                              C + i * ldc + 64 * c, ldc, alpha)
-#define SCORE_ROWS(R)                                                                 \
-    do {                                                                              \
-        int64_t c = 0;                                                                \
-        for (; c + 4 <= nv; c += 4) SCORE_TILE(R, 4);                                 \
-        if (nv - c == 3) SCORE_TILE(R, 3);                                            \
-        if (nv - c == 2) SCORE_TILE(R, 2);                                            \
-        if (nv - c == 1) SCORE_TILE(R, 1);                                            \
+/* C (+)= alpha A B over m rows and nv vectors of columns: tiles of RM rows
+ * x VM vectors (RM x VM <= 24 accumulators), then the rows left, and the
+ * vectors left (fewer than 4: the scores tile by 4, the products with a
+ * head's rows take all of them in one tile). */
+#define MM_TILE(R, V)                                                                   \
+    tile(R, V, mode, K, A + i * ars, ars, aks, B + 64 * c, ldb,                          \
+         C + i * ldc + c * (mode == OUT_F32 ? 64 : 32), ldc, alpha)
+#define MM_ROWS(R)                                                                      \
+    do {                                                                                \
+        int64_t c = 0;                                                                  \
+        for (; c + VM <= nv; c += VM) MM_TILE(R, VM);                                   \
+        if (VM > 3 && nv - c == 3) MM_TILE(R, 3);                                       \
+        if (VM > 2 && nv - c == 2) MM_TILE(R, 2);                                       \
+        if (VM > 1 && nv - c == 1) MM_TILE(R, 1);                                       \
     } while (0)
 
+ALWAYS_INLINE void mm(int RM, int VM, int mode, int64_t m, int64_t nv, int64_t K,
+                      const char *A, int64_t ars, int64_t aks, const char *B, int64_t ldb,
+                      char *C, int64_t ldc, float alpha) {
+    int64_t i = 0;
+    for (; i + RM <= m; i += RM) MM_ROWS(RM);
+    switch (m - i) { /* RM constant: the cases past it vanish */
+    case 7: if (RM > 7) MM_ROWS(7); break;
+    case 6: if (RM > 6) MM_ROWS(6); break;
+    case 5: if (RM > 5) MM_ROWS(5); break;
+    case 4: if (RM > 4) MM_ROWS(4); break;
+    case 3: if (RM > 3) MM_ROWS(3); break;
+    case 2: if (RM > 2) MM_ROWS(2); break;
+    case 1: if (RM > 1) MM_ROWS(1); break;
+    default: break;
+    }
+}
+#undef MM_ROWS
+#undef MM_TILE
+
+/* The scores' products: C f32, tiles of 6 rows x 4 vectors. */
 ALWAYS_INLINE void mm_scores(int64_t m, int64_t nv, int64_t K, const char *A, int64_t ars,
                              int64_t aks, const char *B, int64_t ldb, char *C, int64_t ldc,
                              float alpha) {
-    int64_t i = 0;
-    for (; i + 6 <= m; i += 6) SCORE_ROWS(6);
-    switch (m - i) {
-    case 5: SCORE_ROWS(5); break;
-    case 4: SCORE_ROWS(4); break;
-    case 3: SCORE_ROWS(3); break;
-    case 2: SCORE_ROWS(2); break;
-    case 1: SCORE_ROWS(1); break;
-    default: break;
-    }
+    mm(6, 4, OUT_F32, m, nv, K, A, ars, aks, B, ldb, C, ldc, alpha);
 }
-#undef SCORE_ROWS
-#undef SCORE_TILE
 
-/* The products with a head's rows: m rows of C (bf16), all V = head_dim/16
- * vectors in one tile of RM rows (RM x V <= 24 accumulators). */
-#define PROD_TILE(R) tile(R, V, mode, K, A + i * ars, ars, aks, B, ldb, C + i * ldc, ldc, alpha)
-
-ALWAYS_INLINE void mm_prod_v(int RM, int V, int mode, int64_t m, int64_t K, const char *A,
-                             int64_t ars, int64_t aks, const char *B, int64_t ldb, char *C,
-                             int64_t ldc, float alpha) {
-    int64_t i = 0;
-    for (; i + RM <= m; i += RM) PROD_TILE(RM);
-    switch (m - i) {
-    case 7: PROD_TILE(7); break;
-    case 6: PROD_TILE(6); break;
-    case 5: PROD_TILE(5); break;
-    case 4: PROD_TILE(4); break;
-    case 3: PROD_TILE(3); break;
-    case 2: PROD_TILE(2); break;
-    case 1: PROD_TILE(1); break;
-    default: break;
-    }
-}
-#undef PROD_TILE
-
+/* The products with a head's rows: C bf16, all head_dim/16 vectors in one
+ * tile of as many rows as 24 accumulators allow. */
 ALWAYS_INLINE void mm_prod(int add, const dgeom *g, const char *A, int64_t ars, int64_t aks,
                            const char *B, char *C, int64_t ldc, float alpha) {
     const int mode = add ? OUT_BF16_ADD : OUT_BF16;
     const int64_t m = g->n, K = g->n2, ldb = g->dh * 4;
     switch (g->dh / 16) {
-    case 3: mm_prod_v(8, 3, mode, m, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
-    case 4: mm_prod_v(6, 4, mode, m, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
-    case 5: mm_prod_v(4, 5, mode, m, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
-    default: mm_prod_v(4, 6, mode, m, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
+    case 3: mm(8, 3, mode, m, 3, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
+    case 4: mm(6, 4, mode, m, 4, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
+    case 5: mm(4, 5, mode, m, 5, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
+    default: mm(4, 6, mode, m, 6, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
     }
 }
 

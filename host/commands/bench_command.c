@@ -266,16 +266,9 @@ vh_status bench_run(vh_run *run, const vh_bench_options *o, vh_bench_result *r, 
          * touch them; every rank measures its own device. */
         r->peak_source = "unknown";
         r->peak_tflops = device_peak(run, r->compute_dtype, &r->peak_source);
-        /* A CPU probe below the rate just measured read a busy moment
-         * (MFU over 100%): probed again, twice at most, the best kept. */
-        const int probed = run->device->kind == VH_DEVICE_KIND_CPU &&
-                           strstr(r->peak_source, "GEMM probe") != NULL;
-        for (int again = 0; probed && again < 2 && r->peak_tflops > 0 &&
-                            r->tflops > r->peak_tflops;
-             again++) {
-            const double p = flops_probe_peak_tflops_dtype(run->device, r->compute_dtype);
-            if (p > r->peak_tflops) r->peak_tflops = p;
-        }
+        if (strstr(r->peak_source, "GEMM probe")) /* not run.peak_tflops or the GPU table */
+            r->peak_tflops = flops_probe_recheck(run->device, r->compute_dtype, r->peak_tflops,
+                                                 r->tflops);
         if (r->peak_tflops > 0 && flops > 0) r->mfu = r->tflops / r->peak_tflops;
     }
     session_close(&s);

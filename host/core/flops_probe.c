@@ -56,3 +56,11 @@ done:
     free(host);
     return best;
 }
+
+double flops_probe_recheck(const vh_device_ops *dev, vh_dtype dtype, double peak, double rate) {
+    for (int again = 0; again < 2 && peak > 0 && rate > peak; again++) {
+        const double p = flops_probe_peak_tflops_dtype(dev, dtype);
+        if (p > peak) peak = p;
+    }
+    return peak;
+}

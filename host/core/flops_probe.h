@@ -12,4 +12,9 @@
  * refuses the dtype. */
 double flops_probe_peak_tflops_dtype(const vh_device_ops *dev, vh_dtype dtype);
 
+/* A probed peak below a rate the device has just run read a busy moment
+ * (its MFU would print over 100%): probes again, twice at most while the
+ * peak stays below `rate`, and returns the best of all. */
+double flops_probe_recheck(const vh_device_ops *dev, vh_dtype dtype, double peak, double rate);
+
 #endif

@@ -29,8 +29,7 @@ typedef struct loop_state {
     int64_t checkpoint_every, keep, stop_after, steps_this_run;
     double flops, peak_tflops;
     int peak_configured;      /* run.peak_tflops set: the user's number, never probed again */
-    int peak_reprobes;        /* probes after the start (check_peak) */
-    int peak_warned;
+    int peak_checked;         /* check_peak has acted (once a run) */
     vh_progress prog;
     /* loss scale after the last step, skipped steps so far (resumed: from
      * the metrics file's kept lines), and whether the lines show them */
@@ -137,10 +136,15 @@ static vh_status save_if_due(loop_state *ls, int saves, int skipped, int stop, v
 /* ---- the record of a step ------------------------------------------------------ */
 
 /* The step's line in metrics.jsonl; returns what it wrote. */
+/* TFLOP/s per device over the log window. */
+static double window_tflops(const loop_state *ls) {
+    return progress_img_per_s(&ls->prog) * ls->flops / 1e12 / ls->world;
+}
+
 static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int skipped) {
     vh_session *s = ls->s;
     double img_s = progress_img_per_s(&ls->prog); /* the job's: every rank's images */
-    double tflops = img_s * ls->flops / 1e12 / ls->world; /* per device */
+    double tflops = window_tflops(ls);
     double steps = ls->window_steps > 0 ? (double)ls->window_steps : 1.0;
     vh_train_metrics m = {.step = s->step, .epoch = s->epoch, .loss = loss, .lr = lr,
                           .img_per_s = img_s, .tflops = tflops,
@@ -160,28 +164,26 @@ static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int 
 
 /* A rate above the peak means the peak is wrong. A probe at the start can
  * read low when the machine is busy just then (the main job once printed
- * MFU 148% after a 209 GFLOP/s probe on a 440 GFLOP/s CPU): probed again,
- * at most three times, the best kept. A run.peak_tflops below the rate is
+ * MFU 148% after a 209 GFLOP/s probe on a 440 GFLOP/s CPU): probed again
+ * (flops_probe_recheck), once a run. A run.peak_tflops below the rate is
  * the user's number: said once. */
 static void check_peak(loop_state *ls) {
-    const double tflops = progress_img_per_s(&ls->prog) * ls->flops / 1e12 / ls->world;
-    if (!(ls->peak_tflops > 0) || !(tflops > ls->peak_tflops)) return;
+    const double tflops = window_tflops(ls);
+    if (ls->peak_checked || !(ls->peak_tflops > 0) || !(tflops > ls->peak_tflops)) return;
+    ls->peak_checked = 1;
     vh_session *s = ls->s;
     if (ls->peak_configured) {
-        if (!ls->peak_warned)
-            fprintf(s->out, "vithost: warning: this run computes %.4g TFLOP/s per device, above "
-                            "run.peak_tflops %.4g: its MFU reads over 100%%\n",
-                    tflops, ls->peak_tflops);
-        ls->peak_warned = 1;
+        fprintf(s->out, "vithost: warning: this run computes %.4g TFLOP/s per device, above "
+                        "run.peak_tflops %.4g: its MFU reads over 100%%\n",
+                tflops, ls->peak_tflops);
         return;
     }
-    if (ls->peak_reprobes >= 3) return;
-    ls->peak_reprobes++;
-    const double again = flops_probe_peak_tflops_dtype(s->run->device, s->policy.compute_dtype);
+    const double before = ls->peak_tflops;
+    ls->peak_tflops =
+        flops_probe_recheck(s->run->device, s->policy.compute_dtype, before, tflops);
     fprintf(s->out, "vithost: the device peak probed before, %.1f GFLOP/s, is below this run's "
                     "own %.1f (the machine was busy then): probed again, %.1f GFLOP/s\n",
-            ls->peak_tflops * 1e3, tflops * 1e3, again * 1e3);
-    if (again > ls->peak_tflops) ls->peak_tflops = again;
+            before * 1e3, tflops * 1e3, ls->peak_tflops * 1e3);
 }
 
 static void log_step(loop_state *ls, float loss, double lr, int skipped) {

@@ -136,15 +136,16 @@ static vh_status save_if_due(loop_state *ls, int saves, int skipped, int stop, v
 /* ---- the record of a step ------------------------------------------------------ */
 
 /* The step's line in metrics.jsonl; returns what it wrote. */
-/* TFLOP/s per device over the log window. */
-static double window_tflops(const loop_state *ls) {
-    return progress_img_per_s(&ls->prog) * ls->flops / 1e12 / ls->world;
+/* TFLOP/s per device at img_s, the job's images a second (every rank's).
+ * (progress_img_per_s reads the clock: read it once per line.) */
+static double tflops_at(const loop_state *ls, double img_s) {
+    return img_s * ls->flops / 1e12 / ls->world;
 }
 
 static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int skipped) {
     vh_session *s = ls->s;
     double img_s = progress_img_per_s(&ls->prog); /* the job's: every rank's images */
-    double tflops = window_tflops(ls);
+    double tflops = tflops_at(ls, img_s);
     double steps = ls->window_steps > 0 ? (double)ls->window_steps : 1.0;
     vh_train_metrics m = {.step = s->step, .epoch = s->epoch, .loss = loss, .lr = lr,
                           .img_per_s = img_s, .tflops = tflops,
@@ -168,7 +169,7 @@ static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int 
  * (flops_probe_recheck), once a run. A run.peak_tflops below the rate is
  * the user's number: said once. */
 static void check_peak(loop_state *ls) {
-    const double tflops = window_tflops(ls);
+    const double tflops = tflops_at(ls, progress_img_per_s(&ls->prog));
     if (ls->peak_checked || !(ls->peak_tflops > 0) || !(tflops > ls->peak_tflops)) return;
     ls->peak_checked = 1;
     vh_session *s = ls->s;

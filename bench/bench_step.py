@@ -26,7 +26,11 @@ What one run prints (a benchmark, not a test: ctest never runs it):
 5. where each vithost step went (the same runs, `--ops`): GEMMs (share, GFLOP/s), attention
    and the rest, and per configuration the ceiling of AMP-bf16 / fp32 on this CPU: the fp32
    step over (the AMP step's other ops + the fp32 GEMMs sped up by the bf16/f32 GEMM peak
-   ratio), which says when a goal of 1.5x cannot hold for want of faster bf16 units.
+   ratio), which says when a goal of 1.5x cannot hold for want of faster bf16 units; and two
+   bounds that hold were every op but the GEMMs free: vithost fp32's share of the f32 peak
+   (the step's FLOPs over the fp32 GEMMs' time) and vithost AMP-bf16 / each peer's bf16
+   autocast (the peer's step over vithost's bf16 GEMMs' time). Where a bound is under its goal,
+   the goal needs faster GEMMs, not faster other ops.
 
 Configurations (DESIGN.md's letters):
   T1  D64  L4  H4 P4,  28x28x1,  B128, 10 classes
@@ -247,7 +251,7 @@ def split_step(run):
     return ops.get("step_ms"), gemm.get("ms_per_step", 0.0), gemm.get("gflop_per_s"), attn
 
 
-def print_profile(names, precisions, runs, peaks):
+def print_profile(names, precisions, runs, peaks, peers):
     """Where each step went (the same runs as the table), and what that allows AMP against fp32:
     were every GEMM of the fp32 step as much faster in bf16 as the engine's bf16 GEMM peak is
     over its f32 one, and the rest of the step took what it took in the AMP run, AMP-bf16 /
@@ -268,6 +272,27 @@ def print_profile(names, precisions, runs, peaks):
             print(f"| {n} | {PRECISIONS[p]} | {step:.2f} | {gemm:.2f} ({100 * gemm / step:.0f}%{gf})"
                   f" | {attn:.2f} | {step - gemm - attn:.2f} |")
     f32, bf16 = peaks.get("f32"), peaks.get("bf16")
+    # Bounds with every op but the GEMMs free: a goal above its bound needs faster GEMMs.
+    for n in names:
+        a, b = runs.get("fp32", {}).get(n), runs.get("amp", {}).get(n)
+        out = []
+        if a and a.get("ops") and f32:
+            _, g32, _, _ = split_step(a)
+            if g32:
+                share = flops_per_image(CONFIGS[n]) * CONFIGS[n][8] / (g32 / 1e3) / 1e9 / f32
+                out.append(f"fp32 at most {100 * share:.0f}% of the f32 peak (its GEMMs "
+                           f"{g32:.2f} ms)")
+        if b and b.get("ops"):
+            _, g16, _, _ = split_step(b)
+            for t in peers:
+                tbf = t["bf16"].get(n)
+                if g16 and tbf:
+                    step_t = CONFIGS[n][8] / tbf * 1e3
+                    out.append(f"AMP-bf16 / {t['label']} bf16 at most {step_t / g16:.2f}x "
+                               f"({t['label']} step {step_t:.2f} ms, vithost's bf16 GEMMs "
+                               f"{g16:.2f} ms)")
+        if out:
+            print(f"{n}, were every other op free: " + "; ".join(out))
     if "fp32" not in precisions or "amp" not in precisions or not f32 or not bf16:
         return
     ratio = bf16 / f32
@@ -433,7 +458,7 @@ def main():
     if rounds > 1:
         print(f"medians of {rounds} rounds; spread (max - min) / median over 10%: " +
               (", ".join(f"{k} {100 * v:.0f}%" for k, v in wide.items()) or "none"))
-    print_profile(names, precisions, runs, peaks)
+    print_profile(names, precisions, runs, peaks, peers)
     print("JSON " + json.dumps({"cpu": model, "isa": isa, "threads": args.threads,
                                 "gemm_peak_gflops": peaks, "machine_kind": kind,
                                 "vithost_img_s": ours,

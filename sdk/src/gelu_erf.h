@@ -23,7 +23,7 @@
 #define VH_GELU_EXPF expf
 #else
 #define VH_GELU_INLINE __attribute__((always_inline)) static inline
-#define VH_GELU_EXPF vh_expf
+#define VH_GELU_EXPF vh_expf_nonpos /* cpu_ops.h: its argument is -z^2 <= 0 */
 #endif
 
 /* Phi(x); *pdf receives phi(x). */

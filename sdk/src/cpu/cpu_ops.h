@@ -162,16 +162,12 @@ static inline float vh_rng_uniform_f32(uint64_t bits) {
  * would cost as much as the GEMMs around them. These are branch-free, so an
  * `omp simd` loop vectorises them. */
 
-/* e^x: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor
- * polynomial, 2^n built in the exponent bits. Within 2 ulp of e^x (test_ops
- * checks it); NaN stays NaN, +inf and overflow give +inf, results below
- * e^-86.5 (2.6e-38, near FLT_MIN) flush to 0. */
-__attribute__((always_inline)) static inline float vh_expf(float x) {
-    const float lo = -86.5f, hi = 88.7f;
-    const float xc = x < lo ? lo : (x > hi ? hi : x);
+/* e^x = p 2^n for x in [-86.5, 88.7]: Cody-Waite reduction x = n ln2 + r,
+ * |r| <= ln2/2, and a degree-7 Taylor polynomial p(r); returns p, n in *n. */
+__attribute__((always_inline)) static inline float vh_expf_reduced(float x, float *n) {
     const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to integer */
-    const float n = (xc * 1.44269504088896341f + shifter) - shifter;
-    const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
+    *n = (x * 1.44269504088896341f + shifter) - shifter;
+    const float r = (x - *n * 0.693145751953125f) - *n * 1.428606765330187045e-06f;
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -180,6 +176,17 @@ __attribute__((always_inline)) static inline float vh_expf(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
+    return p;
+}
+
+/* e^x within 2 ulp (test_ops checks it): p 2^n as above, 2^n built in the
+ * exponent bits. NaN stays NaN, +inf and overflow give +inf, results below
+ * e^-86.5 (2.6e-38, near FLT_MIN) flush to 0. */
+__attribute__((always_inline)) static inline float vh_expf(float x) {
+    const float lo = -86.5f, hi = 88.7f;
+    const float xc = x < lo ? lo : (x > hi ? hi : x);
+    float n;
+    const float p = vh_expf_reduced(xc, &n);
     /* 2^(n-1) * 2: n <= 128 at the top of the range, n - 1 >= -126 at the bottom. */
     const uint32_t bits = (uint32_t)((int32_t)n - 1 + 127) << 23;
     float scale;
@@ -190,27 +197,19 @@ __attribute__((always_inline)) static inline float vh_expf(float x) {
     return x != x ? x : y;
 }
 
-/* e^x for x <= 0 (GELU's e^(-z^2)): vh_expf's reduction and polynomial
- * without what only positive arguments need (the upper clamp and +inf, the
- * NaN select, the split 2^(n-1) * 2 for n = 128). The same bits as vh_expf
- * but under 2^-125, where vh_expf's 2^(n-1) p is subnormal for a moment;
- * below e^-86.5 it gives 0, and NaN stays NaN (the clamp keeps it and the
- * polynomial carries it). GELU's forward and backward ran 20-25% faster on
- * Zen 5 (1.6M elements, 2 threads: 0.366 -> 0.270 ms f32 forward). */
+/* e^x for x <= 0 (GELU's e^(-z^2)): vh_expf without what only positive
+ * arguments need (the upper clamp and +inf, the NaN select, the split
+ * 2^(n-1) * 2 for n = 128). The same bits as vh_expf but under 2^-125, where
+ * vh_expf's 2^(n-1) p is subnormal for a moment; below e^-86.5 it gives 0,
+ * and NaN stays NaN (the clamp keeps it and the polynomial carries it).
+ * GELU's forward and backward ran 20-25% faster on Zen 5 (1.6M elements, 2
+ * threads: 0.366 -> 0.270 ms f32 forward). attention_small_kern.h has the
+ * same on its vectors. */
 __attribute__((always_inline)) static inline float vh_expf_nonpos(float x) {
     const float lo = -86.5f;
     const float xc = x < lo ? lo : x;
-    const float shifter = 12582912.0f;
-    const float n = (xc * 1.44269504088896341f + shifter) - shifter;
-    const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    float n;
+    const float p = vh_expf_reduced(xc, &n);
     const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* n in [-125, 0] */
     float scale;
     memcpy(&scale, &bits, sizeof scale);

@@ -28,7 +28,7 @@
 
 /* Phi(x); *pdf receives phi(x). */
 VH_GELU_INLINE float vh_gelu_cdf(float x, float *pdf) {
-    const float ax = x < 0.0f ? -x : x;
+    const float ax = fabsf(x); /* one AND, where x < 0 ? -x : x took three */
     const float z = ax * 0.70710678118654752f;
     const float t = 1.0f / (1.0f + 0.375f * z);
     float f = 0.061700788f; /* Horner, unrolled so that the loop vectorises */

@@ -238,6 +238,19 @@ VH_CPU_CLONES static void column_sums(float *part, const float *dout, int64_t ro
     }
 }
 
+/* The same on bf16 rows, widened in registers: the same sums in the same
+ * order as column_sums on widened copies, without writing and reading the
+ * copies (Zen 5, 2 threads, in-step, interleaved: T1 AMP's bias gradients
+ * 0.65-0.68 -> 0.39-0.43 ms a step, T3's 2.9-3.9 -> 1.5-1.9). */
+VH_CPU_CLONES static void column_sums_bf16(float *part, const uint16_t *dout, int64_t rows,
+                                           int64_t cols) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *g = dout + r * cols;
+#pragma omp simd
+        for (int64_t j = 0; j < cols; j++) part[j] += vh_cpu_bf16_widen(g[j]);
+    }
+}
+
 int vh_cpu_k_bias_backward(float *dbias, vh_cpu_rows dout, int64_t rows, int64_t cols) {
     if (rows == 0 || cols == 0) return 0;
     const int64_t chunks = (rows + BIAS_CHUNK_ROWS - 1) / BIAS_CHUNK_ROWS;
@@ -253,6 +266,10 @@ int vh_cpu_k_bias_backward(float *dbias, vh_cpu_rows dout, int64_t rows, int64_t
          * same order */
         const int64_t step = vh_cpu_rows_block(dout.dtype == VH_DTYPE_F32, n, cols, 1);
         memset(part + c * cols, 0, (size_t)cols * sizeof(float));
+        if (dout.dtype == VH_DTYPE_BF16) {
+            column_sums_bf16(part + c * cols, (const uint16_t *)dout.p + r0 * cols, n, cols);
+            continue;
+        }
         for (int64_t s = r0; s < r0 + n; s += step) {
             const int64_t m = r0 + n - s < step ? r0 + n - s : step;
             vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();

@@ -261,9 +261,9 @@ int vh_cpu_k_bias_backward(float *dbias, vh_cpu_rows dout, int64_t rows, int64_t
     for (int64_t c = 0; c < chunks; c++) {
         const int64_t r0 = c * BIAS_CHUNK_ROWS;
         const int64_t n = rows - r0 < BIAS_CHUNK_ROWS ? rows - r0 : BIAS_CHUNK_ROWS;
-        /* 16-bit rows widened a few at a time, while they fit L1 (a whole
-         * chunk of fc1's 768 columns was 192 KiB); the same sums, in the
-         * same order */
+        /* bf16 rows in place; f16 rows widened a few at a time, while they
+         * fit L1 (a whole chunk of fc1's 768 columns was 192 KiB); the same
+         * sums, in the same order */
         const int64_t step = vh_cpu_rows_block(dout.dtype == VH_DTYPE_F32, n, cols, 1);
         memset(part + c * cols, 0, (size_t)cols * sizeof(float));
         if (dout.dtype == VH_DTYPE_BF16) {

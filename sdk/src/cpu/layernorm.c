@@ -136,8 +136,9 @@ VH_CPU_CLONES static void layernorm_backward_rows_bf16(uint16_t *dx, float *pw, 
 }
 
 /* Chunk c of the backward pass (its partial dweight and dbias into pw,
- * overwritten), its 16-bit rows widened in scratch a few at a time; the
- * rows are summed in order, so the partials are the same either way. */
+ * overwritten): bf16 rows in place, f16 ones widened in scratch a few at a
+ * time; the rows are summed in order, so the partials are the same either
+ * way. */
 static int layernorm_backward_chunk(vh_cpu_rows dx, float *pw, vh_cpu_rows dout, vh_cpu_rows x,
                                     const float *weight, const float *mean, const float *rstd,
                                     int64_t c, int64_t rows, int64_t dim) {

@@ -135,16 +135,16 @@ static vh_status save_if_due(loop_state *ls, int saves, int skipped, int stop, v
 
 /* ---- the record of a step ------------------------------------------------------ */
 
-/* The step's line in metrics.jsonl; returns what it wrote. */
-/* TFLOP/s per device at img_s, the job's images a second (every rank's).
- * (progress_img_per_s reads the clock: read it once per line.) */
+/* TFLOP/s per device at img_s, the job's images a second (every rank's). */
 static double tflops_at(const loop_state *ls, double img_s) {
     return img_s * ls->flops / 1e12 / ls->world;
 }
 
-static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int skipped) {
+/* The step's line in metrics.jsonl at img_s (progress_img_per_s, read once
+ * by the caller: it reads the clock); returns what it wrote. */
+static vh_train_metrics metrics_line(loop_state *ls, double img_s, float loss, double lr,
+                                     int skipped) {
     vh_session *s = ls->s;
-    double img_s = progress_img_per_s(&ls->prog); /* the job's: every rank's images */
     double tflops = tflops_at(ls, img_s);
     double steps = ls->window_steps > 0 ? (double)ls->window_steps : 1.0;
     vh_train_metrics m = {.step = s->step, .epoch = s->epoch, .loss = loss, .lr = lr,
@@ -168,8 +168,7 @@ static vh_train_metrics metrics_line(loop_state *ls, float loss, double lr, int 
  * MFU 148% after a 209 GFLOP/s probe on a 440 GFLOP/s CPU): probed again
  * (flops_probe_recheck), once a run. A run.peak_tflops below the rate is
  * the user's number: said once. */
-static void check_peak(loop_state *ls) {
-    const double tflops = tflops_at(ls, progress_img_per_s(&ls->prog));
+static void check_peak(loop_state *ls, double tflops) {
     if (ls->peak_checked || !(ls->peak_tflops > 0) || !(tflops > ls->peak_tflops)) return;
     ls->peak_checked = 1;
     vh_session *s = ls->s;
@@ -188,8 +187,9 @@ static void check_peak(loop_state *ls) {
 }
 
 static void log_step(loop_state *ls, float loss, double lr, int skipped) {
-    check_peak(ls);
-    vh_train_metrics m = metrics_line(ls, loss, lr, skipped);
+    const double img_s = progress_img_per_s(&ls->prog);
+    check_peak(ls, tflops_at(ls, img_s));
+    vh_train_metrics m = metrics_line(ls, img_s, loss, lr, skipped);
     report_step(&ls->prog, &m, ls->total, ls->peak_tflops > 0, &ls->scale);
     progress_restart_window(&ls->prog);
     ls->window_comm_bytes = ls->window_comm_wait = 0.0;
@@ -393,7 +393,8 @@ static vh_status train_epoch(loop_state *ls, float *loss, double *lr, vh_diag *d
             /* Every skipped step gets a metrics line (the precision plugin
              * has said it on the log), so the file counts every skip up to
              * any checkpoint and a resumed run continues the count. */
-            if (r.skipped) metrics_line(ls, *loss, *lr, r.skipped);
+            if (r.skipped)
+                metrics_line(ls, progress_img_per_s(&ls->prog), *loss, *lr, r.skipped);
             if (n.draw) progress_draw(&ls->prog, s->step, ls->total, *loss, &ls->scale);
         }
         /* a line that could not be written (a full disk) ends the run here */

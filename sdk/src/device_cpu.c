@@ -240,7 +240,7 @@ static void fill_engine_info(void) {
     g_engine_info.struct_size = sizeof g_engine_info;
     g_engine_info.engine = vh_dnnl_version_name();
     g_engine_info.isa = vh_dnnl_isa_name();
-    g_engine_info.native_bf16 = vh_dnnl_native_bf16();
+    g_engine_info.native_bf16 = vh_dnnl_isa_has(VH_DNNL_ISA_AVX512_CORE_BF16);
     g_engine_info.native_f16 = 0;
     g_engine_info.thread_counters = thread_counters;
 }

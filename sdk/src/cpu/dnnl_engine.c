@@ -302,8 +302,6 @@ int vh_dnnl_isa_has(vh_dnnl_isa level) {
     return (dnnl_get_effective_cpu_isa() & isas[level]) == isas[level];
 }
 
-int vh_dnnl_native_bf16(void) { return vh_dnnl_isa_has(VH_DNNL_ISA_AVX512_CORE_BF16); }
-
 const char *vh_dnnl_version_name(void) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, fill_version);

@@ -61,13 +61,11 @@ VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run_residual(const vh_dnnl_matmul *mm, co
                                                     const void *b, const float *bias,
                                                     const void *residual, void *c);
 
-/* Does this CPU multiply bf16 natively (avx512_bf16 or AMX)? oneDNN
- * decides the ISA at run time and honours ONEDNN_MAX_CPU_ISA. */
-VH_CPU_HIDDEN int vh_dnnl_native_bf16(void);
-
 /* ISA levels of oneDNN's effective ISA (the CPU's, capped by
  * ONEDNN_MAX_CPU_ISA), which our own kernels are held to as well: a test
- * that caps oneDNN takes a smaller CPU's route everywhere. */
+ * that caps oneDNN takes a smaller CPU's route everywhere. The CPU
+ * multiplies bf16 natively where AVX512_CORE_BF16 is in (avx512_bf16 or
+ * AMX). */
 typedef enum vh_dnnl_isa {
     VH_DNNL_ISA_AVX2,
     VH_DNNL_ISA_AVX512_CORE,

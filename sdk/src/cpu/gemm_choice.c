@@ -89,7 +89,9 @@ static void read_mode_locked(void) {
     }
 }
 
-static int hardware(vh_dtype t) { return t == VH_DTYPE_BF16 && vh_dnnl_native_bf16(); }
+static int hardware(vh_dtype t) {
+    return t == VH_DTYPE_BF16 && vh_dnnl_isa_has(VH_DNNL_ISA_AVX512_CORE_BF16);
+}
 
 static double macs(const vh_gemm16_shape *s) {
     return (double)s->batch * (double)s->m * (double)s->n * (double)s->k;

@@ -1,7 +1,7 @@
 /* test_attention_small.c - the CPU engine's fused attention blocks
  * (sdk/src/cpu/attention_small.c; attention_dot16.c for bf16 heads of
- * 48..96, and the routes it stands in for) against a plain float64
- * reference.
+ * 16..96 on the native route, and the routes it stands in for) against a
+ * plain float64 reference.
  *
  * Every shape the kernels tile differently: tokens N in {1, 7, 16, 49, 50,
  * 65} (no full row tile, one, a 1-row tail, two score vectors, more than the
@@ -11,8 +11,8 @@
  * gaps. The reference reads the inputs as stored and, as vh_device.h says,
  * uses P as stored. Also: the gaps between rows are never written, and dqkv
  * is added to.
- * The bf16 heads of 48..96 also take N 197 (rows past one score tile's
- * 6-row tail, an odd count of token pairs).
+ * The bf16 heads of a multiple of 16 also take N 197 (rows past one score
+ * tile's 6-row tail, an odd count of token pairs).
  * ctest runs it again with ONEDNN_MAX_CPU_ISA=AVX2 (the AVX2 kernels), and
  * with the native bf16 route forced, through the dot-product blocks and
  * through oneDNN's matmuls. */
@@ -250,18 +250,20 @@ static void test_small_heads(void **state) {
         }
 }
 
-/* bf16 heads of 48..96: attention16.c's routes (the dot-product blocks of
- * attention_dot16.c on an AVX512-BF16 CPU, oneDNN's bf16 matmuls, or the
- * widened f32 path; ctest runs each that the CPU has: see CMakeLists.txt).
+/* bf16 heads of a multiple of 16 up to 96: attention16.c's routes (the
+ * dot-product blocks of attention_dot16.c on an AVX512-BF16 CPU; else the
+ * small-head blocks up to 32, oneDNN's bf16 matmuls or the widened f32 path
+ * past it; ctest runs each that the CPU has: see CMakeLists.txt).
  * P and dS are rounded to bf16 before their products there, which the
  * bf16 tolerance covers. dqkv starts small, so that the error of the
  * gradients, not of its old values, is what the tolerance measures. */
 static void test_bf16_wide_heads(void **state) {
     (void)state;
-    static const int64_t tokens[] = {1, 7, 16, 49, 50, 65, 197}, dims[] = {48, 64, 80, 96};
+    static const int64_t tokens[] = {1, 7, 16, 49, 50, 65, 197};
+    static const int64_t dims[] = {16, 32, 48, 64, 80, 96};
     int k = 0;
     for (int ni = 0; ni < 7; ni++)
-        for (int di = 0; di < 4; di++)
+        for (int di = 0; di < 6; di++)
             for (int pi = 0; pi < 2; pi++, k++) {
                 const shape s = {2, tokens[ni], 2, dims[di], VH_DTYPE_BF16,
                                  pi ? VH_DTYPE_BF16 : VH_DTYPE_F32, k % 3 == 1, 0x1p-6};

@@ -27,7 +27,8 @@
  *
  * dtypes: all-bf16 calls (qkv, out and probs) run on oneDNN's bf16 kernels
  * where the engine's per-shape choice says they are faster (attention16.c;
- * heads of 48..96 there on attention_dot16.c's bf16 dot-product blocks).
+ * heads of 16..96 there on attention_dot16.c's bf16 dot-product blocks,
+ * asked before the small-head blocks).
  * Otherwise bf16/f16 qkv, out, dout, dqkv are converted to fp32 (their whole
  * extent, gaps included) and back, rounded once; probs are kept in
  * probs_dtype, and P V uses the probabilities as stored (as autocast's bmm
@@ -211,6 +212,8 @@ vh_status vh_cpu_attention_forward(vh_device *dev, const vh_attention_args *args
     vh_attention_args a;
     vh_status st = check(&a, args, 0);
     if (st != VH_STATUS_OK || empty(&a)) return st;
+    /* bf16 on the native route: the dot-product blocks, small heads too */
+    if ((st = vh_cpu_attention16_dot_forward(&a)) != VH_STATUS_ERR_UNSUPPORTED) return st;
     if ((st = vh_cpu_attention_small_forward(&a)) != VH_STATUS_ERR_UNSUPPORTED) {
         vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_SMALL);
         return st;
@@ -253,6 +256,8 @@ vh_status vh_cpu_attention_backward(vh_device *dev, const vh_attention_args *arg
     vh_attention_args a;
     vh_status st = check(&a, args, 1);
     if (st != VH_STATUS_OK || empty(&a)) return st;
+    /* bf16 on the native route: the dot-product blocks, small heads too */
+    if ((st = vh_cpu_attention16_dot_backward(&a)) != VH_STATUS_ERR_UNSUPPORTED) return st;
     if ((st = vh_cpu_attention_small_backward(&a)) != VH_STATUS_ERR_UNSUPPORTED) {
         vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_SMALL);
         return st;

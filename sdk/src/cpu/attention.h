@@ -56,14 +56,18 @@ VH_CPU_HIDDEN void vh_cpu_softmax_grad_rows(float *ds, const float *p, int64_t r
 VH_CPU_HIDDEN vh_status vh_cpu_attention_small_forward(const vh_attention_args *a);
 VH_CPU_HIDDEN vh_status vh_cpu_attention_small_backward(const vh_attention_args *a);
 
-/* attention16.c: the op with bf16 qkv/out/probs on oneDNN's bf16 kernels,
- * where the engine's per-shape choice says native is faster. Returns
+/* attention16.c: the op with bf16 qkv/out/probs where the engine's per-shape
+ * choice says its native bf16 kernels are faster. _dot_: on
+ * attention_dot16.c's blocks, tried first, before the small-head blocks;
+ * without _dot_: on oneDNN's bf16 kernels. Each returns
  * VH_STATUS_ERR_UNSUPPORTED (having written nothing) when it does not apply:
- * the caller then runs the widened fp32 path. `a` is checked and not empty. */
+ * the caller then tries the next route. `a` is checked and not empty. */
+VH_CPU_HIDDEN vh_status vh_cpu_attention16_dot_forward(const vh_attention_args *a);
+VH_CPU_HIDDEN vh_status vh_cpu_attention16_dot_backward(const vh_attention_args *a);
 VH_CPU_HIDDEN vh_status vh_cpu_attention16_forward(const vh_attention_args *a);
 VH_CPU_HIDDEN vh_status vh_cpu_attention16_backward(const vh_attention_args *a);
 
-/* attention_dot16.c: attention16.c's numbers for heads of 48..96 (a
+/* attention_dot16.c: attention16.c's numbers for heads of 16..96 (a
  * multiple of 16) in fused blocks on AVX512-BF16's dot products; called by
  * attention16.c once it has chosen the native route. Returns
  * VH_STATUS_ERR_UNSUPPORTED (having written nothing) when it does not apply. */

@@ -20,9 +20,11 @@
  * as in every AMP GEMM. Which path runs is the engine's choice for the
  * batched Q K^T shape class (gemm_choice.c: timed once per process, or
  * forced by VITHOST_CPU_GEMM16), so a CPU whose bf16 kernels are slower
- * keeps the widened path. On the native path, heads of 48..96 on a CPU with
- * AVX512-BF16 and no AMX take attention_dot16.c's fused blocks instead (the
- * same roundings; VITHOST_CPU_ATTENTION16=onednn keeps them here).
+ * keeps the widened path. On the native path, heads of 16..96 (a multiple of
+ * 16) on a CPU with AVX512-BF16 and no AMX take attention_dot16.c's fused
+ * blocks instead (vh_cpu_attention16_dot_*, which attention.c asks before
+ * the small-head blocks; the same roundings; VITHOST_CPU_ATTENTION16=onednn
+ * keeps them here, and small heads on attention_small.c).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime in strict C11 */
 #include <math.h>
@@ -105,13 +107,16 @@ static uint16_t *probs16(const vh_attention_args *a, int64_t np) {
     return p;
 }
 
+vh_status vh_cpu_attention16_dot_forward(const vh_attention_args *a) {
+    if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
+    const vh_status st = vh_cpu_attention_dot16_forward(a);
+    if (st != VH_STATUS_ERR_UNSUPPORTED) vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_DOT16);
+    return st;
+}
+
 vh_status vh_cpu_attention16_forward(const vh_attention_args *a) {
     if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
-    vh_status st = vh_cpu_attention_dot16_forward(a);
-    if (st != VH_STATUS_ERR_UNSUPPORTED) {
-        vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_DOT16);
-        return st;
-    }
+    vh_status st;
     const int64_t B = a->batch, H = a->heads, N = a->tokens, Dh = a->head_dim;
     const int64_t rows = B * H * N;
     void *qkv = (void *)(uintptr_t)a->qkv;
@@ -165,13 +170,16 @@ static vh_status softmax_grad_to_bf16(float *dp, const void *probs, vh_dtype pt,
     return failed ? VH_STATUS_ERR_NOMEM : VH_STATUS_OK;
 }
 
+vh_status vh_cpu_attention16_dot_backward(const vh_attention_args *a) {
+    if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
+    const vh_status st = vh_cpu_attention_dot16_backward(a);
+    if (st != VH_STATUS_ERR_UNSUPPORTED) vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_DOT16);
+    return st;
+}
+
 vh_status vh_cpu_attention16_backward(const vh_attention_args *a) {
     if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
-    vh_status st = vh_cpu_attention_dot16_backward(a);
-    if (st != VH_STATUS_ERR_UNSUPPORTED) {
-        vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_DOT16);
-        return st;
-    }
+    vh_status st;
     const int64_t B = a->batch, H = a->heads, N = a->tokens, Dh = a->head_dim;
     const int64_t rows = B * H * N;
     void *qkv = (void *)(uintptr_t)a->qkv, *dout = (void *)(uintptr_t)a->dout;

@@ -1,4 +1,4 @@
-/* attention_dot16.c - bf16 attention for heads of 48..96 on the CPU's bf16
+/* attention_dot16.c - bf16 attention for heads of 16..96 on the CPU's bf16
  * dot-product instruction (AVX512-BF16 vdpbf16ps: in each f32 lane, the
  * two products of a pair of bf16 values added to the sum), one (sample,
  * head) block at a time on one thread, its scores kept in L2.
@@ -15,7 +15,11 @@
  * all blocks, plus a softmax pass, so the scores and dS of a whole call
  * (7 MiB each on T3) go through memory between them, and oneDNN's bf16
  * kernels lose much of their rate on 197 x 197 x 64 matrices. Here a
- * block's scores never leave L2 (T3: 160 KiB).
+ * block's scores never leave L2 (T3: 160 KiB). Small heads (16, 32) take
+ * these blocks too, before attention_small.c's, whose products widen every
+ * bf16 operand into f32 FMAs: T1 under AMP on Zen 5 (B 128, N 50, head_dim
+ * 16), interleaved runs of `vithost bench --ops`, ms a step, forward 3.7-3.9
+ * -> 3.0-3.7, backward 4.8-5.3 -> 3.4-4.0, the step 25.9-28.9 -> 23.4-27.0.
  *
  * A product C (+)= alpha A B reduces over pairs: A is read one 32-bit pair
  * at a time (broadcast; a bf16 row of q, dout, P16 or dS read in place
@@ -26,7 +30,8 @@
  * and the columns past n are zeros in every operand, so the padded pairs
  * add nothing.
  *
- * Taken by attention16.c where the engine's choice for the batched Q K^T
+ * Taken through attention16.c (asked first by attention.c, before the
+ * small-head blocks) where the engine's choice for the batched Q K^T
  * class is native (the bf16 kernels are the faster ones) and oneDNN runs
  * AVX512-BF16 but not AMX (its AMX kernels are another league).
  * VITHOST_CPU_ATTENTION16=onednn keeps attention16.c's batched matmuls
@@ -47,7 +52,7 @@
 #define DOT_PATHS 0
 #endif
 
-#define MIN_HEAD_DIM 48 /* smaller heads take attention_small.c */
+#define MIN_HEAD_DIM 16 /* smaller heads take attention_small.c */
 #define MAX_HEAD_DIM 96 /* a product tile is rows x head_dim/16 vectors */
 
 #if DOT_PATHS
@@ -190,6 +195,8 @@ ALWAYS_INLINE void mm_prod(int add, const dgeom *g, const char *A, int64_t ars, 
     const int mode = add ? OUT_BF16_ADD : OUT_BF16;
     const int64_t m = g->n, K = g->n2, ldb = g->dh * 4;
     switch (g->dh / 16) {
+    case 1: mm(8, 1, mode, m, 1, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
+    case 2: mm(8, 2, mode, m, 2, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
     case 3: mm(8, 3, mode, m, 3, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
     case 4: mm(6, 4, mode, m, 4, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
     case 5: mm(4, 5, mode, m, 5, K, A, ars, aks, B, ldb, C, ldc, alpha); break;

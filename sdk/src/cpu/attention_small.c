@@ -19,6 +19,10 @@
  * multiple of the vector width; the padding of a score row is -inf before
  * the softmax, e^-inf = 0), so every vector is whole.
  *
+ * bf16 heads of 16 and 32 come here only where attention_dot16.c's blocks
+ * do not apply (no AVX512-BF16, or the engine's choice is widen): those run
+ * the products on bf16 dot products, where these widen into f32 FMAs.
+ *
  * The kernels (attention_small_kern.h) are written once on GCC vectors and
  * built twice: AVX-512 with 16 floats (a head_dim-16 row is one zmm) and
  * AVX2 with 8, picked at run time. The baseline x86-64 build has no small

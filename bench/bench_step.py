@@ -30,7 +30,11 @@ What one run prints (a benchmark, not a test: ctest never runs it):
    bounds that hold were every op but the GEMMs free: vithost fp32's share of the f32 peak
    (the step's FLOPs over the fp32 GEMMs' time) and vithost AMP-bf16 / each peer's bf16
    autocast (the peer's step over vithost's bf16 GEMMs' time). Where a bound is under its goal,
-   the goal needs faster GEMMs, not faster other ops.
+   the goal needs faster GEMMs, not faster other ops;
+6. the peer of record's own GEMMs inside its step (torch.profiler over two more steps in the last
+   round: mm/addmm for the linear layers, with their GFLOP/s, and bmm for attention) beside
+   vithost's, and per goal over that peer what it leaves vithost's ops other than its GEMMs:
+   where both sides run their GEMMs at one rate, a lead has to come from the rest alone.
 
 Configurations (DESIGN.md's letters):
   T1  D64  L4  H4 P4,  28x28x1,  B128, 10 classes
@@ -185,7 +189,9 @@ def torch_peer(python, threads):
     return version, rates
 
 
-def run_torch(python, names, threads, autocast, quick):
+def run_torch(python, names, threads, autocast, quick, profile=False):
+    """({config: img/s}, {config: (linear GEMM ms, attention GEMM ms, profiled step ms)}): the
+    faster of the two wait policies per config, and with `profile` its GEMMS line."""
     jobs = []
     for n in names:
         dim, depth, heads, mlp, patch, ch, side, classes, batch, steps, warmup, _ = CONFIGS[n]
@@ -194,28 +200,35 @@ def run_torch(python, names, threads, autocast, quick):
         jobs += ["--job", f"name={n},batch={batch},channels={ch},side={side},patch={patch},"
                           f"dim={dim},depth={depth},heads={heads},mlp={mlp},classes={classes},"
                           f"steps={steps},warmup={warmup}"]
-    best = {}
+    best, gemms = {}, {}
     for policy in ("PASSIVE", None):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
         env.pop("OMP_WAIT_POLICY", None)
         if policy:
             env["OMP_WAIT_POLICY"] = policy
         r = subprocess.run([python, os.path.join(HERE, "torch", "train_step.py"), "--threads",
-                            str(threads), "--autocast", autocast] + jobs,
+                            str(threads), "--autocast", autocast] + jobs +
+                           (["--gemm-profile"] if profile else []),
                            capture_output=True, text=True, env=env)
+        faster = set()
         for line in r.stdout.splitlines():
             if line.startswith("INFO") and policy:
                 print("  " + line)
             if line.startswith("SKIP"):
                 print("  " + line)
-                return {}
+                return {}, {}
             if line.startswith("RESULT"):
                 _, n, median, _, _ = line.split()
                 ms = float(median)
-                best[n] = min(best.get(n, ms), ms)
+                if n not in best or ms < best[n]:
+                    best[n] = ms
+                    faster.add(n)
+            if line.startswith("GEMMS") and line.split()[1] in faster:
+                _, n, linear, attention, wall = line.split()
+                gemms[n] = (float(linear), float(attention), float(wall))
         if r.returncode not in (0,):
             print(f"  torch ({autocast}): exit {r.returncode}: {r.stderr[-1500:]}")
-    return {n: CONFIGS[n][8] / (ms / 1e3) for n, ms in best.items()}
+    return {n: CONFIGS[n][8] / (ms / 1e3) for n, ms in best.items()}, gemms
 
 
 def flops_per_image(cfg):
@@ -227,6 +240,14 @@ def flops_per_image(cfg):
     macs += depth * (n * dim * 3 * dim + 2 * n * n * dim + n * dim * dim + 2 * n * dim * mlp)
     macs += dim * classes
     return 6.0 * macs
+
+
+def linear_flops_per_image(cfg):
+    """6 x MACs of the linear layers alone (qkv, proj, fc1, fc2, head): what a peer's mm/addmm
+    compute; its patch embedding is a convolution there."""
+    dim, depth, heads, mlp, patch, ch, side, classes = cfg[:8]
+    n = (side // patch) ** 2 + 1
+    return 6.0 * (depth * (n * dim * 3 * dim + n * dim * dim + 2 * n * dim * mlp) + dim * classes)
 
 
 PRECISIONS = {"fp32": "fp32", "amp": "AMP-bf16", "fp16": "FP16"}
@@ -293,6 +314,7 @@ def print_profile(names, precisions, runs, peaks, peers):
                                f"{g16:.2f} ms)")
         if out:
             print(f"{n}, were every other op free: " + "; ".join(out))
+    print_peer_gemms(names, runs, peers)
     if "fp32" not in precisions or "amp" not in precisions or not f32 or not bf16:
         return
     ratio = bf16 / f32
@@ -307,6 +329,46 @@ def print_profile(names, precisions, runs, peaks, peers):
         ceiling = s32 / ((s16 - g16) + g32 / ratio)
         print(f"{n}: AMP-bf16 / fp32 ceiling {ceiling:.2f}x (fp32 step {s32:.2f} ms, its GEMMs "
               f"{g32:.2f} ms / {ratio:.2f}; the AMP step's other ops {s16 - g16:.2f} ms)")
+
+
+def print_peer_gemms(names, runs, peers):
+    """The peer of record's GEMMs in its own step (torch.profiler, the last round) beside
+    vithost's, and what a goal over the peer leaves vithost for everything but its GEMMs: where
+    both run their GEMMs at one rate, a lead comes only from the other ops."""
+    if not peers or not peers[0].get("gemms"):
+        return
+    t = peers[0]
+    lines = []
+    for n in names:
+        for key, p in (("fp32", "fp32"), ("bf16", "amp")):
+            g = t["gemms"].get(key, {}).get(n)
+            rate = t[key].get(n) if key in t else None
+            run = runs.get(p, {}).get(n)
+            if not g or not rate or not run or not run.get("ops"):
+                continue
+            linear, attn, wall = g
+            step_v, gemm_v, gf_v, _ = split_step(run)
+            if not linear or not step_v or not gf_v:
+                continue
+            step_t = CONFIGS[n][8] / rate * 1e3
+            lf = linear_flops_per_image(CONFIGS[n]) * CONFIGS[n][8] / 1e9
+            goal = GOAL_AMP_VS_TORCH if key == "bf16" else CONFIGS[n][11]
+            lines.append(f"| {n} | {key} | {step_t:.1f} | {linear:.1f} ({lf / (linear / 1e3):.0f})"
+                         f" | {attn:.1f} | {wall:.1f} | {step_v:.1f} | {gemm_v:.1f} ({gf_v:.0f})"
+                         f" | {goal:.2f}x: {step_t / goal - gemm_v:.1f} (now "
+                         f"{step_v - gemm_v:.1f}) |")
+    if not lines:
+        return
+    print()
+    print(f"GEMMs inside each step, ms per step ({t['label']}: torch.profiler's self time of "
+          "mm/addmm (GFLOP/s on the linear layers' FLOPs) and bmm, in a profiled step; vithost: "
+          "its gemm op (GFLOP/s)); the last column: what the goal leaves vithost's ops other "
+          "than its GEMMs")
+    print(f"| cfg | dtype | {t['label']} step | its linear GEMMs | its attention bmm | its "
+          "profiled step | vithost step | vithost GEMMs | goal: vithost's rest at most |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for line in lines:
+        print(line)
 
 
 def main():
@@ -379,9 +441,13 @@ def main():
             for key, autocast in (("fp32", "none"), ("bf16", "bf16")):
                 if key == "bf16" and not want_bf16:
                     continue
-                for n, v in run_torch(t["python"], names, args.threads, autocast,
-                                      args.quick).items():
+                # the peer of record's GEMM time in its step, in the last round only
+                profile = t is peers[0] and r == rounds - 1
+                rates, gemms = run_torch(t["python"], names, args.threads, autocast,
+                                         args.quick, profile)
+                for n, v in rates.items():
                     t["rounds"][key][n].append(v)
+                t.setdefault("gemms", {}).setdefault(key, {}).update(gemms)
     ours, runs, spreads = {p: {} for p in precisions}, {p: {} for p in precisions}, {}
     for p in precisions:
         for n in names:
@@ -466,8 +532,9 @@ def main():
                                     ("step", "gemm", "gemm_gflops", "attention"),
                                     split_step(r))) for n, r in runs[p].items() if r}
                                     for p in precisions},
-                                "torch": [{k: t[k] for k in ("python", "version",
-                                                             "matmul_gflops", "fp32", "bf16")}
+                                "torch": [{k: t.get(k) for k in ("python", "version",
+                                                                 "matmul_gflops", "fp32", "bf16",
+                                                                 "gemms")}
                                           for t in peers],
                                 "rounds": rounds,
                                 "spread": {k: v for k, v in spreads.items() if v is not None},

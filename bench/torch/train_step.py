@@ -10,7 +10,11 @@ VisionTransformer, the ground truth of the vit plugin's tests). Run by bench_ste
 classes=10,steps=20,warmup=3
 
 Each job prints `RESULT <name> <median ms> <min ms> <parameters>`; exit 3 with a SKIP line when
-torch cannot be imported.
+torch cannot be imported. With --gemm-profile, each job then runs two more steps under
+torch.profiler and prints `GEMMS <name> <linear ms> <attention ms> <profiled step ms>`, per step:
+the self time of its matmul ops (mm/addmm/linear: the linear layers; bmm/baddbmm: attention's
+products). The profiler slows the step itself (its own line says by how much), not much the
+GEMMs inside it: bench_step.py sets them beside vithost's.
 """
 
 import argparse
@@ -71,7 +75,28 @@ def run_job(job, autocast, seed):
         t0 = time.perf_counter()
         step()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times), sum(p.numel() for p in model.parameters())
+    return statistics.median(times), min(times), sum(p.numel() for p in model.parameters()), step
+
+
+# The matmul ops of a step, by what they compute (self time: a matmul op's own kernels, not
+# the ops it calls). mkldnn_* are what some builds dispatch linear layers to.
+LINEAR_OPS = ("aten::mm", "aten::addmm", "aten::_addmm_activation", "aten::mkldnn_linear",
+              "mkldnn::matmul")
+ATTENTION_OPS = ("aten::bmm", "aten::baddbmm")
+
+
+def gemm_profile(step, steps=2):
+    """(linear ms, attention ms, step ms) per step of `steps` steps under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    wall = (time.perf_counter() - t0) * 1e3 / steps
+    self_ms = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+    return (sum(self_ms.get(k, 0.0) for k in LINEAR_OPS),
+            sum(self_ms.get(k, 0.0) for k in ATTENTION_OPS), wall)
 
 
 def main():
@@ -80,6 +105,8 @@ def main():
     ap.add_argument("--autocast", choices=("none", "bf16"), default="none")
     ap.add_argument("--job", action="append", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gemm-profile", action="store_true",
+                    help="then two steps under torch.profiler: a GEMMS line per job")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -87,8 +114,11 @@ def main():
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'default')}", flush=True)
     for text in args.job:
         job = parse_job(text)
-        median, best, params = run_job(job, args.autocast, args.seed)
+        median, best, params, step = run_job(job, args.autocast, args.seed)
         print(f"RESULT {job['name']} {median:.3f} {best:.3f} {params}", flush=True)
+        if args.gemm_profile:
+            linear, attention, wall = gemm_profile(step)
+            print(f"GEMMS {job['name']} {linear:.3f} {attention:.3f} {wall:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,9 @@ VH_CPU_HIDDEN vh_status vh_cpu_attention16_backward(const vh_attention_args *a);
 /* attention_dot16.c: attention16.c's numbers for heads of 16..96 (a
  * multiple of 16) in fused blocks on AVX512-BF16's dot products; called by
  * attention16.c once it has chosen the native route. Returns
- * VH_STATUS_ERR_UNSUPPORTED (having written nothing) when it does not apply. */
+ * VH_STATUS_ERR_UNSUPPORTED (having written nothing) when it does not apply;
+ * _applies says beforehand whether it would (dtypes, head, CPU). */
+VH_CPU_HIDDEN int vh_cpu_attention_dot16_applies(const vh_attention_args *a);
 VH_CPU_HIDDEN vh_status vh_cpu_attention_dot16_forward(const vh_attention_args *a);
 VH_CPU_HIDDEN vh_status vh_cpu_attention_dot16_backward(const vh_attention_args *a);
 

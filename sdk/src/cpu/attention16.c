@@ -108,7 +108,8 @@ static uint16_t *probs16(const vh_attention_args *a, int64_t np) {
 }
 
 vh_status vh_cpu_attention16_dot_forward(const vh_attention_args *a) {
-    if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
+    /* the blocks' own test first: the engine's choice may time a shape class */
+    if (!vh_cpu_attention_dot16_applies(a) || !applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
     const vh_status st = vh_cpu_attention_dot16_forward(a);
     if (st != VH_STATUS_ERR_UNSUPPORTED) vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_DOT16);
     return st;
@@ -171,7 +172,8 @@ static vh_status softmax_grad_to_bf16(float *dp, const void *probs, vh_dtype pt,
 }
 
 vh_status vh_cpu_attention16_dot_backward(const vh_attention_args *a) {
-    if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
+    /* the blocks' own test first: the engine's choice may time a shape class */
+    if (!vh_cpu_attention_dot16_applies(a) || !applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
     const vh_status st = vh_cpu_attention_dot16_backward(a);
     if (st != VH_STATUS_ERR_UNSUPPORTED) vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_DOT16);
     return st;

@@ -471,6 +471,15 @@ static vh_status run(const vh_attention_args *a, int backward) {
 }
 #endif
 
+int vh_cpu_attention_dot16_applies(const vh_attention_args *a) {
+#if DOT_PATHS
+    return applies(a);
+#else
+    (void)a;
+    return 0;
+#endif
+}
+
 vh_status vh_cpu_attention_dot16_forward(const vh_attention_args *a) { return run(a, 0); }
 
 vh_status vh_cpu_attention_dot16_backward(const vh_attention_args *a) { return run(a, 1); }

@@ -1,6 +1,7 @@
-/* test_gemm16.c - the two paths of a GEMM with bf16 operands (gemm_choice.c):
- * native bf16 kernels and widening to f32, forced in turn by
- * VITHOST_CPU_GEMM16 (re-read through vh_cpu_gemm16_reset), then auto.
+/* test_gemm16.c - the paths of a GEMM with bf16 operands (gemm_choice.c):
+ * native bf16 kernels (oneDNN's default one, and its gemm kernel) and
+ * widening to f32, forced in turn by VITHOST_CPU_GEMM16 (re-read through
+ * vh_cpu_gemm16_reset), then auto.
  *
  * Each path must give the fp32-accumulated product of the stored bf16 values:
  * products exact, sums in f32. The bound per element is the classic one for
@@ -153,6 +154,12 @@ static void test_forced_paths(void **state) {
             if (i == 0) printf("test_gemm16: no bf16 kernels on this CPU: native widens (%s)\n", line);
         }
         check_close(&p, native, p.ref, 1.0, "native");
+        set_mode("native_gemm"); /* oneDNN's gemm kernel on the same operands */
+        float *on_gemm = run_gemm(&p);
+        assert_non_null(strstr(summary(), hw_bf16 ? "native on oneDNN's gemm kernel "
+                                                    "(VITHOST_CPU_GEMM16=native_gemm)"
+                                                  : "native_gemm not possible"));
+        check_close(&p, on_gemm, p.ref, 1.0, "native_gemm");
         set_mode("widen");
         float *widen = run_gemm(&p);
         assert_non_null(strstr(summary(), "widen to f32"));
@@ -161,7 +168,8 @@ static void test_forced_paths(void **state) {
         assert_non_null(as_double);
         for (int64_t c = 0; c < p.s.batch * p.s.m * p.s.n; c++) as_double[c] = native[c];
         check_close(&p, widen, as_double, 2.0, "native vs widen");
-        free(as_double), free(native), free(widen);
+        check_close(&p, on_gemm, as_double, 2.0, "native vs native_gemm");
+        free(as_double), free(native), free(widen), free(on_gemm);
         unmake(&p);
     }
 }

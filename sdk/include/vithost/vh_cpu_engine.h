@@ -36,8 +36,10 @@ typedef struct vh_cpu_engine_info {
  * operands widened to f32 inside the GEMM; both give the fp32-accumulated
  * result (bf16 products are exact in f32). The path is chosen per shape
  * class (layout, batched or not, work within a factor of 4) by timing both
- * on the class's first GEMM, once per process, unless the environment
- * variable VITHOST_CPU_GEMM16=native|widen|auto (default auto) forces it. An
+ * on the class's first GEMM, once per process (for weight gradients on the
+ * native kernels, also which of oneDNN's two bf16 kernels), unless the
+ * environment variable VITHOST_CPU_GEMM16=native|native_gemm|widen|auto
+ * (default auto) forces it (native_gemm: oneDNN's gemm kernel). An
  * invalid value is reported once on stderr and auto is used. native on a CPU
  * without the kernels (no avx512_bf16; f16 on oneDNN 2.x) widens. Auto may
  * choose differently in another process on a near tie: force a path to

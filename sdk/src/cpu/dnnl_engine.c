@@ -14,6 +14,9 @@
  *   library-mode scratchpad is shared between primitives and not safe for
  *   concurrent execution in its default build, and ours allocates nothing in
  *   steady state.
+ * - The implementation is oneDNN's first choice, or its gemm driver where the
+ *   description asks for it (vh_dnnl_kernel): the primitive-descriptor
+ *   iterator walks oneDNN's list to it.
  * - A description oneDNN cannot implement, or can only with its reference
  *   (scalar) implementation, is remembered as unsupported and reported to the
  *   caller, which then takes a plain-f32 route.
@@ -130,6 +133,28 @@ static int md_init(dnnl_memory_desc_t *md, const vh_dnnl_matmul *mm, int64_t row
     return dnnl_memory_desc_init_by_strides(md, nb + 2, dims, dt_of(t), st) == dnnl_success;
 }
 
+/* The gemm implementation of a matmul ("gemm:jit"), or NULL when oneDNN
+ * has none for it. */
+static dnnl_primitive_desc_t gemm_kernel(const dnnl_matmul_desc_t *desc,
+                                         const_dnnl_primitive_attr_t attr) {
+    dnnl_primitive_desc_iterator_t it = NULL;
+    dnnl_primitive_desc_t found = NULL;
+    if (dnnl_primitive_desc_iterator_create(&it, desc, attr, g_engine, NULL) != dnnl_success)
+        return NULL;
+    do {
+        dnnl_primitive_desc_t pd = dnnl_primitive_desc_iterator_fetch(it);
+        const char *impl = NULL;
+        if (pd && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) ==
+                      dnnl_success && impl && strncmp(impl, "gemm", 4) == 0) {
+            found = pd;
+            break;
+        }
+        if (pd) dnnl_primitive_desc_destroy(pd);
+    } while (dnnl_primitive_desc_iterator_next(it) == dnnl_success);
+    dnnl_primitive_desc_iterator_destroy(it);
+    return found;
+}
+
 static int create(entry *e) {
     const vh_dnnl_matmul *mm = &e->key;
     const int nb = mm->batch_dims;
@@ -173,7 +198,8 @@ static int create(entry *e) {
         ok = dnnl_post_ops_append_binary(po, dnnl_binary_add, &c) == dnnl_success;
     if (ok && mm->sum != 0.0f) ok = dnnl_post_ops_append_sum(po, mm->sum) == dnnl_success;
     if (ok) ok = dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
-    if (ok) ok = dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL) == dnnl_success;
+    if (ok && mm->kernel == VH_DNNL_KERNEL_GEMM) pd = gemm_kernel(&desc, attr);
+    if (ok && !pd) ok = dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL) == dnnl_success;
     if (ok) {
         /* The reference implementation is scalar: slower than converting. */
         const char *impl = NULL;

@@ -45,9 +45,22 @@ typedef struct vh_dnnl_matmul {
     int32_t gelu;        /* erf GELU on T */
     float sum;           /* != 0: C_old * sum is added (beta, +1 for a residual in C) */
     int32_t residual;    /* a residual tensor is added (binary post-op), after gelu */
+    int32_t kernel;      /* vh_dnnl_kernel: which of oneDNN's implementations runs it */
+    int32_t reserved;    /* 0 (keeps the struct free of padding) */
 } vh_dnnl_matmul;
 
-_Static_assert(sizeof(vh_dnnl_matmul) == 17 * 8 + 8 * 4, "vh_dnnl_matmul has no padding");
+_Static_assert(sizeof(vh_dnnl_matmul) == 17 * 8 + 10 * 4, "vh_dnnl_matmul has no padding");
+
+/* oneDNN 2.x has two matmul implementations for these CPUs: brgemm (its
+ * first choice on AVX-512: B copied into blocks, A read in place where it
+ * can) and gemm (the BLAS-style driver: both operands packed into panels).
+ * Which is faster depends on the shape (gemm_choice.c measures it for
+ * 16-bit operands). A description whose kernel oneDNN does not have runs on
+ * the default. */
+typedef enum vh_dnnl_kernel {
+    VH_DNNL_KERNEL_DEFAULT = 0,
+    VH_DNNL_KERNEL_GEMM = 1,
+} vh_dnnl_kernel;
 
 VH_CPU_HIDDEN void vh_dnnl_matmul_init(vh_dnnl_matmul *mm);
 
@@ -93,15 +106,25 @@ typedef struct vh_gemm16_shape {
     int64_t batch, m, n, k;
 } vh_gemm16_shape;
 
-/* Seconds one run of the call's matmul takes on a path, restricted to the
- * first proxy->batch x m x n x k of its operands (native 1: the 16-bit
- * operands to oneDNN; 0: widened to f32 first, the conversion counted);
- * negative when the path cannot run it. */
-typedef double (*vh_gemm16_timer)(void *ctx, int native, const vh_gemm16_shape *proxy);
+/* The paths of a GEMM with 16-bit operands. */
+typedef enum vh_gemm16_path {
+    VH_GEMM16_WIDEN = 0,       /* converted to f32 first, f32 kernels */
+    VH_GEMM16_NATIVE = 1,      /* the 16-bit operands to oneDNN's default kernel */
+    VH_GEMM16_NATIVE_GEMM = 2, /* the same on oneDNN's gemm kernel (VH_DNNL_KERNEL_GEMM) */
+} vh_gemm16_path;
 
-/* 1: run this GEMM on the native 16-bit kernels; 0: widen to f32. Forced by
- * VITHOST_CPU_GEMM16, else decided once per shape class by timing both paths
- * with `timer` (gemm_choice.c). */
+/* Seconds one run of the call's matmul takes on a path (vh_gemm16_path),
+ * restricted to the first proxy->batch x m x n x k of its operands, the
+ * widening counted; negative when the path cannot run it. A timer is only
+ * asked for VH_GEMM16_NATIVE_GEMM on an unbatched shape. */
+typedef double (*vh_gemm16_timer)(void *ctx, int path, const vh_gemm16_shape *proxy);
+
+/* The path of this GEMM. Forced by VITHOST_CPU_GEMM16, else decided once
+ * per shape class by timing the paths with `timer` (gemm_choice.c). */
+VH_CPU_HIDDEN vh_gemm16_path vh_gemm16_choose(const vh_gemm16_shape *s, vh_gemm16_timer timer,
+                                              void *ctx);
+
+/* vh_gemm16_choose(...) != VH_GEMM16_WIDEN. */
 VH_CPU_HIDDEN int vh_gemm16_native(const vh_gemm16_shape *s, vh_gemm16_timer timer, void *ctx);
 
 #endif

@@ -72,16 +72,18 @@
 static int64_t max1(int64_t v) { return v > 1 ? v : 1; }
 
 /* A matrix operand as oneDNN reads it: batch stride, row stride, column
- * stride of op(X), in elements. */
+ * stride of op(X), in elements. A's kernel (vh_dnnl_kernel) is the
+ * product's: the one gemm_choice.c picked for these 16-bit operands. */
 typedef struct operand {
     const void *p;
     vh_dtype dtype;
     int trans;
     int64_t sbatch, srow, scol;
+    int kernel;
 } operand;
 
 static operand operand_of(const void *p, vh_dtype t, int trans, int64_t ld, int64_t stride) {
-    operand o = {p, t, trans, stride, trans ? 1 : ld, trans ? ld : 1};
+    operand o = {p, t, trans, stride, trans ? 1 : ld, trans ? ld : 1, VH_DNNL_KERNEL_DEFAULT};
     return o;
 }
 
@@ -104,6 +106,7 @@ static vh_status densify(operand *o, int64_t batch, int64_t rows, int64_t cols) 
     }
     o->p = d;
     o->dtype = VH_DTYPE_F32;
+    o->kernel = VH_DNNL_KERNEL_DEFAULT;
     o->sbatch = o->sbatch == 0 ? 0 : sr * sc;
     o->srow = trans ? 1 : sc;
     o->scol = trans ? sc : 1;
@@ -155,6 +158,7 @@ static void describe(vh_dnnl_matmul *mm, const vh_gemm_args *g, int64_t batch,
     mm->ab_dtype = a->dtype;
     mm->c_dtype = VH_DTYPE_F32;
     mm->alpha = g->alpha;
+    mm->kernel = a->kernel;
 }
 
 /* The last resort: a loop, fp32 accumulation (operands already f32). */
@@ -314,10 +318,11 @@ static double seconds(void) {
 }
 
 /* vh_gemm16_timer on the call's own operands (ctx: its vh_gemm_args): the
- * plain matmul of the proxy's leading block into scratch; the epilogue
+ * plain matmul of the proxy's leading block (for an unbatched call asked
+ * with a batch of 2, its two halves of k) into scratch; the epilogue
  * costs both paths the same and is left out. Widening converts both
  * operands first, as view_inputs does. */
-static double time_path(void *ctx, int native, const vh_gemm16_shape *p) {
+static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
     const vh_gemm_args *g = ctx;
     vh_gemm_args pg = *g;
     pg.m = p->m, pg.n = p->n, pg.k = p->k, pg.alpha = 1.0f;
@@ -329,8 +334,13 @@ static double time_path(void *ctx, int native, const vh_gemm16_shape *p) {
         const double t0 = seconds();
         operand a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
         operand b = operand_of(g->b, g->ab_dtype, g->trans_b, g->ldb, g->stride_b);
+        if (p->batch > 1 && g->batch <= 1) { /* halves of k (path16): as run_ksplit */
+            a.sbatch = p->k * a.scol;
+            b.sbatch = p->k * b.srow;
+        }
         vh_status st = VH_STATUS_OK;
-        if (!native && (st = densify(&a, p->batch, p->m, p->k)) == VH_STATUS_OK)
+        if (path == VH_GEMM16_NATIVE_GEMM) a.kernel = VH_DNNL_KERNEL_GEMM;
+        if (path == VH_GEMM16_WIDEN && (st = densify(&a, p->batch, p->m, p->k)) == VH_STATUS_OK)
             st = densify(&b, p->batch, p->k, p->n);
         vh_dnnl_matmul mm;
         describe(&mm, &pg, p->batch, &a, &b, &c);
@@ -341,9 +351,30 @@ static double time_path(void *ctx, int native, const vh_gemm16_shape *p) {
     return t;
 }
 
-static int native16(const vh_gemm_args *g, int64_t batch) {
-    const vh_gemm16_shape s = {g->ab_dtype, g->trans_a, g->trans_b, batch, g->m, g->n, g->k};
-    return vh_gemm16_native(&s, time_path, (void *)(uintptr_t)g);
+/* Weight gradients of small layers (T1: 64 x 256 from k = 6400 tokens) give
+ * oneDNN too few blocks of C to keep both threads busy; as two products of
+ * half of k each (one batched matmul, a member per thread) they do. Always
+ * two halves, whatever the thread count, so the sums do not depend on it.
+ * Measured on Zen 5, 2 threads, best of 30, GFLOP/s, one product against
+ * two halves: f32 64x256x6400 396 -> 434, 256x64x6400 409 -> 456,
+ * 192x64x6400 420 -> 465; bf16 733 -> 850, 841 -> 873, 828 -> 866. */
+#define KSPLIT_MAX_C ((int64_t)1 << 16)
+#define KSPLIT_MIN_K 2048
+
+static int ksplit_fits(const vh_gemm_args *g, int64_t batch) {
+    return batch == 1 && g->epilogue == VH_EPILOGUE_NONE && !g->bias && !g->residual &&
+           g->k >= KSPLIT_MIN_K && g->k % 2 == 0 && g->m * g->n <= KSPLIT_MAX_C &&
+           g->k >= 8 * (g->m > g->n ? g->m : g->n);
+}
+
+/* The path of a 16-bit GEMM, chosen for the matmul that will run: a call
+ * that runs in halves of k is timed as those two products (batched). */
+static vh_gemm16_path path16(const vh_gemm_args *g, int64_t batch) {
+    const int halves = ksplit_fits(g, batch);
+    const vh_gemm16_shape s = {g->ab_dtype,         g->trans_a, g->trans_b,
+                               halves ? 2 : batch,  g->m,       g->n,
+                               halves ? g->k / 2 : g->k};
+    return vh_gemm16_choose(&s, time_path, (void *)(uintptr_t)g);
 }
 
 /* Operands: f32, or 16-bit where the native kernels run them (above), as
@@ -352,9 +383,12 @@ static vh_status view_inputs(const vh_gemm_args *g, int64_t batch, int multiply,
     vh_status st;
     v->a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
     v->b = operand_of(g->b, g->ab_dtype, g->trans_b, g->ldb, g->stride_b);
-    if (multiply && g->ab_dtype != VH_DTYPE_F32 && !native16(g, batch)) {
-        if ((st = densify(&v->a, batch, g->m, g->k)) != VH_STATUS_OK ||
-            (st = densify(&v->b, batch, g->k, g->n)) != VH_STATUS_OK)
+    if (multiply && g->ab_dtype != VH_DTYPE_F32) {
+        const vh_gemm16_path path = path16(g, batch);
+        if (path == VH_GEMM16_NATIVE_GEMM) v->a.kernel = VH_DNNL_KERNEL_GEMM;
+        if (path == VH_GEMM16_WIDEN &&
+            ((st = densify(&v->a, batch, g->m, g->k)) != VH_STATUS_OK ||
+             (st = densify(&v->b, batch, g->k, g->n)) != VH_STATUS_OK))
             return st;
     }
     v->bias = vh_cpu_f32_view(g->bias, g->bias_dtype, g->n, 1);
@@ -499,22 +533,6 @@ static vh_status run_direct16(const vh_gemm_args *g, int64_t batch, const gemm_v
 }
 
 /* ---- a long k and a small C: two halves of k side by side ------------------ */
-
-/* Weight gradients of small layers (T1: 64 x 256 from k = 6400 tokens) give
- * oneDNN too few blocks of C to keep both threads busy; as two products of
- * half of k each (one batched matmul, a member per thread) they do. Always
- * two halves, whatever the thread count, so the sums do not depend on it.
- * Measured on Zen 5, 2 threads, best of 30, GFLOP/s, one product against
- * two halves: f32 64x256x6400 396 -> 434, 256x64x6400 409 -> 456,
- * 192x64x6400 420 -> 465; bf16 733 -> 850, 841 -> 873, 828 -> 866. */
-#define KSPLIT_MAX_C ((int64_t)1 << 16)
-#define KSPLIT_MIN_K 2048
-
-static int ksplit_fits(const vh_gemm_args *g, int64_t batch) {
-    return batch == 1 && g->epilogue == VH_EPILOGUE_NONE && !g->bias && !g->residual &&
-           g->k >= KSPLIT_MIN_K && g->k % 2 == 0 && g->m * g->n <= KSPLIT_MAX_C &&
-           g->k >= 8 * (g->m > g->n ? g->m : g->n);
-}
 
 /* C = (alpha A_0 B_0 + alpha A_1 B_1) + beta C, in C's fp32 view. */
 static vh_status run_ksplit(const vh_gemm_args *g, gemm_views *v) {

@@ -28,8 +28,22 @@
  * MIN_TIMED_MACS (a few microseconds, shorter than the timing noise) are not
  * timed and take native.
  *
- * VITHOST_CPU_GEMM16=native|widen|auto (default auto), read at the first
- * 16-bit GEMM (and by vh_cpu_gemm16_reset). An invalid value is reported
+ * Native has two kernels (dnnl_engine.h): oneDNN's default, brgemm, and its
+ * gemm driver, which packs both operands. brgemm reads a transposed A
+ * through a copy of its own; on Zen 5 the gemm kernel runs the weight
+ * gradients (A^T.B, k the tokens: T3's 384x1536x1576) 10-12% faster in the
+ * step. On the other layouts the gemm kernel could win the timing alone and
+ * lose in the step (T1's 6400x256x64 A.B: 12% faster alone, 1.27 -> 1.66 ms
+ * a step), so only an unbatched A^T.B class that goes native is timed once
+ * more, default against gemm, on a larger proxy (KERNEL_PROXY_MACS: the full
+ * T3 shapes; on the small proxy the two tie), and takes gemm only when it is
+ * faster by more than KERNEL_MARGIN. The same results up to the order of
+ * the f32 sums, as between native and widen. A GEMM that gemm.c runs as two
+ * halves of k is asked for as those (batched: no kernel choice).
+ *
+ * VITHOST_CPU_GEMM16=native|native_gemm|widen|auto (default auto), read at
+ * the first 16-bit GEMM (and by vh_cpu_gemm16_reset); native is oneDNN's
+ * default kernel. An invalid value is reported
  * once on stderr and auto is used: a tuning knob must not stop a run.
  * Native on a CPU without bf16 hardware (or f16 on oneDNN 2.x, which has no
  * f16 CPU kernels) falls back to widen, and the summary says so.
@@ -51,8 +65,11 @@
 #define MIN_TIMED_MACS (1LL << 20)
 #define WIDEN_MARGIN 1.10
 #define TIMED_RUNS 2
+#define KERNEL_PROXY_MACS (1LL << 30)
+#define KERNEL_MARGIN 1.05
+#define KERNEL_TIMED_RUNS 4
 
-typedef enum { MODE_AUTO, MODE_NATIVE, MODE_WIDEN } gemm16_mode;
+typedef enum { MODE_AUTO, MODE_NATIVE, MODE_NATIVE_GEMM, MODE_WIDEN } gemm16_mode;
 
 typedef struct shape_class {
     vh_dtype dtype;
@@ -60,8 +77,11 @@ typedef struct shape_class {
     int native;               /* the choice */
     int timed;                /* 0: too small, or one path could not run */
     double t_native, t_widen; /* seconds, best of TIMED_RUNS, on the proxy */
+    int gemm_kernel;          /* native on VH_DNNL_KERNEL_GEMM */
+    int kernel_timed;         /* the kernels were compared */
+    double t_default, t_gemm; /* seconds, best of KERNEL_TIMED_RUNS, on kproxy */
     vh_gemm16_shape first;    /* the shape that decided */
-    vh_gemm16_shape proxy;
+    vh_gemm16_shape proxy, kproxy;
 } shape_class;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -80,12 +100,14 @@ static void read_mode_locked(void) {
     if (!v || !*v || strcmp(v, "auto") == 0) return;
     if (strcmp(v, "native") == 0) {
         g_mode = MODE_NATIVE;
+    } else if (strcmp(v, "native_gemm") == 0) {
+        g_mode = MODE_NATIVE_GEMM;
     } else if (strcmp(v, "widen") == 0) {
         g_mode = MODE_WIDEN;
     } else {
         snprintf(g_bad, sizeof g_bad, "%s", v);
-        fprintf(stderr, "vithost: VITHOST_CPU_GEMM16=%s is not native, widen or auto; "
-                        "using auto\n", g_bad);
+        fprintf(stderr, "vithost: VITHOST_CPU_GEMM16=%s is not native, native_gemm, widen or "
+                        "auto; using auto\n", g_bad);
     }
 }
 
@@ -116,28 +138,49 @@ static shape_class *find_locked(const shape_class *key) {
     return NULL;
 }
 
-/* The first batch x m x n x k of the operands, within the proxy limits. */
-static vh_gemm16_shape proxy_of(const vh_gemm16_shape *s) {
+/* The first batch x m x n x k of the operands, within max_macs and the
+ * output limit. */
+static vh_gemm16_shape proxy_of(const vh_gemm16_shape *s, long long max_macs) {
     vh_gemm16_shape p = *s;
     for (;;) {
         const double out = (double)p.batch * (double)p.m * (double)p.n;
-        if (macs(&p) <= (double)PROXY_MACS && out <= (double)PROXY_OUT) break;
+        if (macs(&p) <= (double)max_macs && out <= (double)PROXY_OUT) break;
         if (p.batch > 1) {
             p.batch = (p.batch + 1) / 2;
             continue;
         }
         int64_t *big = &p.m;
         if (p.n > *big) big = &p.n;
-        if (p.k > *big && macs(&p) > (double)PROXY_MACS) big = &p.k;
+        if (p.k > *big && macs(&p) > (double)max_macs) big = &p.k;
         if (*big <= PROXY_MIN_DIM) break;
         *big = (*big + 1) / 2;
     }
     return p;
 }
 
-/* Times both paths on the class's first shape and decides. */
+/* Native's two kernels on the larger proxy, interleaved, best of each. */
+static void measure_kernel(shape_class *c, vh_gemm16_timer timer, void *ctx) {
+    c->kproxy = proxy_of(&c->first, KERNEL_PROXY_MACS);
+    const double wd = timer(ctx, VH_GEMM16_NATIVE, &c->kproxy);
+    const double wg = timer(ctx, VH_GEMM16_NATIVE_GEMM, &c->kproxy);
+    if (wd < 0.0 || wg < 0.0) return;
+    double bd = HUGE_VAL, bg = HUGE_VAL;
+    for (int i = 0; i < KERNEL_TIMED_RUNS; i++) {
+        const double td = timer(ctx, VH_GEMM16_NATIVE, &c->kproxy);
+        const double tg = timer(ctx, VH_GEMM16_NATIVE_GEMM, &c->kproxy);
+        if (td >= 0.0 && td < bd) bd = td;
+        if (tg >= 0.0 && tg < bg) bg = tg;
+    }
+    if (bd == HUGE_VAL || bg == HUGE_VAL) return;
+    c->kernel_timed = 1;
+    c->t_default = bd;
+    c->t_gemm = bg;
+    c->gemm_kernel = bg * KERNEL_MARGIN < bd;
+}
+
+/* Times the paths on the class's first shape and decides. */
 static void measure(shape_class *c, vh_gemm16_timer timer, void *ctx) {
-    c->proxy = proxy_of(&c->first);
+    c->proxy = proxy_of(&c->first, PROXY_MACS);
     c->native = 1;
     if (macs(&c->first) < (double)MIN_TIMED_MACS) return;
     const double wn = timer(ctx, 1, &c->proxy), ww = timer(ctx, 0, &c->proxy);
@@ -155,19 +198,27 @@ static void measure(shape_class *c, vh_gemm16_timer timer, void *ctx) {
     c->t_native = bn;
     c->t_widen = bw;
     c->native = !(bw * WIDEN_MARGIN < bn);
+    if (c->native && !c->batched && c->trans_a && !c->trans_b) measure_kernel(c, timer, ctx);
 }
 
-int vh_gemm16_native(const vh_gemm16_shape *s, vh_gemm16_timer timer, void *ctx) {
+static vh_gemm16_path path_of(const shape_class *c) {
+    return !c->native ? VH_GEMM16_WIDEN : c->gemm_kernel ? VH_GEMM16_NATIVE_GEMM
+                                                         : VH_GEMM16_NATIVE;
+}
+
+vh_gemm16_path vh_gemm16_choose(const vh_gemm16_shape *s, vh_gemm16_timer timer, void *ctx) {
     pthread_mutex_lock(&g_lock);
     read_mode_locked();
     const gemm16_mode mode = g_mode;
     pthread_mutex_unlock(&g_lock);
-    if (!hardware(s->dtype) || mode == MODE_WIDEN) return 0;
-    if (mode == MODE_NATIVE) return 1;
+    if (!hardware(s->dtype) || mode == MODE_WIDEN) return VH_GEMM16_WIDEN;
+    if (mode == MODE_NATIVE) return VH_GEMM16_NATIVE;
+    if (mode == MODE_NATIVE_GEMM) return VH_GEMM16_NATIVE_GEMM;
     shape_class key = class_of(s);
     pthread_mutex_lock(&g_lock);
     const shape_class *found = find_locked(&key);
-    const int known = found != NULL, choice = found ? found->native : 0;
+    const int known = found != NULL;
+    const vh_gemm16_path choice = found ? path_of(found) : VH_GEMM16_WIDEN;
     pthread_mutex_unlock(&g_lock);
     if (known) return choice;
     /* Measured outside the lock (it runs oneDNN and OpenMP); a thread that
@@ -176,9 +227,13 @@ int vh_gemm16_native(const vh_gemm16_shape *s, vh_gemm16_timer timer, void *ctx)
     pthread_mutex_lock(&g_lock);
     found = find_locked(&key);
     if (!found && g_count < MAX_CLASSES) found = memcpy(&g_classes[g_count++], &key, sizeof key);
-    const int native = found ? found->native : key.native;
+    const vh_gemm16_path path = path_of(found ? found : &key);
     pthread_mutex_unlock(&g_lock);
-    return native;
+    return path;
+}
+
+int vh_gemm16_native(const vh_gemm16_shape *s, vh_gemm16_timer timer, void *ctx) {
+    return vh_gemm16_choose(s, timer, ctx) != VH_GEMM16_WIDEN;
 }
 
 void vh_cpu_gemm16_reset(void) {
@@ -205,13 +260,14 @@ static size_t append(char *buf, size_t len, size_t at, const char *fmt, ...) {
 
 /* "native on 9 shape classes (1.92x widen's speed), widen on 1 (1.15x)" */
 static size_t auto_counts_locked(char *buf, size_t len, size_t at, vh_dtype t) {
-    int n[2] = {0, 0}, untimed = 0;
+    int n[2] = {0, 0}, untimed = 0, on_gemm = 0;
     double logsum[2] = {0.0, 0.0};
     int timed[2] = {0, 0};
     for (int i = 0; i < g_count; i++) {
         const shape_class *c = &g_classes[i];
         if (c->dtype != t) continue;
         n[c->native]++;
+        on_gemm += c->native && c->gemm_kernel;
         if (!c->timed) {
             untimed += c->native;
             continue;
@@ -228,6 +284,7 @@ static size_t auto_counts_locked(char *buf, size_t len, size_t at, vh_dtype t) {
     if (untimed) at = append(buf, len, at, "%s%d too small to time", timed[1] ? "; " : " (",
                              untimed);
     if (timed[1] || untimed) at = append(buf, len, at, ")");
+    if (on_gemm) at = append(buf, len, at, ", %d of them on oneDNN's gemm kernel", on_gemm);
     at = append(buf, len, at, ", widen on %d", n[0]);
     if (timed[0]) at = append(buf, len, at, " (%.2fx native)", exp(logsum[0] / timed[0]));
     return at;
@@ -243,9 +300,13 @@ const char *vh_cpu_gemm16_summary(int32_t dtype, char *buf, size_t len) {
     if (!hw)
         at = append(buf, len, at, "widen to f32 (no %s kernels for %s)%s",
                     t == VH_DTYPE_F16 ? "f16" : "bf16", vh_dnnl_isa_name(),
-                    g_mode == MODE_NATIVE ? "; VITHOST_CPU_GEMM16=native not possible" : "");
+                    g_mode == MODE_NATIVE        ? "; VITHOST_CPU_GEMM16=native not possible"
+                    : g_mode == MODE_NATIVE_GEMM ? "; VITHOST_CPU_GEMM16=native_gemm not possible"
+                                                 : "");
     else if (g_mode == MODE_NATIVE)
         at = append(buf, len, at, "native (VITHOST_CPU_GEMM16=native)");
+    else if (g_mode == MODE_NATIVE_GEMM)
+        at = append(buf, len, at, "native on oneDNN's gemm kernel (VITHOST_CPU_GEMM16=native_gemm)");
     else if (g_mode == MODE_WIDEN)
         at = append(buf, len, at, "widen to f32 (VITHOST_CPU_GEMM16=widen)");
     else
@@ -272,13 +333,20 @@ const char *vh_cpu_gemm16_classes(char *buf, size_t len) {
                     c->dtype == VH_DTYPE_F16 ? "f16" : "bf16", layout(c),
                     c->batched ? "batched" : "single ", 2 * c->bucket, 2 * c->bucket + 2,
                     (long long)f->batch, (long long)f->m, (long long)f->n, (long long)f->k,
-                    c->native ? "native" : "widen");
+                    !c->native ? "widen" : c->gemm_kernel ? "native, gemm kernel" : "native");
         if (c->timed)
-            at = append(buf, len, at, " (native %.3f ms, widen %.3f ms on %lldx%lldx%lldx%lld)",
+            at = append(buf, len, at, " (native %.3f ms, widen %.3f ms on %lldx%lldx%lldx%lld",
                         1e3 * c->t_native, 1e3 * c->t_widen, (long long)p->batch,
                         (long long)p->m, (long long)p->n, (long long)p->k);
         else
-            at = append(buf, len, at, " (not timed)");
+            at = append(buf, len, at, " (not timed");
+        if (c->kernel_timed) {
+            const vh_gemm16_shape *q = &c->kproxy;
+            at = append(buf, len, at, "; kernels: default %.3f ms, gemm %.3f ms on %lldx%lldx%lldx%lld",
+                        1e3 * c->t_default, 1e3 * c->t_gemm, (long long)q->batch,
+                        (long long)q->m, (long long)q->n, (long long)q->k);
+        }
+        at = append(buf, len, at, ")");
         at = append(buf, len, at, "\n");
     }
     pthread_mutex_unlock(&g_lock);

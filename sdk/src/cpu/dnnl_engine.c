@@ -199,7 +199,8 @@ static int create(entry *e) {
     if (ok && mm->sum != 0.0f) ok = dnnl_post_ops_append_sum(po, mm->sum) == dnnl_success;
     if (ok) ok = dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
     if (ok && mm->kernel == VH_DNNL_KERNEL_GEMM) pd = gemm_kernel(&desc, attr);
-    if (ok && !pd) ok = dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL) == dnnl_success;
+    if (ok && !pd)
+        ok = dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL) == dnnl_success;
     if (ok) {
         /* The reference implementation is scalar: slower than converting. */
         const char *impl = NULL;

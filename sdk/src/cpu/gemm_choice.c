@@ -43,8 +43,8 @@
  *
  * VITHOST_CPU_GEMM16=native|native_gemm|widen|auto (default auto), read at
  * the first 16-bit GEMM (and by vh_cpu_gemm16_reset); native is oneDNN's
- * default kernel. An invalid value is reported
- * once on stderr and auto is used: a tuning knob must not stop a run.
+ * default kernel. An invalid value is reported once on stderr and auto is
+ * used: a tuning knob must not stop a run.
  * Native on a CPU without bf16 hardware (or f16 on oneDNN 2.x, which has no
  * f16 CPU kernels) falls back to widen, and the summary says so.
  */
@@ -183,14 +183,16 @@ static void measure(shape_class *c, vh_gemm16_timer timer, void *ctx) {
     c->proxy = proxy_of(&c->first, PROXY_MACS);
     c->native = 1;
     if (macs(&c->first) < (double)MIN_TIMED_MACS) return;
-    const double wn = timer(ctx, 1, &c->proxy), ww = timer(ctx, 0, &c->proxy);
+    const double wn = timer(ctx, VH_GEMM16_NATIVE, &c->proxy);
+    const double ww = timer(ctx, VH_GEMM16_WIDEN, &c->proxy);
     if (wn < 0.0 || ww < 0.0) { /* a path oneDNN cannot run: the other */
         c->native = wn >= 0.0;
         return;
     }
     double bn = HUGE_VAL, bw = HUGE_VAL;
     for (int i = 0; i < TIMED_RUNS; i++) {
-        const double tn = timer(ctx, 1, &c->proxy), tw = timer(ctx, 0, &c->proxy);
+        const double tn = timer(ctx, VH_GEMM16_NATIVE, &c->proxy);
+        const double tw = timer(ctx, VH_GEMM16_WIDEN, &c->proxy);
         if (tn >= 0.0 && tn < bn) bn = tn;
         if (tw >= 0.0 && tw < bw) bw = tw;
     }
@@ -306,7 +308,8 @@ const char *vh_cpu_gemm16_summary(int32_t dtype, char *buf, size_t len) {
     else if (g_mode == MODE_NATIVE)
         at = append(buf, len, at, "native (VITHOST_CPU_GEMM16=native)");
     else if (g_mode == MODE_NATIVE_GEMM)
-        at = append(buf, len, at, "native on oneDNN's gemm kernel (VITHOST_CPU_GEMM16=native_gemm)");
+        at = append(buf, len, at,
+                    "native on oneDNN's gemm kernel (VITHOST_CPU_GEMM16=native_gemm)");
     else if (g_mode == MODE_WIDEN)
         at = append(buf, len, at, "widen to f32 (VITHOST_CPU_GEMM16=widen)");
     else
@@ -342,7 +345,8 @@ const char *vh_cpu_gemm16_classes(char *buf, size_t len) {
             at = append(buf, len, at, " (not timed");
         if (c->kernel_timed) {
             const vh_gemm16_shape *q = &c->kproxy;
-            at = append(buf, len, at, "; kernels: default %.3f ms, gemm %.3f ms on %lldx%lldx%lldx%lld",
+            at = append(buf, len, at,
+                        "; kernels: default %.3f ms, gemm %.3f ms on %lldx%lldx%lldx%lld",
                         1e3 * c->t_default, 1e3 * c->t_gemm, (long long)q->batch,
                         (long long)q->m, (long long)q->n, (long long)q->k);
         }

@@ -9,9 +9,10 @@ What one run prints (a benchmark, not a test: ctest never runs it):
 1. the CPU model and the ISA features that decide the engine's kernels (avx2, avx512f,
    avx512_bf16, amx), and the thread count both sides get;
 2. the GEMM peak of this machine as the SDK's CPU engine measures it, fp32 and bf16
-   (build/bench/bench_gemm), and per PyTorch peer (--torch, a comma list or repeated: the
-   first is the peer of record) its torch version and its own 2048^3 fp32 and bf16 matmul
-   rate on the same threads, so a peer on fallback kernels shows at once;
+   (build/bench/bench_gemm; measured again in every round, the best counts), and per
+   PyTorch peer (--torch, a comma list or repeated: the first is the peer of record) its
+   torch version and its own 2048^3 fp32 and bf16 matmul rate on the same threads, so a
+   peer on fallback kernels shows at once;
 3. per configuration and per vithost precision policy (--precision, a comma list: fp32, amp
    (bf16), fp16), the images/s of full training steps (data, forward, backward, AdamW):
    vithost through `vithost bench --json` (synthetic data, ddp, mta adamw; the median step after
@@ -103,7 +104,7 @@ def cpu_facts():
     return model, isa
 
 
-def gemm_peaks(build):
+def gemm_peaks(build, quiet=False):
     exe = os.path.join(build, "bench", "bench_gemm")
     out = subprocess.run([exe, "10"], capture_output=True, text=True, check=True).stdout
     peaks = {}
@@ -111,9 +112,16 @@ def gemm_peaks(build):
         if line.startswith("PEAK "):
             p = json.loads(line[5:])
             peaks[p["dtype"]] = p["gflops"]
-        else:
+        elif not quiet:
             print("  " + line)
     return peaks
+
+
+def raise_peaks(peaks, more):
+    """The best of each dtype's peak so far: a probe that fell in a slow minute of a shared
+    machine must not decide the machine's kind (the 1.8x line) or the share's denominator."""
+    for k, v in more.items():
+        peaks[k] = max(peaks.get(k, 0.0), v)
 
 
 def recipe(cfg, precision):
@@ -432,6 +440,11 @@ def main():
     for r in range(rounds):
         if rounds > 1:
             print(f"round {r + 1} of {rounds}", flush=True)
+        if r > 0:
+            more = gemm_peaks(args.build, quiet=True)
+            raise_peaks(peaks, more)
+            print("  GEMM peak again: " + ", ".join(f"{k} {v:.1f}" for k, v in more.items())
+                  + " GFLOP/s", flush=True)
         for n in names:
             for p in precisions:
                 run = run_vithost(args.build, n, CONFIGS[n], p, env, args.quick)
@@ -472,6 +485,8 @@ def main():
     vs_fp32_goal, kind = amp_goal(peaks)
 
     print()
+    print("engine GEMM peak, the best of every round's: " +
+          ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()) + " GFLOP/s")
     print(f"full training step (data, forward, backward, AdamW), img/s, {args.threads} threads"
           f"{' (--quick: few steps, not a measurement)' if args.quick else ''}")
     print(f"this machine: {kind}")

@@ -533,6 +533,7 @@ static vh_status run_direct16(const vh_gemm_args *g, int64_t batch, const gemm_v
 }
 
 /* ---- a long k and a small C: two halves of k side by side ------------------ */
+/* (ksplit_fits, above path16, says which calls; its comment says why.) */
 
 /* C = (alpha A_0 B_0 + alpha A_1 B_1) + beta C, in C's fp32 view. */
 static vh_status run_ksplit(const vh_gemm_args *g, gemm_views *v) {

@@ -204,6 +204,22 @@ static void test_auto(void **state) {
     assert_int_equal(lines, native + widen);
     assert_true(lines >= 5 && lines <= (int)NSHAPES); /* layouts and sizes; some share */
     assert_non_null(strstr(classes, "ms")); /* the large shapes were timed */
+    /* A timed unbatched A^T.B class on the native kernels also compared oneDNN's two
+     * kernels (256x128x1024 is one, unless widen won it), and says so on its line. */
+    int kernel_lines = 0;
+    for (const char *q = classes; *q;) {
+        const char *end = strchr(q, '\n');
+        const size_t len = end ? (size_t)(end - q) : strlen(q);
+        char one[512];
+        snprintf(one, sizeof one, "%.*s", (int)len, q);
+        if (strstr(one, "A^T.B ") && strstr(one, "single") && strstr(one, ": native") &&
+            !strstr(one, "not timed")) {
+            assert_non_null(strstr(one, "kernels: default"));
+            kernel_lines++;
+        }
+        q += len + (end ? 1 : 0);
+    }
+    printf("test_gemm16: %d A^T.B class(es) compared the two native kernels\n", kernel_lines);
 }
 
 /* An invalid value: reported (stderr and the summary), auto used. */

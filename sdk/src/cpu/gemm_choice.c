@@ -158,24 +158,35 @@ static vh_gemm16_shape proxy_of(const vh_gemm16_shape *s, long long max_macs) {
     return p;
 }
 
-/* Native's two kernels on the larger proxy, interleaved, best of each. */
+/* Paths x and y on proxy p: one warm-up run of each (creates the
+ * primitives), then `runs` timed runs interleaved; *tx, *ty the best of
+ * each, or negative for a path that could not run. */
+static void race(vh_gemm16_timer timer, void *ctx, int x, int y, const vh_gemm16_shape *p,
+                 int runs, double *tx, double *ty) {
+    *tx = timer(ctx, x, p);
+    *ty = timer(ctx, y, p);
+    if (*tx < 0.0 || *ty < 0.0) return;
+    double bx = HUGE_VAL, by = HUGE_VAL;
+    for (int i = 0; i < runs; i++) {
+        const double a = timer(ctx, x, p), b = timer(ctx, y, p);
+        if (a >= 0.0 && a < bx) bx = a;
+        if (b >= 0.0 && b < by) by = b;
+    }
+    *tx = bx == HUGE_VAL ? -1.0 : bx;
+    *ty = by == HUGE_VAL ? -1.0 : by;
+}
+
+/* Native's two kernels on the larger proxy. */
 static void measure_kernel(shape_class *c, vh_gemm16_timer timer, void *ctx) {
     c->kproxy = proxy_of(&c->first, KERNEL_PROXY_MACS);
-    const double wd = timer(ctx, VH_GEMM16_NATIVE, &c->kproxy);
-    const double wg = timer(ctx, VH_GEMM16_NATIVE_GEMM, &c->kproxy);
-    if (wd < 0.0 || wg < 0.0) return;
-    double bd = HUGE_VAL, bg = HUGE_VAL;
-    for (int i = 0; i < KERNEL_TIMED_RUNS; i++) {
-        const double td = timer(ctx, VH_GEMM16_NATIVE, &c->kproxy);
-        const double tg = timer(ctx, VH_GEMM16_NATIVE_GEMM, &c->kproxy);
-        if (td >= 0.0 && td < bd) bd = td;
-        if (tg >= 0.0 && tg < bg) bg = tg;
-    }
-    if (bd == HUGE_VAL || bg == HUGE_VAL) return;
+    double td, tg;
+    race(timer, ctx, VH_GEMM16_NATIVE, VH_GEMM16_NATIVE_GEMM, &c->kproxy, KERNEL_TIMED_RUNS,
+         &td, &tg);
+    if (td < 0.0 || tg < 0.0) return;
     c->kernel_timed = 1;
-    c->t_default = bd;
-    c->t_gemm = bg;
-    c->gemm_kernel = bg * KERNEL_MARGIN < bd;
+    c->t_default = td;
+    c->t_gemm = tg;
+    c->gemm_kernel = tg * KERNEL_MARGIN < td;
 }
 
 /* Times the paths on the class's first shape and decides. */
@@ -183,23 +194,16 @@ static void measure(shape_class *c, vh_gemm16_timer timer, void *ctx) {
     c->proxy = proxy_of(&c->first, PROXY_MACS);
     c->native = 1;
     if (macs(&c->first) < (double)MIN_TIMED_MACS) return;
-    const double wn = timer(ctx, VH_GEMM16_NATIVE, &c->proxy);
-    const double ww = timer(ctx, VH_GEMM16_WIDEN, &c->proxy);
-    if (wn < 0.0 || ww < 0.0) { /* a path oneDNN cannot run: the other */
-        c->native = wn >= 0.0;
+    double tn, tw;
+    race(timer, ctx, VH_GEMM16_NATIVE, VH_GEMM16_WIDEN, &c->proxy, TIMED_RUNS, &tn, &tw);
+    if (tn < 0.0 || tw < 0.0) { /* a path oneDNN cannot run: the other */
+        c->native = tn >= 0.0;
         return;
     }
-    double bn = HUGE_VAL, bw = HUGE_VAL;
-    for (int i = 0; i < TIMED_RUNS; i++) {
-        const double tn = timer(ctx, VH_GEMM16_NATIVE, &c->proxy);
-        const double tw = timer(ctx, VH_GEMM16_WIDEN, &c->proxy);
-        if (tn >= 0.0 && tn < bn) bn = tn;
-        if (tw >= 0.0 && tw < bw) bw = tw;
-    }
     c->timed = 1;
-    c->t_native = bn;
-    c->t_widen = bw;
-    c->native = !(bw * WIDEN_MARGIN < bn);
+    c->t_native = tn;
+    c->t_widen = tw;
+    c->native = !(tw * WIDEN_MARGIN < tn);
     if (c->native && !c->batched && c->trans_a && !c->trans_b) measure_kernel(c, timer, ctx);
 }
 

@@ -4,14 +4,27 @@
  * The widened path (attention.c) converts qkv, dout and dqkv to f32 over
  * their whole extent and runs the products in f32: on Zen 5 that made AMP's
  * attention slower than fp32's (T2: 31 vs 22 ms a step backward), while its
- * bf16 kernels run twice the f32 rate. Here the products read the bf16
- * tensors in place through their strides, as autocast's bmm does:
+ * bf16 kernels run twice the f32 rate. Here the products run on bf16
+ * operands, as autocast's bmm does:
  *
  *   forward:  S = scale Q K^T (f32) -> softmax -> probs (bf16, rounded once)
  *             out = P V                  (bf16 operands, f32 sums, bf16 out)
  *   backward: dP = dO V^T (f32), dS = P * (dP - rowsum(dP * P)) -> bf16
  *             dQ += scale dS K, dK += scale dS^T Q, dV += P^T dO
  *             (each added to dqkv in f32 and rounded once)
+ *
+ * Work is split into tasks of a few heads of one sample, one task per
+ * thread at a time, so that a task's scores stay in that thread's L2; inside
+ * a task oneDNN runs on the calling thread alone (called in a parallel
+ * region). A task copies its q, k, v (and dO) into dense (heads, N, Dh)
+ * blocks first: oneDNN 2.6 runs q, k, v read through qkv's strides on its
+ * gemm:jit kernels, whose output scale is a scalar loop, and only dense
+ * blocks on brgemm (AMX where the CPU has it). For the same reason P V is
+ * written dense and copied into out, and dQ, dK, dV are dense f32 blocks
+ * added into dqkv (one rounding, as a sum post-op would). Measured on a Xeon
+ * with AMX (T3 under AMP, 2 threads, ms a step, forward / backward): one
+ * batched matmul per product over the whole call, strided 95 / 97; the same
+ * on dense copies 34 / 59; these tasks 33 / 39 (the step 372 -> 330 ms).
  *
  * The roundings the widened path has not: dS to bf16 before its two
  * products, and P to bf16 before P V and P^T dO where probs are kept in f32
@@ -32,6 +45,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+
+#include <omp.h>
 
 #include "attention.h"
 #include "dnnl_engine.h"
@@ -86,25 +101,197 @@ static int applies(const vh_attention_args *a) {
     return vh_gemm16_native(&s, time_scores, NULL);
 }
 
-/* Row blocks of the scores s (f32, rows of n): softmax, each block rounded
- * into p16 (bf16) in the same pass, and kept in s when probs are f32. */
-static void softmax_to_probs(float *s, uint16_t *p16, int64_t rows, int64_t n) {
-    const int64_t blocks = (rows + ROW_BLOCK - 1) / ROW_BLOCK;
-#pragma omp parallel for schedule(static) if (rows * n > VH_CPU_PAR_ELEMS)
-    for (int64_t rb = 0; rb < blocks; rb++) {
-        const int64_t r0 = rb * ROW_BLOCK, m = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
-        vh_cpu_softmax_rows(s + r0 * n, m, n);
-        vh_cpu_from_f32_serial(p16 + r0 * n, VH_DTYPE_BF16, s + r0 * n, m * n);
+/* The blocks of one task: heads h0 .. h0+c-1 of sample b, with c chosen so
+ * that the task's scores (c N x N in f32, and P or dS in bf16) fit in about
+ * 1 MiB of L2. */
+#define TASK_L2_BYTES ((int64_t)1 << 20)
+
+typedef struct task_plan {
+    int64_t c;     /* heads a task */
+    int64_t tasks; /* B * ceil(H / c) */
+    int64_t per_sample;
+} task_plan;
+
+static task_plan plan_tasks(const vh_attention_args *a) {
+    const int64_t B = a->batch, H = a->heads, N = a->tokens;
+    int64_t c = TASK_L2_BYTES / (N * N * (int64_t)(sizeof(float) + sizeof(uint16_t)));
+    if (c < 1) c = 1;
+    if (c > H) c = H;
+    /* equal tasks where a divisor of H is close: one primitive shape */
+    for (int64_t d = c; d >= (c + 1) / 2; d--)
+        if (H % d == 0) {
+            c = d;
+            break;
+        }
+    task_plan t = {c, 0, (H + c - 1) / c};
+    /* enough tasks for every thread */
+    const int64_t threads = omp_get_max_threads();
+    while (t.c > 1 && B * t.per_sample < 2 * threads) {
+        t.c = (t.c + 1) / 2;
+        t.per_sample = (H + t.c - 1) / t.c;
     }
+    t.tasks = B * t.per_sample;
+    return t;
 }
 
-/* P in bf16, the operand of P V and P^T dO: probs themselves, or a rounded
- * copy of f32 probs (in the caller's scratch mark). */
-static uint16_t *probs16(const vh_attention_args *a, int64_t np) {
-    if (a->probs_dtype == VH_DTYPE_BF16) return a->probs;
-    uint16_t *p = vh_cpu_scratch_alloc((size_t)np * sizeof(uint16_t));
-    if (p) vh_cpu_from_f32(p, VH_DTYPE_BF16, a->probs, np);
-    return p;
+/* q, k, v (which 0..2) of qkv, or dout (which -1), of heads h0 .. h0+c-1
+ * of sample b as a dense (c, N, Dh) bf16 copy: the layout oneDNN's brgemm
+ * matmuls take. */
+static void gather_heads(uint16_t *dst, const vh_attention_args *a, const uint16_t *src,
+                         int which, int64_t b, int64_t h0, int64_t c) {
+    const int64_t N = a->tokens, Dh = a->head_dim, H = a->heads;
+    const int64_t bs = which < 0 ? a->out_batch_stride : a->qkv_batch_stride;
+    const int64_t ts = which < 0 ? a->out_token_stride : a->qkv_token_stride;
+    const uint16_t *base = src + b * bs + (which < 0 ? 0 : which * H * Dh) + h0 * Dh;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t h = 0; h < c; h++)
+            memcpy(dst + (h * N + n) * Dh, base + n * ts + h * Dh, (size_t)Dh * sizeof(uint16_t));
+}
+
+/* A dense (c, N, Dh) tensor as a (1, c, N, Dh) view, or its transpose. */
+static view4 dense_heads(const vh_attention_args *a, int64_t c, void *p, vh_dtype t,
+                         int transposed) {
+    const int64_t N = a->tokens, Dh = a->head_dim;
+    view4 v = {p, t, {c * N * Dh, N * Dh, transposed ? 1 : Dh, transposed ? Dh : 1}};
+    return v;
+}
+
+/* c (N, N) blocks from p, dense, or transposed. */
+static view4 dense_square(const vh_attention_args *a, int64_t c, void *p, vh_dtype t,
+                          int transposed) {
+    const int64_t n = a->tokens;
+    view4 v = {p, t, {c * n * n, n * n, transposed ? 1 : n, transposed ? n : 1}};
+    return v;
+}
+
+/* dqkv += the dense f32 (3, c, N, Dh) gradients of q, k and v of heads h0 ..
+ * h0+c-1 of sample b, each element rounded once (what a sum post-op on the
+ * bf16 tensor does). Touches only those heads' spans: tasks run at once. */
+static void scatter_add_heads(const vh_attention_args *a, const float *g, int64_t b,
+                              int64_t h0, int64_t c, float *row) {
+    const int64_t N = a->tokens, Dh = a->head_dim, H = a->heads, nd = c * N * Dh;
+    uint16_t *base = (uint16_t *)a->dqkv + b * a->qkv_batch_stride + h0 * Dh;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t w = 0; w < 3; w++) {
+            uint16_t *span = base + n * a->qkv_token_stride + w * H * Dh;
+            vh_cpu_to_f32_serial(row, span, VH_DTYPE_BF16, c * Dh);
+            for (int64_t h = 0; h < c; h++) {
+                const float *gi = g + w * nd + (h * N + n) * Dh;
+                float *ri = row + h * Dh;
+                for (int64_t d = 0; d < Dh; d++) ri[d] += gi[d];
+            }
+            vh_cpu_from_f32_serial(span, VH_DTYPE_BF16, row, c * Dh);
+        }
+}
+
+/* One task's forward: S = scale Q K^T, softmax -> probs (and P16), out = P16 V.
+ * oneDNN runs on this thread alone (called inside a parallel region). */
+static vh_status forward_task(const vh_attention_args *a, int64_t b, int64_t h0, int64_t c) {
+    const int64_t N = a->tokens, Dh = a->head_dim, H = a->heads, nd = c * N * Dh;
+    const int64_t np = c * N * N, first = (b * H + h0) * N * N;
+    const int f32_probs = a->probs_dtype == VH_DTYPE_F32;
+    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
+    uint16_t *d = vh_cpu_scratch_alloc((size_t)(3 * nd) * sizeof(uint16_t));
+    float *s = f32_probs ? (float *)a->probs + first
+                         : vh_cpu_scratch_alloc((size_t)np * sizeof(float));
+    uint16_t *p16 = f32_probs ? vh_cpu_scratch_alloc((size_t)np * sizeof(uint16_t))
+                              : (uint16_t *)a->probs + first;
+    vh_status st = VH_STATUS_ERR_NOMEM;
+    if (d && s && p16) {
+        for (int w = 0; w < 3; w++) gather_heads(d + w * nd, a, a->qkv, w, b, h0, c);
+        const view4 q = dense_heads(a, c, d, VH_DTYPE_BF16, 0);
+        const view4 kt = dense_heads(a, c, d + nd, VH_DTYPE_BF16, 1);
+        const view4 sv = dense_square(a, c, s, VH_DTYPE_F32, 0);
+        st = vh_cpu_attention_bmm(1, c, N, N, Dh, a->scale, &q, &kt, &sv, 0);
+    }
+    if (st == VH_STATUS_OK) {
+        vh_cpu_softmax_rows(s, c * N, N);
+        vh_cpu_from_f32_serial(p16, VH_DTYPE_BF16, s, np);
+        const view4 p = dense_square(a, c, p16, VH_DTYPE_BF16, 0);
+        const view4 v = dense_heads(a, c, d + 2 * nd, VH_DTYPE_BF16, 0);
+        const view4 o = dense_heads(a, c, d, VH_DTYPE_BF16, 0); /* over q */
+        st = vh_cpu_attention_bmm(1, c, N, Dh, N, 1.0f, &p, &v, &o, 0);
+    }
+    if (st == VH_STATUS_OK) { /* brgemm writes dense blocks only: copied into out */
+        uint16_t *out = (uint16_t *)a->out + b * a->out_batch_stride + h0 * Dh;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t h = 0; h < c; h++)
+                memcpy(out + n * a->out_token_stride + h * Dh, d + (h * N + n) * Dh,
+                       (size_t)Dh * sizeof(uint16_t));
+    }
+    vh_cpu_scratch_end(mark);
+    return st;
+}
+
+/* One task's backward: dP = dO V^T, dS = P (dP - rowsum(dP P)) -> bf16,
+ * dQ = scale dS K, dK = scale dS^T Q, dV = P16^T dO, added to dqkv. */
+static vh_status backward_task(const vh_attention_args *a, int64_t b, int64_t h0, int64_t c) {
+    const int64_t N = a->tokens, Dh = a->head_dim, H = a->heads, nd = c * N * Dh;
+    const int64_t np = c * N * N, first = (b * H + h0) * N * N;
+    const vh_dtype pt = (vh_dtype)a->probs_dtype;
+    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
+    uint16_t *d = vh_cpu_scratch_alloc((size_t)(4 * nd) * sizeof(uint16_t)); /* q k v dO */
+    float *g = vh_cpu_scratch_alloc((size_t)(3 * nd) * sizeof(float));      /* dq dk dv */
+    float *dp = vh_cpu_scratch_alloc((size_t)np * sizeof(float));
+    float *p = vh_cpu_scratch_alloc((size_t)np * sizeof(float));
+    uint16_t *ds16 = vh_cpu_scratch_alloc((size_t)np * sizeof(uint16_t));
+    uint16_t *p16 = pt == VH_DTYPE_BF16 ? (uint16_t *)a->probs + first
+                                        : vh_cpu_scratch_alloc((size_t)np * sizeof(uint16_t));
+    float *row = vh_cpu_scratch_alloc((size_t)(c * Dh) * sizeof(float));
+    vh_status st = d && g && dp && p && ds16 && p16 && row ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
+    if (st == VH_STATUS_OK) {
+        for (int w = 0; w < 3; w++) gather_heads(d + w * nd, a, a->qkv, w, b, h0, c);
+        gather_heads(d + 3 * nd, a, a->dout, -1, b, h0, c);
+        const view4 go = dense_heads(a, c, d + 3 * nd, VH_DTYPE_BF16, 0);
+        const view4 vt = dense_heads(a, c, d + 2 * nd, VH_DTYPE_BF16, 1);
+        const view4 dpv = dense_square(a, c, dp, VH_DTYPE_F32, 0);
+        st = vh_cpu_attention_bmm(1, c, N, N, Dh, 1.0f, &go, &vt, &dpv, 0);
+        if (st == VH_STATUS_OK) {
+            if (pt == VH_DTYPE_F32) {
+                memcpy(p, (const float *)a->probs + first, (size_t)np * sizeof(float));
+                vh_cpu_from_f32_serial(p16, VH_DTYPE_BF16, p, np);
+            } else {
+                vh_cpu_to_f32_serial(p, p16, VH_DTYPE_BF16, np);
+            }
+            vh_cpu_softmax_grad_rows(dp, p, c * N, N);
+            vh_cpu_from_f32_serial(ds16, VH_DTYPE_BF16, dp, np);
+            const view4 ds = dense_square(a, c, ds16, VH_DTYPE_BF16, 0);
+            const view4 dst = dense_square(a, c, ds16, VH_DTYPE_BF16, 1);
+            const view4 ptv = dense_square(a, c, p16, VH_DTYPE_BF16, 1);
+            const view4 q = dense_heads(a, c, d, VH_DTYPE_BF16, 0);
+            const view4 k = dense_heads(a, c, d + nd, VH_DTYPE_BF16, 0);
+            const view4 dq = dense_heads(a, c, g, VH_DTYPE_F32, 0);
+            const view4 dk = dense_heads(a, c, g + nd, VH_DTYPE_F32, 0);
+            const view4 dv = dense_heads(a, c, g + 2 * nd, VH_DTYPE_F32, 0);
+            st = vh_cpu_attention_bmm(1, c, N, Dh, N, a->scale, &ds, &k, &dq, 0);
+            if (st == VH_STATUS_OK) st = vh_cpu_attention_bmm(1, c, N, Dh, N, a->scale, &dst, &q, &dk, 0);
+            if (st == VH_STATUS_OK) st = vh_cpu_attention_bmm(1, c, N, Dh, N, 1.0f, &ptv, &go, &dv, 0);
+        }
+        if (st == VH_STATUS_OK) scatter_add_heads(a, g, b, h0, c, row);
+    }
+    vh_cpu_scratch_end(mark);
+    return st;
+}
+
+/* Every task of the call, spread over the threads; the first failure wins
+ * (a task that fails has written nothing to dqkv: its scatter is last). */
+static vh_status run_tasks(const vh_attention_args *a, int backward) {
+    const task_plan t = plan_tasks(a);
+    const int64_t H = a->heads;
+    int failed = 0;
+    vh_status first = VH_STATUS_OK;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
+    for (int64_t i = 0; i < t.tasks; i++) {
+        const int64_t b = i / t.per_sample, h0 = (i % t.per_sample) * t.c;
+        const int64_t c = H - h0 < t.c ? H - h0 : t.c;
+        const vh_status st = backward ? backward_task(a, b, h0, c) : forward_task(a, b, h0, c);
+        if (st != VH_STATUS_OK) {
+#pragma omp critical(vh_attention16_status)
+            if (first == VH_STATUS_OK) first = st;
+            failed = 1;
+        }
+    }
+    return failed ? first : VH_STATUS_OK;
 }
 
 vh_status vh_cpu_attention16_dot_forward(const vh_attention_args *a) {
@@ -117,58 +304,11 @@ vh_status vh_cpu_attention16_dot_forward(const vh_attention_args *a) {
 
 vh_status vh_cpu_attention16_forward(const vh_attention_args *a) {
     if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
-    vh_status st;
-    const int64_t B = a->batch, H = a->heads, N = a->tokens, Dh = a->head_dim;
-    const int64_t rows = B * H * N;
-    void *qkv = (void *)(uintptr_t)a->qkv;
-    const int f32_probs = a->probs_dtype == VH_DTYPE_F32;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    /* the scores in probs themselves when they are f32 */
-    float *s = f32_probs ? a->probs : vh_cpu_scratch_alloc((size_t)(rows * N) * sizeof(float));
-    uint16_t *p16 = f32_probs ? vh_cpu_scratch_alloc((size_t)(rows * N) * sizeof(uint16_t))
-                              : a->probs;
-    st = VH_STATUS_ERR_NOMEM;
-    if (s && p16) {
-        const view4 q = vh_cpu_attention_qkv(a, qkv, VH_DTYPE_BF16, 0, 0);
-        const view4 kt = vh_cpu_attention_qkv(a, qkv, VH_DTYPE_BF16, 1, 1);
-        const view4 sv = vh_cpu_attention_square(a, s, VH_DTYPE_F32, 0);
-        st = vh_cpu_attention_bmm(B, H, N, N, Dh, a->scale, &q, &kt, &sv, 0);
-    }
-    if (st == VH_STATUS_OK) {
-        softmax_to_probs(s, p16, rows, N);
-        const view4 p = vh_cpu_attention_square(a, p16, VH_DTYPE_BF16, 0);
-        const view4 v = vh_cpu_attention_qkv(a, qkv, VH_DTYPE_BF16, 2, 0);
-        const view4 o = vh_cpu_attention_out(a, a->out, VH_DTYPE_BF16);
-        st = vh_cpu_attention_bmm(B, H, N, Dh, N, 1.0f, &p, &v, &o, 0);
-    }
-    vh_cpu_scratch_end(mark);
-    if (st != VH_STATUS_ERR_UNSUPPORTED) vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_ONEDNN16);
+    vh_status st = run_tasks(a, 0);
+    /* a task may have written out: the widened path must not run after it */
+    if (st == VH_STATUS_ERR_UNSUPPORTED) st = VH_STATUS_ERR_INTERNAL;
+    vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_ONEDNN16);
     return st;
-}
-
-/* dS from dP (f32, in place) and the stored probs (of dtype pt), rounded
- * into ds16. */
-static vh_status softmax_grad_to_bf16(float *dp, const void *probs, vh_dtype pt, uint16_t *ds16,
-                                      int64_t rows, int64_t n) {
-    const int64_t blocks = (rows + ROW_BLOCK - 1) / ROW_BLOCK;
-    int failed = 0;
-#pragma omp parallel for schedule(static) reduction(| : failed) if (rows * n > VH_CPU_PAR_ELEMS)
-    for (int64_t rb = 0; rb < blocks; rb++) {
-        const int64_t r0 = rb * ROW_BLOCK, m = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
-        vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-        const float *p = pt == VH_DTYPE_F32 ? (const float *)probs + r0 * n
-                                            : vh_cpu_scratch_alloc((size_t)(m * n) * sizeof(float));
-        if (p) {
-            if (pt != VH_DTYPE_F32)
-                vh_cpu_to_f32_serial((float *)(uintptr_t)p, (const uint16_t *)probs + r0 * n, pt,
-                                     m * n);
-            vh_cpu_softmax_grad_rows(dp + r0 * n, p, m, n);
-            vh_cpu_from_f32_serial(ds16 + r0 * n, VH_DTYPE_BF16, dp + r0 * n, m * n);
-        }
-        failed |= !p;
-        vh_cpu_scratch_end(mark);
-    }
-    return failed ? VH_STATUS_ERR_NOMEM : VH_STATUS_OK;
 }
 
 vh_status vh_cpu_attention16_dot_backward(const vh_attention_args *a) {
@@ -181,40 +321,9 @@ vh_status vh_cpu_attention16_dot_backward(const vh_attention_args *a) {
 
 vh_status vh_cpu_attention16_backward(const vh_attention_args *a) {
     if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
-    vh_status st;
-    const int64_t B = a->batch, H = a->heads, N = a->tokens, Dh = a->head_dim;
-    const int64_t rows = B * H * N;
-    void *qkv = (void *)(uintptr_t)a->qkv, *dout = (void *)(uintptr_t)a->dout;
-    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-    float *dp = vh_cpu_scratch_alloc((size_t)(rows * N) * sizeof(float));
-    uint16_t *ds16 = vh_cpu_scratch_alloc((size_t)(rows * N) * sizeof(uint16_t));
-    st = dp && ds16 ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
-    const view4 go = vh_cpu_attention_out(a, dout, VH_DTYPE_BF16);
-    if (st == VH_STATUS_OK) { /* dP = dO V^T */
-        const view4 vt = vh_cpu_attention_qkv(a, qkv, VH_DTYPE_BF16, 2, 1);
-        const view4 dpv = vh_cpu_attention_square(a, dp, VH_DTYPE_F32, 0);
-        st = vh_cpu_attention_bmm(B, H, N, N, Dh, 1.0f, &go, &vt, &dpv, 0);
-    }
-    if (st == VH_STATUS_OK)
-        st = softmax_grad_to_bf16(dp, a->probs, (vh_dtype)a->probs_dtype, ds16, rows, N);
-    uint16_t *p16 = st == VH_STATUS_OK ? probs16(a, rows * N) : NULL;
-    if (st == VH_STATUS_OK && !p16) st = VH_STATUS_ERR_NOMEM;
-    if (st == VH_STATUS_OK) { /* dQ += scale dS K, dK += scale dS^T Q, dV += P^T dO */
-        const view4 ds = vh_cpu_attention_square(a, ds16, VH_DTYPE_BF16, 0);
-        const view4 dst = vh_cpu_attention_square(a, ds16, VH_DTYPE_BF16, 1);
-        const view4 pt = vh_cpu_attention_square(a, p16, VH_DTYPE_BF16, 1);
-        const view4 k = vh_cpu_attention_qkv(a, qkv, VH_DTYPE_BF16, 1, 0);
-        const view4 q = vh_cpu_attention_qkv(a, qkv, VH_DTYPE_BF16, 0, 0);
-        const view4 dq = vh_cpu_attention_qkv(a, a->dqkv, VH_DTYPE_BF16, 0, 0);
-        const view4 dk = vh_cpu_attention_qkv(a, a->dqkv, VH_DTYPE_BF16, 1, 0);
-        const view4 dv = vh_cpu_attention_qkv(a, a->dqkv, VH_DTYPE_BF16, 2, 0);
-        st = vh_cpu_attention_bmm(B, H, N, Dh, N, a->scale, &ds, &k, &dq, 1);
-        if (st == VH_STATUS_OK) st = vh_cpu_attention_bmm(B, H, N, Dh, N, a->scale, &dst, &q, &dk, 1);
-        if (st == VH_STATUS_OK) st = vh_cpu_attention_bmm(B, H, N, Dh, N, 1.0f, &pt, &go, &dv, 1);
-        /* dq is added to already: the widened path must not run after it */
-        if (st == VH_STATUS_ERR_UNSUPPORTED) st = VH_STATUS_ERR_INTERNAL;
-    }
-    vh_cpu_scratch_end(mark);
-    if (st != VH_STATUS_ERR_UNSUPPORTED) vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_ONEDNN16);
+    vh_status st = run_tasks(a, 1);
+    /* dqkv may be added to already: the widened path must not run after it */
+    if (st == VH_STATUS_ERR_UNSUPPORTED) st = VH_STATUS_ERR_INTERNAL;
+    vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_ONEDNN16);
     return st;
 }

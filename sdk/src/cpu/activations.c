@@ -23,6 +23,37 @@
 #define PIECE_LEN(n, p) \
     ((n) - (p) * VH_CPU_PIECE < VH_CPU_PIECE ? (n) - (p) * VH_CPU_PIECE : VH_CPU_PIECE)
 
+/* GELU does enough math per cache line that the hardware prefetcher falls
+ * behind on tensors that come from memory: on a Xeon with AMX, 2 threads,
+ * T2's 3.2M elements out of memory, bf16 backward 2.2-2.35 ms a call, in
+ * the step 32 ms a step. So a GELU piece runs in blocks, each block's span
+ * of every array prefetched PF_AHEAD_BYTES ahead first (1.4-1.7 ms; in the
+ * step 16 ms). A prefetch never faults: past an array's end is harmless. */
+#define GELU_BLOCK 512 /* elements: even, so bf16 blocks keep their pairs */
+#define PF_AHEAD_BYTES 4096
+
+static inline void prefetch_ahead(const void *p, int64_t bytes, int write) {
+    const char *c = (const char *)p + PF_AHEAD_BYTES;
+    for (int64_t j = 0; j < bytes; j += 64) {
+        if (write)
+            __builtin_prefetch(c + j, 1);
+        else
+            __builtin_prefetch(c + j);
+    }
+}
+
+/* for (block of piece p) { prefetch each array's span; CALL on the block },
+ * o the block's first element, m its length. */
+#define GELU_BLOCKS(n, p, o, m, PREFETCH, CALL)                                  \
+    do {                                                                        \
+        const int64_t first_ = (p) * VH_CPU_PIECE, end_ = first_ + PIECE_LEN(n, p); \
+        for (int64_t o = first_; o < end_; o += GELU_BLOCK) {                   \
+            const int64_t m = end_ - o < GELU_BLOCK ? end_ - o : GELU_BLOCK;    \
+            PREFETCH;                                                           \
+            CALL;                                                               \
+        }                                                                       \
+    } while (0)
+
 /* The clones are static: GCC gives the ifunc resolver of an extern clone
  * default visibility, so it would show in the library's dynamic symbols. */
 VH_CPU_CLONES static void gelu_forward_span(float *out, const float *x, int64_t n) {
@@ -172,43 +203,48 @@ VH_CPU_CLONES static void gelu_forward_span_f32_to_bf16(uint16_t *out, uint16_t 
 void vh_cpu_k_gelu_forward_f32_to_bf16(uint16_t *out, uint16_t *pre, const float *t, int64_t n) {
     const int64_t pieces = PIECES(n);
 #pragma omp parallel for schedule(static) PAR(n)
-    for (int64_t p = 0; p < pieces; p++) {
-        const int64_t o = p * VH_CPU_PIECE;
-        gelu_forward_span_f32_to_bf16(out + o, pre + o, t + o, PIECE_LEN(n, p));
-    }
+    for (int64_t p = 0; p < pieces; p++)
+        GELU_BLOCKS(n, p, o, m,
+                    (prefetch_ahead(t + o, m * 4, 0), prefetch_ahead(out + o, m * 2, 1),
+                     prefetch_ahead(pre + o, m * 2, 1)),
+                    gelu_forward_span_f32_to_bf16(out + o, pre + o, t + o, m));
 }
 
 void vh_cpu_k_gelu_forward_bf16(uint16_t *out, const uint16_t *x, int64_t n) {
     const int64_t pieces = PIECES(n);
 #pragma omp parallel for schedule(static) PAR(n)
     for (int64_t p = 0; p < pieces; p++)
-        gelu_forward_span_bf16(out + p * VH_CPU_PIECE, x + p * VH_CPU_PIECE, PIECE_LEN(n, p));
+        GELU_BLOCKS(n, p, o, m, (prefetch_ahead(x + o, m * 2, 0), prefetch_ahead(out + o, m * 2, 1)),
+                    gelu_forward_span_bf16(out + o, x + o, m));
 }
 
 void vh_cpu_k_gelu_backward_bf16(uint16_t *dx, const uint16_t *x, const uint16_t *dout,
                                  int64_t n) {
     const int64_t pieces = PIECES(n);
 #pragma omp parallel for schedule(static) PAR(n)
-    for (int64_t p = 0; p < pieces; p++) {
-        const int64_t o = p * VH_CPU_PIECE;
-        gelu_backward_span_bf16(dx + o, x + o, dout + o, PIECE_LEN(n, p));
-    }
+    for (int64_t p = 0; p < pieces; p++)
+        GELU_BLOCKS(n, p, o, m,
+                    (prefetch_ahead(x + o, m * 2, 0), prefetch_ahead(dout + o, m * 2, 0),
+                     prefetch_ahead(dx + o, m * 2, 1)),
+                    gelu_backward_span_bf16(dx + o, x + o, dout + o, m));
 }
 
 void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n) {
     const int64_t pieces = PIECES(n);
 #pragma omp parallel for schedule(static) PAR(n)
     for (int64_t p = 0; p < pieces; p++)
-        gelu_forward_span(out + p * VH_CPU_PIECE, x + p * VH_CPU_PIECE, PIECE_LEN(n, p));
+        GELU_BLOCKS(n, p, o, m, (prefetch_ahead(x + o, m * 4, 0), prefetch_ahead(out + o, m * 4, 1)),
+                    gelu_forward_span(out + o, x + o, m));
 }
 
 void vh_cpu_k_gelu_backward(float *dx, const float *x, const float *dout, int64_t n) {
     const int64_t pieces = PIECES(n);
 #pragma omp parallel for schedule(static) PAR(n)
-    for (int64_t p = 0; p < pieces; p++) {
-        const int64_t o = p * VH_CPU_PIECE;
-        gelu_backward_span(dx + o, x + o, dout + o, PIECE_LEN(n, p));
-    }
+    for (int64_t p = 0; p < pieces; p++)
+        GELU_BLOCKS(n, p, o, m,
+                    (prefetch_ahead(x + o, m * 4, 0), prefetch_ahead(dout + o, m * 4, 0),
+                     prefetch_ahead(dx + o, m * 4, 1)),
+                    gelu_backward_span(dx + o, x + o, dout + o, m));
 }
 
 void vh_cpu_k_add(float *out, const float *a, const float *b, int64_t n) {

@@ -24,7 +24,8 @@
  * added into dqkv (one rounding, as a sum post-op would). Measured on a Xeon
  * with AMX (T3 under AMP, 2 threads, ms a step, forward / backward): one
  * batched matmul per product over the whole call, strided 95 / 97; the same
- * on dense copies 34 / 59; these tasks 33 / 39 (the step 372 -> 330 ms).
+ * on dense copies 34 / 59; these tasks 33 / 39 (the step 372 -> 330 ms);
+ * with the vector softmax below and dQ/dK/dV added in one pass, 28 / 41.
  *
  * The roundings the widened path has not: dS to bf16 before its two
  * products, and P to bf16 before P V and P^T dO where probs are kept in f32
@@ -164,24 +165,51 @@ static view4 dense_square(const vh_attention_args *a, int64_t c, void *p, vh_dty
     return v;
 }
 
+/* Softmax of `rows` dense rows of n scores in place, each also rounded
+ * into p16. On AVX-512 (x86-64-v4) a few rows at a time through `pad`
+ * (SOFTMAX_ROWS rows of n rounded up to 16): the vector softmax of
+ * attention_small.c, four rows interleaved, wants rows padded to whole
+ * vectors, which oneDNN's brgemm does not write (it refuses a padded C). */
+#define SOFTMAX_ROWS 16
+static void softmax_to_p16(float *s, uint16_t *p16, float *pad, int64_t rows, int64_t n) {
+    static int v4 = -1;
+    if (v4 < 0) {
+        __builtin_cpu_init();
+        v4 = __builtin_cpu_supports("x86-64-v4") && vh_dnnl_isa_has(VH_DNNL_ISA_AVX512_CORE);
+    }
+    if (!v4) {
+        vh_cpu_softmax_rows(s, rows, n);
+        vh_cpu_from_f32_serial(p16, VH_DTYPE_BF16, s, rows * n);
+        return;
+    }
+    const int64_t ld = (n + 15) / 16 * 16;
+    for (int64_t r0 = 0; r0 < rows; r0 += SOFTMAX_ROWS) {
+        const int64_t m = rows - r0 < SOFTMAX_ROWS ? rows - r0 : SOFTMAX_ROWS;
+        for (int64_t r = 0; r < m; r++)
+            memcpy(pad + r * ld, s + (r0 + r) * n, (size_t)n * sizeof(float));
+        vh_cpu_attention_softmax_v4(pad, m, ld, n);
+        for (int64_t r = 0; r < m; r++) {
+            memcpy(s + (r0 + r) * n, pad + r * ld, (size_t)n * sizeof(float));
+            vh_cpu_from_f32_serial(p16 + (r0 + r) * n, VH_DTYPE_BF16, pad + r * ld, n);
+        }
+    }
+}
+
 /* dqkv += the dense f32 (3, c, N, Dh) gradients of q, k and v of heads h0 ..
  * h0+c-1 of sample b, each element rounded once (what a sum post-op on the
  * bf16 tensor does). Touches only those heads' spans: tasks run at once. */
 static void scatter_add_heads(const vh_attention_args *a, const float *g, int64_t b,
-                              int64_t h0, int64_t c, float *row) {
+                              int64_t h0, int64_t c) {
     const int64_t N = a->tokens, Dh = a->head_dim, H = a->heads, nd = c * N * Dh;
     uint16_t *base = (uint16_t *)a->dqkv + b * a->qkv_batch_stride + h0 * Dh;
     for (int64_t n = 0; n < N; n++)
-        for (int64_t w = 0; w < 3; w++) {
-            uint16_t *span = base + n * a->qkv_token_stride + w * H * Dh;
-            vh_cpu_to_f32_serial(row, span, VH_DTYPE_BF16, c * Dh);
+        for (int64_t w = 0; w < 3; w++)
             for (int64_t h = 0; h < c; h++) {
+                uint16_t *span = base + n * a->qkv_token_stride + (w * H + h) * Dh;
                 const float *gi = g + w * nd + (h * N + n) * Dh;
-                float *ri = row + h * Dh;
-                for (int64_t d = 0; d < Dh; d++) ri[d] += gi[d];
+                for (int64_t d = 0; d < Dh; d++)
+                    span[d] = vh_cpu_bf16_round(vh_cpu_bf16_widen(span[d]) + gi[d]);
             }
-            vh_cpu_from_f32_serial(span, VH_DTYPE_BF16, row, c * Dh);
-        }
 }
 
 /* One task's forward: S = scale Q K^T, softmax -> probs (and P16), out = P16 V.
@@ -196,8 +224,10 @@ static vh_status forward_task(const vh_attention_args *a, int64_t b, int64_t h0,
                          : vh_cpu_scratch_alloc((size_t)np * sizeof(float));
     uint16_t *p16 = f32_probs ? vh_cpu_scratch_alloc((size_t)np * sizeof(uint16_t))
                               : (uint16_t *)a->probs + first;
+    float *pad = vh_cpu_scratch_alloc((size_t)(SOFTMAX_ROWS * ((N + 15) / 16 * 16)) *
+                                      sizeof(float));
     vh_status st = VH_STATUS_ERR_NOMEM;
-    if (d && s && p16) {
+    if (d && s && p16 && pad) {
         for (int w = 0; w < 3; w++) gather_heads(d + w * nd, a, a->qkv, w, b, h0, c);
         const view4 q = dense_heads(a, c, d, VH_DTYPE_BF16, 0);
         const view4 kt = dense_heads(a, c, d + nd, VH_DTYPE_BF16, 1);
@@ -205,8 +235,7 @@ static vh_status forward_task(const vh_attention_args *a, int64_t b, int64_t h0,
         st = vh_cpu_attention_bmm(1, c, N, N, Dh, a->scale, &q, &kt, &sv, 0);
     }
     if (st == VH_STATUS_OK) {
-        vh_cpu_softmax_rows(s, c * N, N);
-        vh_cpu_from_f32_serial(p16, VH_DTYPE_BF16, s, np);
+        softmax_to_p16(s, p16, pad, c * N, N);
         const view4 p = dense_square(a, c, p16, VH_DTYPE_BF16, 0);
         const view4 v = dense_heads(a, c, d + 2 * nd, VH_DTYPE_BF16, 0);
         const view4 o = dense_heads(a, c, d, VH_DTYPE_BF16, 0); /* over q */
@@ -233,12 +262,12 @@ static vh_status backward_task(const vh_attention_args *a, int64_t b, int64_t h0
     uint16_t *d = vh_cpu_scratch_alloc((size_t)(4 * nd) * sizeof(uint16_t)); /* q k v dO */
     float *g = vh_cpu_scratch_alloc((size_t)(3 * nd) * sizeof(float));      /* dq dk dv */
     float *dp = vh_cpu_scratch_alloc((size_t)np * sizeof(float));
-    float *p = vh_cpu_scratch_alloc((size_t)np * sizeof(float));
+    float *p = pt == VH_DTYPE_F32 ? (float *)a->probs + first
+                                  : vh_cpu_scratch_alloc((size_t)np * sizeof(float));
     uint16_t *ds16 = vh_cpu_scratch_alloc((size_t)np * sizeof(uint16_t));
     uint16_t *p16 = pt == VH_DTYPE_BF16 ? (uint16_t *)a->probs + first
                                         : vh_cpu_scratch_alloc((size_t)np * sizeof(uint16_t));
-    float *row = vh_cpu_scratch_alloc((size_t)(c * Dh) * sizeof(float));
-    vh_status st = d && g && dp && p && ds16 && p16 && row ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
+    vh_status st = d && g && dp && p && ds16 && p16 ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
     if (st == VH_STATUS_OK) {
         for (int w = 0; w < 3; w++) gather_heads(d + w * nd, a, a->qkv, w, b, h0, c);
         gather_heads(d + 3 * nd, a, a->dout, -1, b, h0, c);
@@ -248,7 +277,6 @@ static vh_status backward_task(const vh_attention_args *a, int64_t b, int64_t h0
         st = vh_cpu_attention_bmm(1, c, N, N, Dh, 1.0f, &go, &vt, &dpv, 0);
         if (st == VH_STATUS_OK) {
             if (pt == VH_DTYPE_F32) {
-                memcpy(p, (const float *)a->probs + first, (size_t)np * sizeof(float));
                 vh_cpu_from_f32_serial(p16, VH_DTYPE_BF16, p, np);
             } else {
                 vh_cpu_to_f32_serial(p, p16, VH_DTYPE_BF16, np);
@@ -267,7 +295,7 @@ static vh_status backward_task(const vh_attention_args *a, int64_t b, int64_t h0
             if (st == VH_STATUS_OK) st = vh_cpu_attention_bmm(1, c, N, Dh, N, a->scale, &dst, &q, &dk, 0);
             if (st == VH_STATUS_OK) st = vh_cpu_attention_bmm(1, c, N, Dh, N, 1.0f, &ptv, &go, &dv, 0);
         }
-        if (st == VH_STATUS_OK) scatter_add_heads(a, g, b, h0, c, row);
+        if (st == VH_STATUS_OK) scatter_add_heads(a, g, b, h0, c);
     }
     vh_cpu_scratch_end(mark);
     return st;

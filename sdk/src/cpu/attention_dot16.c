@@ -11,11 +11,11 @@
  *             dQ += scale dS K, dK += scale dS^T Q, dV += P16^T dO
  *             (each added to dqkv in f32 and rounded once)
  *
- * Why: attention16.c runs each product as one batched oneDNN matmul over
- * all blocks, plus a softmax pass, so the scores and dS of a whole call
- * (7 MiB each on T3) go through memory between them, and oneDNN's bf16
- * kernels lose much of their rate on 197 x 197 x 64 matrices. Here a
- * block's scores never leave L2 (T3: 160 KiB). Small heads (16, 32) take
+ * Why: without AMX, oneDNN's bf16 kernels lose much of their rate on
+ * 197 x 197 x 64 matrices, and attention16.c (then one batched matmul per
+ * product over the whole call) sent the scores and dS of a call (7 MiB
+ * each on T3) through memory between them. Here a block's scores never
+ * leave L2 (T3: 160 KiB). Small heads (16, 32) take
  * these blocks too, before attention_small.c's, whose products widen every
  * bf16 operand into f32 FMAs: T1 under AMP on Zen 5 (B 128, N 50, head_dim
  * 16), interleaved runs of `vithost bench --ops`, ms a step, forward 3.7-3.9
@@ -33,8 +33,8 @@
  * Taken through attention16.c (asked first by attention.c, before the
  * small-head blocks) where the engine's choice for the batched Q K^T
  * class is native (the bf16 kernels are the faster ones) and oneDNN runs
- * AVX512-BF16 but not AMX (its AMX kernels are another league).
- * VITHOST_CPU_ATTENTION16=onednn keeps attention16.c's batched matmuls
+ * AVX512-BF16 but not AMX (see cpu_has_dot16).
+ * VITHOST_CPU_ATTENTION16=onednn keeps attention16.c's oneDNN matmuls
  * (tests and A/B runs); "dot" or unset: these blocks where they apply. */
 #include <stdint.h>
 #include <stdio.h>
@@ -395,7 +395,9 @@ __attribute__((noinline)) static void block_backward(const dblock *b, const dgeo
 /* ---- the call ---------------------------------------------------------------- */
 
 /* AVX-512 with BF16 where oneDNN may use it (its effective ISA, capped by
- * ONEDNN_MAX_CPU_ISA), but not AMX, whose kernels are another league. */
+ * ONEDNN_MAX_CPU_ISA), but not AMX: on a Xeon with AMX these blocks (forced)
+ * took 41 / 70 ms a step of T3's attention under AMP, forward / backward,
+ * attention16.c's tasks on oneDNN's AMX kernels 28 / 41. */
 static int cpu_has_dot16(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16") &&

@@ -171,17 +171,36 @@ static view4 dense_square(const vh_attention_args *a, int64_t c, void *p, vh_dty
  * attention_small.c, four rows interleaved, wants rows padded to whole
  * vectors, which oneDNN's brgemm does not write (it refuses a padded C). */
 #define SOFTMAX_ROWS 16
-static void softmax_to_p16(float *s, uint16_t *p16, float *pad, int64_t rows, int64_t n) {
-    static int v4 = -1;
+/* attention_small.c builds the vector softmax where it builds its blocks */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(VH_CPU_NO_CLONES)
+#define SOFTMAX_V4 1
+#else
+#define SOFTMAX_V4 0
+#endif
+
+static int cpu_has_softmax_v4(void) {
+#if SOFTMAX_V4
+    static int known = -1; /* the tasks ask at once: an atomic, each finds the same */
+    int v4 = __atomic_load_n(&known, __ATOMIC_RELAXED);
     if (v4 < 0) {
         __builtin_cpu_init();
         v4 = __builtin_cpu_supports("x86-64-v4") && vh_dnnl_isa_has(VH_DNNL_ISA_AVX512_CORE);
+        __atomic_store_n(&known, v4, __ATOMIC_RELAXED);
     }
-    if (!v4) {
+    return v4;
+#else
+    return 0;
+#endif
+}
+
+static void softmax_to_p16(float *s, uint16_t *p16, float *pad, int64_t rows, int64_t n) {
+    if (!cpu_has_softmax_v4()) {
         vh_cpu_softmax_rows(s, rows, n);
         vh_cpu_from_f32_serial(p16, VH_DTYPE_BF16, s, rows * n);
         return;
     }
+#if SOFTMAX_V4
     const int64_t ld = (n + 15) / 16 * 16;
     for (int64_t r0 = 0; r0 < rows; r0 += SOFTMAX_ROWS) {
         const int64_t m = rows - r0 < SOFTMAX_ROWS ? rows - r0 : SOFTMAX_ROWS;
@@ -193,6 +212,9 @@ static void softmax_to_p16(float *s, uint16_t *p16, float *pad, int64_t rows, in
             vh_cpu_from_f32_serial(p16 + (r0 + r) * n, VH_DTYPE_BF16, pad + r * ld, n);
         }
     }
+#else
+    (void)pad;
+#endif
 }
 
 /* dqkv += the dense f32 (3, c, N, Dh) gradients of q, k and v of heads h0 ..

@@ -63,7 +63,7 @@ VH_SDK_API void vh_cpu_gemm16_reset(void);
  * attention calls (forward and backward) took, e.g. "24 calls: 24 on the
  * bf16 dot-product blocks", or "no calls". The routes:
  * the fused small-head blocks, the bf16 dot-product blocks (AVX512-BF16),
- * oneDNN's batched bf16 matmuls, oneDNN's batched f32 matmuls (16-bit
+ * oneDNN's bf16 matmuls in per-thread tasks, oneDNN's batched f32 matmuls (16-bit
  * operands widened). VITHOST_CPU_ATTENTION16=onednn keeps the bf16 calls off
  * the dot-product blocks. */
 VH_SDK_API const char *vh_cpu_attention_routes(char *buf, size_t len);

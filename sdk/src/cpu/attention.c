@@ -185,7 +185,7 @@ void vh_cpu_attention_count(vh_cpu_attention_route route) {
 const char *vh_cpu_attention_routes(char *buf, size_t len) {
     static const char *const names[VH_CPU_ATTENTION_ROUTE_COUNT] = {
         "the fused small-head blocks", "the bf16 dot-product blocks",
-        "oneDNN's batched bf16 matmuls", "oneDNN's batched f32 matmuls"};
+        "oneDNN's bf16 matmuls in per-thread tasks", "oneDNN's batched f32 matmuls"};
     if (!buf || len == 0) return buf;
     uint64_t n[VH_CPU_ATTENTION_ROUTE_COUNT], total = 0;
     for (int r = 0; r < VH_CPU_ATTENTION_ROUTE_COUNT; r++)

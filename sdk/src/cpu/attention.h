@@ -11,7 +11,7 @@
 typedef enum vh_cpu_attention_route {
     VH_CPU_ATTENTION_ROUTE_SMALL = 0, /* attention_small.c */
     VH_CPU_ATTENTION_ROUTE_DOT16,     /* attention_dot16.c */
-    VH_CPU_ATTENTION_ROUTE_ONEDNN16,  /* attention16.c's batched bf16 matmuls */
+    VH_CPU_ATTENTION_ROUTE_ONEDNN16,  /* attention16.c's tasks on oneDNN's bf16 matmuls */
     VH_CPU_ATTENTION_ROUTE_BATCHED,   /* attention.c's batched f32 matmuls */
     VH_CPU_ATTENTION_ROUTE_COUNT
 } vh_cpu_attention_route;

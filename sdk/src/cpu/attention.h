@@ -81,4 +81,9 @@ VH_CPU_HIDDEN vh_status vh_cpu_attention_dot16_backward(const vh_attention_args 
  * the row set to 0. Only on a CPU with AVX-512 (x86-64-v4). */
 VH_CPU_HIDDEN void vh_cpu_attention_softmax_v4(float *s, int64_t rows, int64_t ld, int64_t n);
 
+/* The same on any CPU and build: the AVX-512 rows where this build has them
+ * and the CPU runs them, else row by row (vh_cpu_softmax_rows). Safe to call
+ * from several threads at once. */
+VH_CPU_HIDDEN void vh_cpu_attention_softmax_padded(float *s, int64_t rows, int64_t ld, int64_t n);
+
 #endif

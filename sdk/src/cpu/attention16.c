@@ -135,18 +135,28 @@ static task_plan plan_tasks(const vh_attention_args *a) {
     return t;
 }
 
-/* q, k, v (which 0..2) of qkv, or dout (which -1), of heads h0 .. h0+c-1
- * of sample b as a dense (c, N, Dh) bf16 copy: the layout oneDNN's brgemm
- * matmuls take. */
-static void gather_heads(uint16_t *dst, const vh_attention_args *a, const uint16_t *src,
-                         int which, int64_t b, int64_t h0, int64_t c) {
+/* Heads h0 .. h0+c-1 of sample b between a strided tensor and a dense
+ * (c, N, Dh) bf16 block, the layout oneDNN's brgemm matmuls take: q, k, v
+ * (which 0..2) of qkv or dout (which -1) into the block, or (which -2) the
+ * block into out. */
+static void copy_heads(uint16_t *dense, const vh_attention_args *a, int which, int64_t b,
+                       int64_t h0, int64_t c) {
     const int64_t N = a->tokens, Dh = a->head_dim, H = a->heads;
-    const int64_t bs = which < 0 ? a->out_batch_stride : a->qkv_batch_stride;
-    const int64_t ts = which < 0 ? a->out_token_stride : a->qkv_token_stride;
-    const uint16_t *base = src + b * bs + (which < 0 ? 0 : which * H * Dh) + h0 * Dh;
+    const int on_out = which < 0;
+    const int64_t bs = on_out ? a->out_batch_stride : a->qkv_batch_stride;
+    const int64_t ts = on_out ? a->out_token_stride : a->qkv_token_stride;
+    const uint16_t *src = which == -1 ? a->dout : which == -2 ? a->out : a->qkv;
+    uint16_t *base = (uint16_t *)(uintptr_t)src + b * bs + h0 * Dh;
+    if (!on_out) base += which * H * Dh;
+    const size_t bytes = (size_t)Dh * sizeof(uint16_t);
     for (int64_t n = 0; n < N; n++)
-        for (int64_t h = 0; h < c; h++)
-            memcpy(dst + (h * N + n) * Dh, base + n * ts + h * Dh, (size_t)Dh * sizeof(uint16_t));
+        for (int64_t h = 0; h < c; h++) {
+            uint16_t *blk = dense + (h * N + n) * Dh, *str = base + n * ts + h * Dh;
+            if (which == -2)
+                memcpy(str, blk, bytes);
+            else
+                memcpy(blk, str, bytes);
+        }
 }
 
 /* A dense (c, N, Dh) tensor as a (1, c, N, Dh) view, or its transpose. */
@@ -166,55 +176,24 @@ static view4 dense_square(const vh_attention_args *a, int64_t c, void *p, vh_dty
 }
 
 /* Softmax of `rows` dense rows of n scores in place, each also rounded
- * into p16. On AVX-512 (x86-64-v4) a few rows at a time through `pad`
- * (SOFTMAX_ROWS rows of n rounded up to 16): the vector softmax of
- * attention_small.c, four rows interleaved, wants rows padded to whole
- * vectors, which oneDNN's brgemm does not write (it refuses a padded C). */
+ * into p16, a few rows at a time through `pad` (SOFTMAX_ROWS rows of n
+ * rounded up to 16): attention_small.c's vector softmax, four rows
+ * interleaved, wants rows padded to whole vectors, which oneDNN's brgemm
+ * does not write (a padded C sends it back to gemm:jit). */
 #define SOFTMAX_ROWS 16
-/* attention_small.c builds the vector softmax where it builds its blocks */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(VH_CPU_NO_CLONES)
-#define SOFTMAX_V4 1
-#else
-#define SOFTMAX_V4 0
-#endif
-
-static int cpu_has_softmax_v4(void) {
-#if SOFTMAX_V4
-    static int known = -1; /* the tasks ask at once: an atomic, each finds the same */
-    int v4 = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (v4 < 0) {
-        __builtin_cpu_init();
-        v4 = __builtin_cpu_supports("x86-64-v4") && vh_dnnl_isa_has(VH_DNNL_ISA_AVX512_CORE);
-        __atomic_store_n(&known, v4, __ATOMIC_RELAXED);
-    }
-    return v4;
-#else
-    return 0;
-#endif
-}
 
 static void softmax_to_p16(float *s, uint16_t *p16, float *pad, int64_t rows, int64_t n) {
-    if (!cpu_has_softmax_v4()) {
-        vh_cpu_softmax_rows(s, rows, n);
-        vh_cpu_from_f32_serial(p16, VH_DTYPE_BF16, s, rows * n);
-        return;
-    }
-#if SOFTMAX_V4
     const int64_t ld = (n + 15) / 16 * 16;
     for (int64_t r0 = 0; r0 < rows; r0 += SOFTMAX_ROWS) {
         const int64_t m = rows - r0 < SOFTMAX_ROWS ? rows - r0 : SOFTMAX_ROWS;
         for (int64_t r = 0; r < m; r++)
             memcpy(pad + r * ld, s + (r0 + r) * n, (size_t)n * sizeof(float));
-        vh_cpu_attention_softmax_v4(pad, m, ld, n);
+        vh_cpu_attention_softmax_padded(pad, m, ld, n);
         for (int64_t r = 0; r < m; r++) {
             memcpy(s + (r0 + r) * n, pad + r * ld, (size_t)n * sizeof(float));
             vh_cpu_from_f32_serial(p16 + (r0 + r) * n, VH_DTYPE_BF16, pad + r * ld, n);
         }
     }
-#else
-    (void)pad;
-#endif
 }
 
 /* dqkv += the dense f32 (3, c, N, Dh) gradients of q, k and v of heads h0 ..
@@ -250,7 +229,7 @@ static vh_status forward_task(const vh_attention_args *a, int64_t b, int64_t h0,
                                       sizeof(float));
     vh_status st = VH_STATUS_ERR_NOMEM;
     if (d && s && p16 && pad) {
-        for (int w = 0; w < 3; w++) gather_heads(d + w * nd, a, a->qkv, w, b, h0, c);
+        for (int w = 0; w < 3; w++) copy_heads(d + w * nd, a, w, b, h0, c);
         const view4 q = dense_heads(a, c, d, VH_DTYPE_BF16, 0);
         const view4 kt = dense_heads(a, c, d + nd, VH_DTYPE_BF16, 1);
         const view4 sv = dense_square(a, c, s, VH_DTYPE_F32, 0);
@@ -263,13 +242,7 @@ static vh_status forward_task(const vh_attention_args *a, int64_t b, int64_t h0,
         const view4 o = dense_heads(a, c, d, VH_DTYPE_BF16, 0); /* over q */
         st = vh_cpu_attention_bmm(1, c, N, Dh, N, 1.0f, &p, &v, &o, 0);
     }
-    if (st == VH_STATUS_OK) { /* brgemm writes dense blocks only: copied into out */
-        uint16_t *out = (uint16_t *)a->out + b * a->out_batch_stride + h0 * Dh;
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t h = 0; h < c; h++)
-                memcpy(out + n * a->out_token_stride + h * Dh, d + (h * N + n) * Dh,
-                       (size_t)Dh * sizeof(uint16_t));
-    }
+    if (st == VH_STATUS_OK) copy_heads(d, a, -2, b, h0, c); /* brgemm writes dense blocks only */
     vh_cpu_scratch_end(mark);
     return st;
 }
@@ -291,8 +264,8 @@ static vh_status backward_task(const vh_attention_args *a, int64_t b, int64_t h0
                                         : vh_cpu_scratch_alloc((size_t)np * sizeof(uint16_t));
     vh_status st = d && g && dp && p && ds16 && p16 ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
     if (st == VH_STATUS_OK) {
-        for (int w = 0; w < 3; w++) gather_heads(d + w * nd, a, a->qkv, w, b, h0, c);
-        gather_heads(d + 3 * nd, a, a->dout, -1, b, h0, c);
+        for (int w = 0; w < 3; w++) copy_heads(d + w * nd, a, w, b, h0, c);
+        copy_heads(d + 3 * nd, a, -1, b, h0, c);
         const view4 go = dense_heads(a, c, d + 3 * nd, VH_DTYPE_BF16, 0);
         const view4 vt = dense_heads(a, c, d + 2 * nd, VH_DTYPE_BF16, 1);
         const view4 dpv = dense_square(a, c, dp, VH_DTYPE_F32, 0);

@@ -292,6 +292,26 @@ static kernels pick(const vh_attention_args *a) {
 }
 #endif
 
+void vh_cpu_attention_softmax_padded(float *s, int64_t rows, int64_t ld, int64_t n) {
+#if SMALL_PATHS
+    static int known = -1; /* callers ask from several threads at once */
+    int avx512 = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (avx512 < 0) {
+        __builtin_cpu_init();
+        avx512 = __builtin_cpu_supports("x86-64-v4") && vh_dnnl_isa_has(VH_DNNL_ISA_AVX512_CORE);
+        __atomic_store_n(&known, avx512, __ATOMIC_RELAXED);
+    }
+    if (avx512) {
+        vh_cpu_attention_softmax_v4(s, rows, ld, n);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        vh_cpu_softmax_rows(s + r * ld, 1, n);
+        memset(s + r * ld + n, 0, (size_t)(ld - n) * sizeof(float));
+    }
+}
+
 /* Block bh of the call (es, ps: element sizes of qkv and probs). */
 static block block_at(const vh_attention_args *a, int64_t bh, int64_t es, int64_t ps,
                       int backward) {

@@ -543,6 +543,74 @@ static void test_16bit_is_rounded_f32(void **state) {
     }
 }
 
+/* ---- writing a gradient instead of adding (ABI 2.4) ----------------------------------- */
+
+/* gelu_backward with overwrite = 1 on dx full of NaN against the same call adding to zeros:
+ * the same bits (so a model may drop its zeroing pass), and the NaN never read. A struct of
+ * 2.3's size ends before `overwrite`, so the member is not seen and the op adds. */
+static void gelu_overwrite_case(vh_dtype t, int64_t n, int64_t skew) {
+    const size_t es = vh_dtype_size(t);
+    float *x = frand(n + skew, -4, 4), *g = frand(n + skew, -1, 1);
+    char *xs = malloc((size_t)(n + skew) * es), *gs = malloc((size_t)(n + skew) * es);
+    char *want = calloc((size_t)(n + skew), es), *got = malloc((size_t)(n + skew) * es);
+    for (int64_t i = 0; i < n + skew; i++) {
+        if (t == VH_DTYPE_F32) {
+            memcpy(xs + i * 4, &x[i], 4), memcpy(gs + i * 4, &g[i], 4);
+            const float nan = NAN;
+            memcpy(got + i * 4, &nan, 4);
+        } else {
+            const uint16_t xv = t == VH_DTYPE_BF16 ? vh_f32_to_bf16(x[i]) : vh_f32_to_f16(x[i]);
+            const uint16_t gv = t == VH_DTYPE_BF16 ? vh_f32_to_bf16(g[i]) : vh_f32_to_f16(g[i]);
+            const uint16_t nan = t == VH_DTYPE_BF16 ? 0x7fc0 : 0x7e00;
+            memcpy(xs + i * 2, &xv, 2), memcpy(gs + i * 2, &gv, 2), memcpy(got + i * 2, &nan, 2);
+        }
+    }
+    /* skew elements off: a 16-bit tensor that starts mid-word takes the unpaired loop */
+    const size_t off = (size_t)skew * es;
+    vh_eltwise_args e = {.struct_size = sizeof e, .n = n, .dtype = t, .x = xs + off,
+                         .dout = gs + off, .dx = want + off};
+    assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+    e.dx = got + off, e.overwrite = 1;
+    assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+    if (memcmp(want + off, got + off, (size_t)n * es) != 0)
+        fail_msg("gelu_backward overwrite, %s, n %lld, skew %lld: not the bits of += on zeros",
+                 vh_dtype_name(t), (long long)n, (long long)skew);
+    /* 2.3's struct: the member is past struct_size, so it adds to dx */
+    memcpy(got + off, want + off, (size_t)n * es);
+    e.struct_size = (uint32_t)offsetof(vh_eltwise_args, overwrite);
+    assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+    for (int64_t i = 0; i < n; i++) {
+        float a, b;
+        if (t == VH_DTYPE_F32) {
+            memcpy(&a, want + off + i * 4, 4), memcpy(&b, got + off + i * 4, 4);
+        } else {
+            uint16_t u, v;
+            memcpy(&u, want + off + i * 2, 2), memcpy(&v, got + off + i * 2, 2);
+            a = t == VH_DTYPE_BF16 ? vh_bf16_to_f32(u) : vh_f16_to_f32(u);
+            b = t == VH_DTYPE_BF16 ? vh_bf16_to_f32(v) : vh_f16_to_f32(v);
+        }
+        /* twice the gradient, up to the storage's rounding of the sum */
+        if (fabs((double)b - 2.0 * a) > 4.0 * fabs((double)a) * unit_roundoff(t))
+            fail_msg("gelu_backward of a 2.3 struct, %s: element %lld is %g, want 2 x %g",
+                     vh_dtype_name(t), (long long)i, (double)b, (double)a);
+    }
+    free(x), free(g), free(xs), free(gs), free(want), free(got);
+}
+
+static void test_gelu_backward_overwrite(void **state) {
+    (void)state;
+    rng_state = 113;
+    const vh_overwrite_ext *ext = ops->get_extension(ops->device, VH_OVERWRITE_EXTENSION);
+    assert_non_null(ext);
+    assert_true(ext->struct_size >= sizeof *ext);
+    assert_true(ext->ops & VH_OVERWRITE_OP_GELU_BACKWARD);
+    for (int t = 0; t < 3; t++) {
+        gelu_overwrite_case(kTypes[t], 100003, 0); /* threaded pieces and a tail */
+        gelu_overwrite_case(kTypes[t], 5001, 1);   /* one piece, odd, skewed */
+        gelu_overwrite_case(kTypes[t], 3, 0);
+    }
+}
+
 /* ---- rows: bias gradient, softmax ---------------------------------------------------- */
 
 static void test_rows_dtypes(void **state) {
@@ -972,6 +1040,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_engine_info),
         cmocka_unit_test(test_16bit_is_rounded_f32),
+        cmocka_unit_test(test_gelu_backward_overwrite),
         cmocka_unit_test(test_gemm_dtypes),
         cmocka_unit_test(test_gemm_bf16_exact),
         cmocka_unit_test(test_layernorm_dtypes),

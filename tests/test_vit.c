@@ -1069,6 +1069,83 @@ static void test_drop_path_on_device(void **state) {
     vh_fixture_free(&fx);
 }
 
+/* ---- gelu_backward written, not added (ABI 2.4) --------------------------------
+ * A CPU table that records what the model asks of gelu_backward and counts
+ * memset_zero; `without_ext` plays a device without the overwrite
+ * extension (2.3, or a third-party device). */
+static struct {
+    vh_device_ops ops;
+    const vh_device_ops *base;
+    int gelu_calls, gelu_overwrites, zeros;
+    int without_ext;
+} ow;
+
+static vh_status ow_gelu_backward(vh_device *dev, const vh_eltwise_args *e) {
+    ow.gelu_calls++;
+    ow.gelu_overwrites += e->struct_size > offsetof(vh_eltwise_args, overwrite) && e->overwrite;
+    return ow.base->gelu_backward(dev, e);
+}
+
+static vh_status ow_memset_zero(vh_device *dev, void *p, size_t bytes, vh_stream *stream) {
+    ow.zeros++;
+    return ow.base->memset_zero(dev, p, bytes, stream);
+}
+
+static const void *ow_get_extension(vh_device *dev, const char *name) {
+    if (ow.without_ext && name && strcmp(name, VH_OVERWRITE_EXTENSION) == 0) return NULL;
+    return ow.base->get_extension(dev, name);
+}
+
+static void ow_open(harness *h, const vh_fixture *fx, const vh_precision_policy *policy,
+                    int without_ext) {
+    memset(&ow, 0, sizeof ow);
+    ow.base = vh_cpu_device_ops();
+    ow.ops = *ow.base;
+    ow.ops.gelu_backward = ow_gelu_backward;
+    ow.ops.memset_zero = ow_memset_zero;
+    ow.ops.get_extension = ow_get_extension;
+    ow.without_ext = without_ext;
+    harness_override_device = &ow.ops;
+    harness_open_ex(h, fx, NULL, policy, 0, NULL, 0);
+    harness_override_device = NULL;
+}
+
+/* With the extension, every block's GELU gradient is written (one zeroing
+ * pass fewer per block); without it the model zeroes and adds. Both give the
+ * same loss and gradients, bit for bit, in fp32 and bf16. */
+static void test_gelu_grad_written_or_zeroed(void **state) {
+    (void)state;
+    vh_fixture fx;
+    load_fixture(&fx, "vit_token_bf");
+    int64_t L;
+    vh_fixture_config_int(&fx, "depth", &L);
+    const vh_precision_policy *policies[2] = {&fp32_policy, &bf16_policy};
+    for (int pi = 0; pi < 2; pi++) {
+        harness w, z;
+        vh_model_output ow_out, oz_out;
+        ow_open(&w, &fx, policies[pi], 0);
+        load_weights(&w, &fx);
+        run_step(&w, &fx, 1.0f, &ow_out);
+        assert_int_equal(ow.gelu_calls, L);
+        assert_int_equal(ow.gelu_overwrites, L);
+        const int zeros_written = ow.zeros;
+        const float lw = read_loss(&w, &ow_out);
+
+        ow_open(&z, &fx, policies[pi], 1);
+        load_weights(&z, &fx);
+        run_step(&z, &fx, 1.0f, &oz_out);
+        assert_int_equal(ow.gelu_calls, L);
+        assert_int_equal(ow.gelu_overwrites, 0);
+        assert_int_equal(ow.zeros, zeros_written + L);
+        const float lz = read_loss(&z, &oz_out);
+        assert_memory_equal(&lw, &lz, sizeof lw);
+        compare_grads(&w, &z, 1.0f, 0.0, "gelu gradient written and zeroed-then-added");
+        harness_close(&w);
+        harness_close(&z);
+    }
+    vh_fixture_free(&fx);
+}
+
 /* A device without drop_path_scale gets the same factors drawn on the host
  * and copied in (one copy per drawing branch): the same loss and gradients,
  * bit for bit. And a model restored from a state saved after step 1 draws
@@ -1222,6 +1299,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_drop_path_scale_op),
         cmocka_unit_test(test_drop_path_on_device),
         cmocka_unit_test(test_drop_path_fallback_and_resume),
+        cmocka_unit_test(test_gelu_grad_written_or_zeroed),
         cmocka_unit_test(test_variant_parameter_counts),
         cmocka_unit_test(test_bad_configs),
     };

@@ -386,11 +386,16 @@ static void memory_trim(vh_device *dev) {
 static const vh_cuda_memory g_memory_ext = {sizeof(vh_cuda_memory), memory_read,
                                             memory_reset_peak, memory_trim};
 
+/* The ops that write a gradient on request (ABI 2.4): eltwise.cu. */
+static const vh_overwrite_ext g_overwrite_ext = {sizeof(vh_overwrite_ext),
+                                                 VH_OVERWRITE_OP_GELU_BACKWARD};
+
 static const void *cuda_get_extension(vh_device *dev, const char *name) {
     (void)dev;
     if (!name) return NULL;
     if (!strcmp(name, VH_CUDA_MEMORY_EXTENSION)) return &g_memory_ext;
     if (!strcmp(name, "vh.cuda.mta")) return vh_cuda_mta_extension();
+    if (!strcmp(name, VH_OVERWRITE_EXTENSION)) return &g_overwrite_ext;
     return NULL;
 }
 

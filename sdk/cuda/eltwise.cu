@@ -51,11 +51,13 @@ __global__ static void gelu_forward_kernel(void *out, const void *x, int32_t dt,
     VH_CUDA_GRID_LOOP(i, n) vh_cuda_store(out, dt, i, vh_cuda_gelu(vh_cuda_load(x, dt, i)));
 }
 
+/* overwrite (ABI 2.4): dx is written as 0 + g (the bits of adding to zeros,
+ * +0 for a -0 product) and never read. */
 __global__ static void gelu_backward_kernel(void *dx, const void *x, const void *dout,
-                                            int32_t dt, int64_t n) {
+                                            int32_t dt, int64_t n, int32_t overwrite) {
     VH_CUDA_GRID_LOOP(i, n) {
         const float g = vh_cuda_load(dout, dt, i) * vh_cuda_gelu_grad(vh_cuda_load(x, dt, i));
-        vh_cuda_store(dx, dt, i, vh_cuda_load(dx, dt, i) + g);
+        vh_cuda_store(dx, dt, i, (overwrite ? 0.0f : vh_cuda_load(dx, dt, i)) + g);
     }
 }
 
@@ -133,7 +135,8 @@ vh_status vh_cuda_gelu_backward(vh_device *dev, const vh_eltwise_args *in) {
     if (!ew_begin(in, &a, &st)) return st;
     if (!a.dx || !a.x || !a.dout) return VH_STATUS_ERR_INVALID_ARG;
     gelu_backward_kernel<<<vh_cuda_eltwise_blocks(a.n), VH_CUDA_THREADS, 0,
-                           vh_cuda_stream(dev, a.stream)>>>(a.dx, a.x, a.dout, a.dtype, a.n);
+                           vh_cuda_stream(dev, a.stream)>>>(a.dx, a.x, a.dout, a.dtype, a.n,
+                                                            a.overwrite != 0);
     return vh_cuda_launched();
 }
 

@@ -245,12 +245,17 @@ static void fill_engine_info(void) {
     g_engine_info.thread_counters = thread_counters;
 }
 
+/* The ops that write a gradient on request (ABI 2.4): cpu/ops.c. */
+static const vh_overwrite_ext g_overwrite_ext = {sizeof(vh_overwrite_ext),
+                                                 VH_OVERWRITE_OP_GELU_BACKWARD};
+
 static const void *cpu_get_extension(vh_device *dev, const char *name) {
     (void)dev;
     if (name && strcmp(name, VH_CPU_ENGINE_EXTENSION) == 0) {
         pthread_once(&g_engine_once, fill_engine_info);
         return &g_engine_info;
     }
+    if (name && strcmp(name, VH_OVERWRITE_EXTENSION) == 0) return &g_overwrite_ext;
     return NULL;
 }
 

@@ -26,6 +26,8 @@ static gpu_twin g;
 
 static void test_gelu(void **state) {
     (void)state;
+    const vh_overwrite_ext *ow = g.gpu.get_extension(g.gpu.device, VH_OVERWRITE_EXTENSION);
+    assert_true(ow && (ow->ops & VH_OVERWRITE_OP_GELU_BACKWARD));
     const int64_t n = 4099; /* a grid-stride tail */
     for (int k = 0; k < 3; k++) {
         const vh_dtype dt = tt_dtypes[k];
@@ -40,6 +42,10 @@ static void test_gelu(void **state) {
         assert_true(tt_same(&g, "gelu_forward", &out, gpu_twin_tol(dt)));
         EW_BOTH(gelu_backward, c[0], c[1]);
         assert_true(tt_same(&g, "gelu_backward dx +=", &dx, gpu_twin_tol(dt)));
+        /* ABI 2.4: written, not added (dx holds the values above on both sides) */
+        c[0].overwrite = c[1].overwrite = 1;
+        EW_BOTH(gelu_backward, c[0], c[1]);
+        assert_true(tt_same(&g, "gelu_backward dx = (overwrite)", &dx, gpu_twin_tol(dt)));
         tt_free(&g, &x), tt_free(&g, &out), tt_free(&g, &dout), tt_free(&g, &dx);
     }
 }

@@ -292,6 +292,10 @@ static vh_status vit_create(vh_host *host, const vh_model_setup *setup_in, void 
     if (!m) return host->api->fail(host, VH_STATUS_ERR_NOMEM, "out of memory");
     m->host = host;
     m->dev = host->api->device(host);
+    if (m->dev->get_extension) {
+        const vh_overwrite_ext *ow = m->dev->get_extension(m->dev->device, VH_OVERWRITE_EXTENSION);
+        m->gelu_grad_writes = ow && (ow->ops & VH_OVERWRITE_OP_GELU_BACKWARD);
+    }
     m->max_batch = setup.max_batch;
     vh_status st = read_policy(m, &setup);
     if (st == VH_STATUS_OK) st = read_config(m, &setup);

@@ -92,6 +92,9 @@ typedef struct vit_block_acts {
 typedef struct vit {
     vh_host *host;
     const vh_device_ops *dev;
+    /* the device writes gelu_backward's dx on request (ABI 2.4 overwrite
+     * extension): d_mlp2 needs no zeroing before it */
+    int gelu_grad_writes;
 
     /* shape */
     int64_t image_h, image_w, channels, patch, grid_h, grid_w;

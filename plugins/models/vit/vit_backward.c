@@ -57,7 +57,6 @@ static vh_status backward_block(vit *m, int64_t l, const vit_unit *u, int64_t B)
                                               vit_grad(u, VIT_FC2_B), dy, a->gelu,
                                               vit_param(u, VIT_FC2_W), rows, M, D));
     if (dropout) VIT_TRY(m, "mul", vit_mul(m, m->d_mlp, m->d_mlp, a->mask_fc1, rows * M));
-    VIT_TRY(m, "zero", vit_zero(m, m->d_mlp2, rows * M));
     VIT_TRY(m, "gelu", vit_gelu_backward(m, m->d_mlp2, a->fc1, m->d_mlp, rows * M));
     VIT_TRY(m, "mlp.fc1", vit_linear_backward(m, m->d_tmp, vit_grad(u, VIT_FC1_W),
                                               vit_grad(u, VIT_FC1_B), m->d_mlp2, a->ln2,

@@ -108,8 +108,12 @@ vh_status vit_dropout(vit *m, void *out, void *mask, const void *x, int64_t n, u
 }
 
 vh_status vit_gelu_backward(vit *m, void *dx, const void *x, const void *dout, int64_t n) {
+    if (!m->gelu_grad_writes) {
+        vh_status st = vit_zero(m, dx, n);
+        if (st != VH_STATUS_OK) return st;
+    }
     vh_eltwise_args e = {.struct_size = sizeof e, .n = n, .dtype = m->act, .x = x,
-                         .dout = dout, .dx = dx};
+                         .dout = dout, .dx = dx, .overwrite = m->gelu_grad_writes};
     return m->dev->gelu_backward(m->dev->device, &e);
 }
 

@@ -52,7 +52,8 @@ vh_status vit_add(vit *m, void *out, const void *a, const void *b, int64_t n);
 vh_status vit_mul(vit *m, void *out, const void *a, const void *b, int64_t n);
 /* mask = keep ? 1/(1-p) : 0 drawn from seed, out = x * mask (p = m->dropout) */
 vh_status vit_dropout(vit *m, void *out, void *mask, const void *x, int64_t n, uint64_t seed);
-/* dx += gelu'(x) * dout */
+/* dx = gelu'(x) * dout (dx's old values are not used): one pass where the
+ * device writes on request (m->gelu_grad_writes), else zeroed and added to */
 vh_status vit_gelu_backward(vit *m, void *dx, const void *x, const void *dout, int64_t n);
 /* Rows of the (B * N, D) stream times their sample's factor; out += with
  * accumulate. */

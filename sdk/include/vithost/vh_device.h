@@ -114,7 +114,8 @@ typedef struct vh_layernorm_args {
  * One struct for the element-wise ops; each op says which members it reads.
  * Every tensor is n elements of `dtype` (scale: f32).
  *   gelu_forward:   out = gelu(x)                    (erf GELU)
- *   gelu_backward:  dx += gelu'(x) * dout
+ *   gelu_backward:  dx += gelu'(x) * dout  (ABI 2.4: dx = with overwrite = 1,
+ *                   on a device that has the overwrite extension; see below)
  *   add:            out = a + b                      (out may alias a or b)
  *   mul:            out = a * b, or out += a * b with accumulate = 1
  *   dropout_forward: mask[i] = keep ? 1/(1-p) : 0, out = x * mask. Every
@@ -137,7 +138,30 @@ typedef struct vh_eltwise_args {
     int64_t dim, div, mod;    /* scale_rows */
     int32_t accumulate;
     vh_stream *stream;
+    /* ---- ABI 2.4 ---- */
+    int32_t overwrite; /* gelu_backward: write dx instead of adding (see below) */
 } vh_eltwise_args;
+
+/* ---- writing a gradient instead of adding to it (ABI 2.4) -----------------
+ * Backward ops add to their gradients, so a caller whose buffer holds stale
+ * values zeroes it first: a memory pass of its own, after which the op reads
+ * the zeros back (vit's MLP gradient was 4% of a small model's step in
+ * these two passes). A device that returns a vh_overwrite_ext for
+ * get_extension(VH_OVERWRITE_EXTENSION) honours `overwrite = 1` in the
+ * calls of the ops its `ops` bits name: the op writes the gradient, with the
+ * bits that adding to zeros would give, and never reads the old values (they
+ * may be NaN). A device without the extension, or an op not named, ignores
+ * the member and adds: zero the buffer first, as before 2.4. */
+#define VH_OVERWRITE_EXTENSION "vh.overwrite"
+
+typedef enum vh_overwrite_op {
+    VH_OVERWRITE_OP_GELU_BACKWARD = 1 << 0, /* vh_eltwise_args.overwrite */
+} vh_overwrite_op;
+
+typedef struct vh_overwrite_ext {
+    uint32_t struct_size;
+    uint32_t ops; /* vh_overwrite_op bits */
+} vh_overwrite_ext;
 
 /* ---- reductions over rows --------------------------------------------------
  * bias_backward: out[j] += sum over rows of dout[r][j] (dout in `dtype`, out
@@ -327,8 +351,9 @@ typedef struct vh_device_ops {
     vh_status (*multi_tensor_scale_check)(vh_device *dev, const vh_multi_tensor_args *args);
 
     /* Optional capabilities beyond this table, by name (LV2-style), e.g.
-     * "vh.cpu.engine" for the CPU engine's description (vh_cpu_engine.h);
-     * NULL if unknown. */
+     * "vh.cpu.engine" for the CPU engine's description (vh_cpu_engine.h),
+     * VH_OVERWRITE_EXTENSION (2.4) for the ops that write gradients on
+     * request; NULL if unknown. */
     const void *(*get_extension)(vh_device *dev, const char *name);
 
     /* ---- ABI 2.1 ---- */

@@ -69,8 +69,20 @@ void vh_cpu_k_gelu_forward_serial(float *out, const float *x, int64_t n) {
     gelu_forward_span(out, x, n);
 }
 
+/* overwrite: dx = 0 + ... (the bits of adding to zeros: +0 for a -0
+ * product), two loops so that the writing one never reads dx. */
 VH_CPU_CLONES static void gelu_backward_span(float *dx, const float *x, const float *dout,
-                                             int64_t n) {
+                                             int64_t n, int overwrite) {
+    if (overwrite) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) {
+            float pdf;
+            const float v = x[i];
+            const float cdf = vh_gelu_cdf(v, &pdf);
+            dx[i] = 0.0f + dout[i] * (cdf + v * pdf);
+        }
+        return;
+    }
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) {
         float pdf;
@@ -144,7 +156,20 @@ __attribute__((always_inline)) static inline float gelu_backward_one(float v, fl
  * is 32-bit, so it vectorises at the full width of the clone (a loop mixing
  * 16- and 32-bit values gets half-width float vectors from GCC). */
 VH_CPU_CLONES static void gelu_backward_pairs_bf16(uint32_t *dx, const uint32_t *x,
-                                                   const uint32_t *dout, int64_t pairs) {
+                                                   const uint32_t *dout, int64_t pairs,
+                                                   int overwrite) {
+    if (overwrite) { /* as below with dx's words 0 (+0.0 twice), never read */
+#pragma omp simd
+        for (int64_t i = 0; i < pairs; i++) {
+            const uint32_t xv = x[i], gv = dout[i];
+            const float lo = gelu_backward_one(vh_cpu_bits_f32(xv << 16), 0.0f,
+                                               vh_cpu_bits_f32(gv << 16));
+            const float hi = gelu_backward_one(vh_cpu_bits_f32(xv & 0xffff0000u), 0.0f,
+                                               vh_cpu_bits_f32(gv & 0xffff0000u));
+            dx[i] = vh_cpu_bf16_round32(lo) | (vh_cpu_bf16_round32(hi) << 16);
+        }
+        return;
+    }
 #pragma omp simd
     for (int64_t i = 0; i < pairs; i++) {
         const uint32_t xv = x[i], dv = dx[i], gv = dout[i];
@@ -158,16 +183,17 @@ VH_CPU_CLONES static void gelu_backward_pairs_bf16(uint32_t *dx, const uint32_t 
 }
 
 VH_CPU_CLONES static void gelu_backward_span_bf16(uint16_t *dx, const uint16_t *x,
-                                                  const uint16_t *dout, int64_t n) {
+                                                  const uint16_t *dout, int64_t n,
+                                                  int overwrite) {
     int64_t i = 0;
     if (((uintptr_t)dx | (uintptr_t)x | (uintptr_t)dout) % 4 == 0) {
         gelu_backward_pairs_bf16((uint32_t *)(void *)dx, (const uint32_t *)(const void *)x,
-                                 (const uint32_t *)(const void *)dout, n / 2);
+                                 (const uint32_t *)(const void *)dout, n / 2, overwrite);
         i = n / 2 * 2;
     }
     for (; i < n; i++)
         dx[i] = vh_cpu_bf16_round(gelu_backward_one(vh_cpu_bf16_widen(x[i]),
-                                                    vh_cpu_bf16_widen(dx[i]),
+                                                    overwrite ? 0.0f : vh_cpu_bf16_widen(dx[i]),
                                                     vh_cpu_bf16_widen(dout[i])));
 }
 
@@ -219,14 +245,14 @@ void vh_cpu_k_gelu_forward_bf16(uint16_t *out, const uint16_t *x, int64_t n) {
 }
 
 void vh_cpu_k_gelu_backward_bf16(uint16_t *dx, const uint16_t *x, const uint16_t *dout,
-                                 int64_t n) {
+                                 int64_t n, int overwrite) {
     const int64_t pieces = PIECES(n);
 #pragma omp parallel for schedule(static) PAR(n)
     for (int64_t p = 0; p < pieces; p++)
         GELU_BLOCKS(n, p, o, m,
                     (prefetch_ahead(x + o, m * 2, 0), prefetch_ahead(dout + o, m * 2, 0),
                      prefetch_ahead(dx + o, m * 2, 1)),
-                    gelu_backward_span_bf16(dx + o, x + o, dout + o, m));
+                    gelu_backward_span_bf16(dx + o, x + o, dout + o, m, overwrite));
 }
 
 void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n) {
@@ -237,14 +263,15 @@ void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n) {
                     gelu_forward_span(out + o, x + o, m));
 }
 
-void vh_cpu_k_gelu_backward(float *dx, const float *x, const float *dout, int64_t n) {
+void vh_cpu_k_gelu_backward(float *dx, const float *x, const float *dout, int64_t n,
+                            int overwrite) {
     const int64_t pieces = PIECES(n);
 #pragma omp parallel for schedule(static) PAR(n)
     for (int64_t p = 0; p < pieces; p++)
         GELU_BLOCKS(n, p, o, m,
                     (prefetch_ahead(x + o, m * 4, 0), prefetch_ahead(dout + o, m * 4, 0),
                      prefetch_ahead(dx + o, m * 4, 1)),
-                    gelu_backward_span(dx + o, x + o, dout + o, m));
+                    gelu_backward_span(dx + o, x + o, dout + o, m, overwrite));
 }
 
 void vh_cpu_k_add(float *out, const float *a, const float *b, int64_t n) {

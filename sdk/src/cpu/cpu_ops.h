@@ -303,12 +303,13 @@ VH_CPU_HIDDEN void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_serial(float *out, const float *x, int64_t n);
 /* Softmax of `rows` rows of `cols` in place, on the caller's thread. */
 VH_CPU_HIDDEN void vh_cpu_softmax_rows(float *p, int64_t rows, int64_t cols);
+/* dx += gelu'(x) * dout; overwrite: dx = 0 + gelu'(x) * dout, dx not read. */
 VH_CPU_HIDDEN void vh_cpu_k_gelu_backward(float *dx, const float *x, const float *dout,
-                                          int64_t n);
+                                          int64_t n, int overwrite);
 /* The same on bf16 tensors, converted inside the loop. */
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_bf16(uint16_t *out, const uint16_t *x, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_gelu_backward_bf16(uint16_t *dx, const uint16_t *x,
-                                               const uint16_t *dout, int64_t n);
+                                               const uint16_t *dout, int64_t n, int overwrite);
 /* From an fp32 pre-activation t: pre = bf16(t), out = bf16(gelu(t)), in
  * one pass (a GEMM's GELU epilogue with bf16 outputs). */
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_f32_to_bf16(uint16_t *out, uint16_t *pre,

@@ -57,7 +57,8 @@ static int64_t extent(int64_t batch, int64_t batch_stride, int64_t tokens, int64
 enum {
     T_READ = 1,        /* the view starts with the tensor's values */
     T_WRITE = 2,       /* the view is stored back after the kernel */
-    T_READ_ACC = 4,    /* read when the call accumulates (element-wise `accumulate`) */
+    T_READ_ACC = 4,    /* read when the call accumulates (c->accumulate: element-wise
+                          `accumulate`; gelu_backward unless `overwrite`) */
     T_NULL_OK = 8,     /* may be NULL: the kernel gets NULL (the plan checks when it may) */
     T_RAW = 16,        /* handed over as stored: the kernel widens it a block at a time
                           (vh_cpu_rows) and stores it itself */
@@ -248,6 +249,14 @@ static op_plan plan_eltwise(op_call *c) {
     return OP_RUN;
 }
 
+/* gelu_backward adds to dx (its `accumulate` is not read), unless the caller
+ * asks it to write dx (2.4 `overwrite`): then dx is neither loaded nor read. */
+static op_plan plan_gelu_backward(op_call *c) {
+    const op_plan p = plan_eltwise(c);
+    c->accumulate = !c->a.ew.overwrite;
+    return p;
+}
+
 static op_plan plan_dropout(op_call *c) {
     const float p = c->a.ew.p;
     return p >= 0.0f && p <= 1.0f ? plan_eltwise(c) : OP_INVALID;
@@ -379,7 +388,7 @@ static void k_gelu_forward(const op_call *c, float *const *v) {
 }
 
 static void k_gelu_backward(const op_call *c, float *const *v) {
-    vh_cpu_k_gelu_backward(v[0], v[1], v[2], c->a.ew.n);
+    vh_cpu_k_gelu_backward(v[0], v[1], v[2], c->a.ew.n, !c->accumulate);
 }
 
 static void k_gelu_forward_bf16(const op_call *c) {
@@ -387,7 +396,7 @@ static void k_gelu_forward_bf16(const op_call *c) {
 }
 
 static void k_gelu_backward_bf16(const op_call *c) {
-    vh_cpu_k_gelu_backward_bf16(c->ptr[0], c->ptr[1], c->ptr[2], c->a.ew.n);
+    vh_cpu_k_gelu_backward_bf16(c->ptr[0], c->ptr[1], c->ptr[2], c->a.ew.n, !c->accumulate);
 }
 
 static void k_add(const op_call *c, float *const *v) { vh_cpu_k_add(v[0], v[1], v[2], c->a.ew.n); }
@@ -512,8 +521,9 @@ CPU_OP(layernorm_backward, vh_layernorm_args, LN_BWD_DTYPES, plan_layernorm,
 
 CPU_OP_BF16(gelu_forward, k_gelu_forward_bf16, vh_eltwise_args, EW_DTYPES, plan_eltwise,
             k_gelu_forward, EW(out, OUT), EW(x, IN))
-CPU_OP_BF16(gelu_backward, k_gelu_backward_bf16, vh_eltwise_args, EW_DTYPES, plan_eltwise,
-            k_gelu_backward, EW(dx, ACC), EW(x, IN), EW(dout, IN))
+CPU_OP_BF16(gelu_backward, k_gelu_backward_bf16, vh_eltwise_args, EW_DTYPES,
+            plan_gelu_backward, k_gelu_backward, EW(dx, OUT | T_READ_ACC), EW(x, IN),
+            EW(dout, IN))
 CPU_OP_PIECES(add, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_add, EW(out, OUT), EW(a, IN),
               EW(b, IN))
 CPU_OP_PIECES(mul, vh_eltwise_args, EW_DTYPES, plan_eltwise, k_mul, EW(out, OUT | T_READ_ACC),

@@ -160,7 +160,9 @@ typedef struct gemm_case {
     int ta, tb;
     int64_t m, n, k, batch;
     float alpha, beta;
-    int bias, gelu, aux, res, res_is_c, broadcast_a;
+    int bias;
+    int gelu; /* the vh_epilogue: 1 GELU, 2 GELU_GRAD (aux = gelu'), 3 MUL_AUX (C = T aux) */
+    int aux, res, res_is_c, broadcast_a;
 } gemm_case;
 
 static void run_gemm(const gemm_case *gc, vh_dtype ab, vh_dtype ct, vh_dtype bt) {
@@ -187,11 +189,13 @@ static void run_gemm(const gemm_case *gc, vh_dtype ab, vh_dtype ct, vh_dtype bt)
                 }
                 t = gc->alpha * t + (gc->bias ? biasv[j] : 0.0);
                 const int64_t ci = q * sc + i * ldc + j;
-                double v = gc->gelu ? ref_gelu(t) : t;
+                const int gelu = gc->gelu == VH_EPILOGUE_GELU || gc->gelu == VH_EPILOGUE_GELU_GRAD;
+                double v = gelu ? ref_gelu(t) : gc->gelu == VH_EPILOGUE_MUL_AUX ? t * auxv[ci] : t;
                 if (gc->res) v += rv[ci];
                 if (gc->beta != 0.0f) v += gc->beta * cv[ci];
                 want[ci] = v;
-                if (gc->gelu && gc->aux) want_aux[ci] = t;
+                if (gc->gelu == VH_EPILOGUE_GELU && gc->aux) want_aux[ci] = t;
+                if (gc->gelu == VH_EPILOGUE_GELU_GRAD && gc->aux) want_aux[ci] = ref_gelu_grad(t);
             }
     vh_gemm_args g = {.struct_size = sizeof g, .trans_a = gc->ta, .trans_b = gc->tb, .m = m,
                       .n = n, .k = k, .alpha = gc->alpha, .beta = gc->beta, .a = a.p,
@@ -199,8 +203,7 @@ static void run_gemm(const gemm_case *gc, vh_dtype ab, vh_dtype ct, vh_dtype bt)
                       .c = c.p, .ldc = ldc, .stride_c = sc, .batch = gc->batch,
                       .bias = gc->bias ? bias.p : NULL, .ab_dtype = ab, .c_dtype = ct,
                       .bias_dtype = bt,
-                      .epilogue = gc->gelu ? VH_EPILOGUE_GELU : VH_EPILOGUE_NONE,
-                      .aux = gc->aux ? aux.p : NULL,
+                      .epilogue = gc->gelu, .aux = gc->aux ? aux.p : NULL,
                       .residual = gc->res ? (gc->res_is_c ? c.p : res.p) : NULL};
     assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
     char what[160];
@@ -238,6 +241,18 @@ static const gemm_case kGemmCases[] = {
     {1, 0, 9, 12, 2048, 1, 1.0f, 1.0f, 0, 0, 0, 0, 0, 0}, /* small dW +=: k in halves */
     {1, 1, 8, 6, 4096, 1, 0.5f, 0.25f, 0, 0, 0, 0, 0, 0}, /* the same, B^T, alpha, beta */
     {1, 0, 9, 12, 2049, 1, 1.0f, 1.0f, 0, 0, 0, 0, 0, 0}, /* odd k: one product */
+    /* ABI 2.5: gelu'(T) into aux (2), and C = T * aux (3) */
+    {0, 1, 23, 19, 37, 1, 1.0f, 0.0f, 1, 2, 1, 0, 0, 0}, /* fc1 keeping gelu' */
+    {0, 1, 23, 19, 37, 1, 1.0f, 0.0f, 1, 2, 0, 0, 0, 0}, /* no aux: a GELU */
+    {0, 1, 23, 19, 37, 1, 0.75f, 0.5f, 1, 2, 1, 1, 0, 0}, /* everything at once */
+    {0, 0, 13, 11, 17, 3, 1.0f, 1.0f, 1, 2, 1, 1, 1, 0},
+    {0, 1, 200, 96, 64, 1, 1.0f, 0.0f, 1, 2, 1, 0, 0, 0}, /* threaded */
+    {0, 0, 23, 19, 37, 1, 1.0f, 0.0f, 0, 3, 1, 0, 0, 0}, /* fc2's dX times gelu' */
+    {0, 0, 23, 19, 37, 1, 0.5f, 0.5f, 1, 3, 1, 1, 0, 0}, /* everything at once */
+    {0, 0, 23, 19, 37, 1, 1.0f, 0.0f, 1, 3, 1, 1, 1, 0}, /* the residual is C */
+    {0, 0, 13, 11, 17, 3, 1.0f, 1.0f, 1, 3, 1, 1, 0, 0}, /* batched */
+    {0, 1, 13, 11, 0, 2, 1.0f, 0.5f, 1, 3, 1, 1, 0, 0},  /* k = 0 */
+    {0, 0, 200, 96, 64, 1, 1.0f, 0.0f, 0, 3, 1, 0, 0, 0}, /* threaded */
 };
 
 static void test_gemm_dtypes(void **state) {
@@ -277,6 +292,95 @@ static void test_gemm_bf16_exact(void **state) {
             assert_true(tget(&c, i * n + j) == s);
         }
     tfree(&a), tfree(&b), tfree(&c);
+}
+
+/* ---- gelu'(T) kept from forward (ABI 2.5) -----------------------------------
+ * In fp32, the model's two routes to the GELU's input gradient give the same
+ * numbers: gelu_backward(T, D) with overwrite against D * aux, aux from a
+ * VH_EPILOGUE_GELU_GRAD GEMM (C = gelu(T) the same bits as VH_EPILOGUE_GELU);
+ * and a VH_EPILOGUE_MUL_AUX GEMM against the plain GEMM, then mul. Dense (the
+ * model's tensors: oneDNN's binary post-op, the threaded passes), strided and
+ * batched (route 2's rows). Compared as values: the sign of a zero product may
+ * differ (0 + -0 is +0). */
+static void assert_f32_values_equal(const char *what, const float *x, const float *y,
+                                    int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(x[i] == y[i]) && !(x[i] != x[i] && y[i] != y[i]))
+            fail_msg("%s: element %lld differs: %.9g against %.9g", what, (long long)i,
+                     (double)x[i], (double)y[i]);
+}
+
+static void gelu_grad_route_case(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t pad) {
+    const int64_t ldc = n + pad, sc = m * ldc, bc = batch > 1 ? batch : 1, len = bc * sc;
+    tens a = trand(VH_DTYPE_F32, bc * m * k, -1, 1), b = trand(VH_DTYPE_F32, bc * k * n, -1, 1);
+    tens bias = trand(VH_DTYPE_F32, n, -1, 1), d = trand(VH_DTYPE_F32, len, -1, 1);
+    tens pre = tnew(VH_DTYPE_F32, len), grad = tnew(VH_DTYPE_F32, len);
+    tens c1 = tnew(VH_DTYPE_F32, len), c2 = tnew(VH_DTYPE_F32, len);
+    tens dx1 = tnew(VH_DTYPE_F32, len), dx2 = tnew(VH_DTYPE_F32, len);
+    vh_gemm_args g = {.struct_size = sizeof g, .trans_b = 1, .m = m, .n = n, .k = k,
+                      .alpha = 1.0f, .a = a.p, .lda = k, .stride_a = m * k, .b = b.p, .ldb = k,
+                      .stride_b = k * n, .c = c1.p, .ldc = ldc, .stride_c = sc, .batch = batch,
+                      .bias = bias.p, .epilogue = VH_EPILOGUE_GELU, .aux = pre.p};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    g.c = c2.p, g.epilogue = VH_EPILOGUE_GELU_GRAD, g.aux = grad.p;
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    char what[96];
+    snprintf(what, sizeof what, "%lld x %lldx%lldx%lld ldc +%lld", (long long)batch, (long long)m,
+             (long long)n, (long long)k, (long long)pad);
+    for (int64_t i = 0; i < len; i++) /* the rows' padding: not written by either */
+        if (i % ldc >= n) ((float *)pre.p)[i] = ((float *)grad.p)[i] = 0.0f;
+    assert_f32_values_equal(what, c1.p, c2.p, len);
+    vh_eltwise_args e = {.struct_size = sizeof e, .n = len, .dtype = VH_DTYPE_F32, .x = pre.p,
+                         .dout = d.p, .dx = dx1.p, .overwrite = 1};
+    assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+    vh_eltwise_args e2 = {.struct_size = sizeof e2, .n = len, .dtype = VH_DTYPE_F32, .a = d.p,
+                          .b = grad.p, .out = dx2.p};
+    assert_int_equal(ops->mul(ops->device, &e2), VH_STATUS_OK);
+    for (int64_t i = 0; i < len; i++)
+        if (i % ldc >= n) ((float *)dx1.p)[i] = ((float *)dx2.p)[i] = 0.0f;
+    assert_f32_values_equal(what, dx1.p, dx2.p, len);
+    /* fc2's dX: T = A B (m x n from k), then T * aux, in one GEMM or two ops */
+    vh_gemm_args h = {.struct_size = sizeof h, .m = m, .n = n, .k = k, .alpha = 1.0f,
+                      .a = a.p, .lda = k, .stride_a = m * k, .b = b.p, .ldb = n,
+                      .stride_b = k * n, .c = c1.p, .ldc = ldc, .stride_c = sc, .batch = batch};
+    assert_int_equal(ops->gemm(ops->device, &h), VH_STATUS_OK);
+    e2.a = c1.p, e2.out = dx1.p;
+    assert_int_equal(ops->mul(ops->device, &e2), VH_STATUS_OK);
+    h.c = c2.p, h.epilogue = VH_EPILOGUE_MUL_AUX, h.aux = grad.p;
+    assert_int_equal(ops->gemm(ops->device, &h), VH_STATUS_OK);
+    for (int64_t i = 0; i < len; i++)
+        if (i % ldc >= n) ((float *)dx1.p)[i] = ((float *)c2.p)[i] = 0.0f;
+    assert_f32_values_equal(what, dx1.p, c2.p, len);
+    tfree(&a), tfree(&b), tfree(&bias), tfree(&d), tfree(&pre), tfree(&grad);
+    tfree(&c1), tfree(&c2), tfree(&dx1), tfree(&dx2);
+}
+
+static void test_gemm_gelu_grad_routes(void **state) {
+    (void)state;
+    rng_state = 117;
+    const vh_gemm_epilogue_ext *ext =
+        ops->get_extension(ops->device, VH_GEMM_EPILOGUE_EXTENSION);
+    assert_non_null(ext);
+    assert_true(ext->struct_size >= sizeof *ext);
+    assert_true(ext->epilogues & (1u << VH_EPILOGUE_GELU_GRAD));
+    assert_true(ext->epilogues & (1u << VH_EPILOGUE_MUL_AUX));
+    gelu_grad_route_case(1, 640, 256, 64, 0); /* T1's fc1 / fc2 dX, a tenth of the rows */
+    gelu_grad_route_case(1, 37, 19, 23, 0);
+    gelu_grad_route_case(1, 200, 96, 64, 3);
+    gelu_grad_route_case(3, 13, 11, 17, 0);
+    /* Refused: an epilogue past 2.5's, and T * aux without aux or on C itself. */
+    tens a = trand(VH_DTYPE_F32, 16, -1, 1), c = tnew(VH_DTYPE_F32, 16);
+    vh_gemm_args g = {.struct_size = sizeof g, .m = 4, .n = 4, .k = 4, .alpha = 1.0f, .a = a.p,
+                      .lda = 4, .b = a.p, .ldb = 4, .c = c.p, .ldc = 4,
+                      .epilogue = VH_EPILOGUE_MUL_AUX};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
+    g.aux = c.p;
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
+    g.aux = a.p;
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    g.epilogue = VH_EPILOGUE_MUL_AUX + 1;
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
+    tfree(&a), tfree(&c);
 }
 
 /* ---- layer norm ------------------------------------------------------------- */
@@ -1043,6 +1147,7 @@ int main(void) {
         cmocka_unit_test(test_gelu_backward_overwrite),
         cmocka_unit_test(test_gemm_dtypes),
         cmocka_unit_test(test_gemm_bf16_exact),
+        cmocka_unit_test(test_gemm_gelu_grad_routes),
         cmocka_unit_test(test_layernorm_dtypes),
         cmocka_unit_test(test_eltwise_dtypes),
         cmocka_unit_test(test_dropout_scale_rows_dtypes),

@@ -1070,15 +1070,23 @@ static void test_drop_path_on_device(void **state) {
 }
 
 /* ---- gelu_backward written, not added (ABI 2.4) --------------------------------
- * A CPU table that records what the model asks of gelu_backward and counts
- * memset_zero; `without_ext` plays a device without the overwrite
- * extension (2.3, or a third-party device). */
+ * A CPU table that records what the model asks of gelu_backward and the GEMM
+ * and counts memset_zero; `without_ext` plays a device without the overwrite
+ * extension (2.3, or a third-party device), `without_epilogue_ext` one
+ * without the 2.5 GEMM epilogues. */
 static struct {
     vh_device_ops ops;
     const vh_device_ops *base;
     int gelu_calls, gelu_overwrites, zeros;
-    int without_ext;
+    int gemm_gelu_grad, gemm_mul_aux; /* GEMMs with the 2.5 epilogues */
+    int without_ext, without_epilogue_ext;
 } ow;
+
+static vh_status ow_gemm(vh_device *dev, const vh_gemm_args *g) {
+    ow.gemm_gelu_grad += g->epilogue == VH_EPILOGUE_GELU_GRAD;
+    ow.gemm_mul_aux += g->epilogue == VH_EPILOGUE_MUL_AUX;
+    return ow.base->gemm(dev, g);
+}
 
 static vh_status ow_gelu_backward(vh_device *dev, const vh_eltwise_args *e) {
     ow.gelu_calls++;
@@ -1093,21 +1101,32 @@ static vh_status ow_memset_zero(vh_device *dev, void *p, size_t bytes, vh_stream
 
 static const void *ow_get_extension(vh_device *dev, const char *name) {
     if (ow.without_ext && name && strcmp(name, VH_OVERWRITE_EXTENSION) == 0) return NULL;
+    if (ow.without_epilogue_ext && name && strcmp(name, VH_GEMM_EPILOGUE_EXTENSION) == 0)
+        return NULL;
     return ow.base->get_extension(dev, name);
 }
 
-static void ow_open(harness *h, const vh_fixture *fx, const vh_precision_policy *policy,
-                    int without_ext) {
+static void ow_open_ex(harness *h, const vh_fixture *fx, const vh_precision_policy *policy,
+                       const char *extra, int without_ext, int without_epilogue_ext) {
     memset(&ow, 0, sizeof ow);
     ow.base = vh_cpu_device_ops();
     ow.ops = *ow.base;
+    ow.ops.gemm = ow_gemm;
     ow.ops.gelu_backward = ow_gelu_backward;
     ow.ops.memset_zero = ow_memset_zero;
     ow.ops.get_extension = ow_get_extension;
     ow.without_ext = without_ext;
+    ow.without_epilogue_ext = without_epilogue_ext;
     harness_override_device = &ow.ops;
-    harness_open_ex(h, fx, NULL, policy, 0, NULL, 0);
+    harness_open_ex(h, fx, NULL, policy, 0, extra, 0);
     harness_override_device = NULL;
+}
+
+/* The 2.4 tests run without the 2.5 epilogues: with them, fp32 has no
+ * gelu_backward left to watch. */
+static void ow_open(harness *h, const vh_fixture *fx, const vh_precision_policy *policy,
+                    int without_ext) {
+    ow_open_ex(h, fx, policy, NULL, without_ext, 1);
 }
 
 /* With the extension, every block's GELU gradient is written (one zeroing
@@ -1143,6 +1162,54 @@ static void test_gelu_grad_written_or_zeroed(void **state) {
         harness_close(&w);
         harness_close(&z);
     }
+    vh_fixture_free(&fx);
+}
+
+/* ---- gelu'(T) kept from forward (ABI 2.5) ----------------------------------
+ * fp32 on a device with the 2.5 epilogues: fc1's GEMM keeps gelu'(T) and
+ * fc2's dX GEMM multiplies by it, so no gelu_backward runs. The loss and every
+ * gradient are those of the gelu_backward path, bit for bit, without dropout
+ * (the product in the GEMM's epilogue) and with it (the mask, then a mul).
+ * bf16 activations keep gelu_backward though the device offers the epilogues. */
+static void test_gelu_grad_kept_in_aux(void **state) {
+    (void)state;
+    vh_fixture fx;
+    load_fixture(&fx, "vit_token_bf");
+    int64_t L;
+    vh_fixture_config_int(&fx, "depth", &L);
+    const char *extras[2] = {NULL, "dropout: 0.1"};
+    for (int di = 0; di < 2; di++) {
+        harness k, r;
+        vh_model_output ok_out, or_out;
+        ow_open_ex(&k, &fx, &fp32_policy, extras[di], 0, 0);
+        load_weights(&k, &fx);
+        run_step(&k, &fx, 1.0f, &ok_out);
+        assert_int_equal(ow.gelu_calls, 0);
+        assert_int_equal(ow.gemm_gelu_grad, L);
+        assert_int_equal(ow.gemm_mul_aux, di == 0 ? L : 0);
+        const float lk = read_loss(&k, &ok_out);
+
+        ow_open_ex(&r, &fx, &fp32_policy, extras[di], 0, 1);
+        load_weights(&r, &fx);
+        run_step(&r, &fx, 1.0f, &or_out);
+        assert_int_equal(ow.gelu_calls, L);
+        assert_int_equal(ow.gemm_gelu_grad + ow.gemm_mul_aux, 0);
+        const float lr = read_loss(&r, &or_out);
+        assert_memory_equal(&lk, &lr, sizeof lk);
+        compare_grads(&k, &r, 1.0f, 0.0,
+                      di == 0 ? "gelu' kept in aux against gelu_backward"
+                              : "gelu' kept in aux against gelu_backward, with dropout");
+        harness_close(&k);
+        harness_close(&r);
+    }
+    harness b;
+    vh_model_output ob;
+    ow_open_ex(&b, &fx, &bf16_policy, NULL, 0, 0);
+    load_weights(&b, &fx);
+    run_step(&b, &fx, 1.0f, &ob);
+    assert_int_equal(ow.gelu_calls, L);
+    assert_int_equal(ow.gemm_gelu_grad + ow.gemm_mul_aux, 0);
+    harness_close(&b);
     vh_fixture_free(&fx);
 }
 
@@ -1300,6 +1367,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_drop_path_on_device),
         cmocka_unit_test(test_drop_path_fallback_and_resume),
         cmocka_unit_test(test_gelu_grad_written_or_zeroed),
+        cmocka_unit_test(test_gelu_grad_kept_in_aux),
         cmocka_unit_test(test_variant_parameter_counts),
         cmocka_unit_test(test_bad_configs),
     };

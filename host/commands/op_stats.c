@@ -279,6 +279,17 @@ static int sorted_shapes(const vh_op_stats *s, int *order) {
     return s->gemm_shapes;
 }
 
+/* The epilogue in a shape's name: " +gelu", " +gelu'" (gelu'(T) kept in aux,
+ * ABI 2.5), " *aux" (T * aux, 2.5), or "". */
+static const char *epilogue_name(int32_t epilogue) {
+    switch (epilogue) {
+    case VH_EPILOGUE_GELU: return " +gelu";
+    case VH_EPILOGUE_GELU_GRAD: return " +gelu'";
+    case VH_EPILOGUE_MUL_AUX: return " *aux";
+    default: return "";
+    }
+}
+
 /* "[batch x] m x n x k dtype A^T.B +bias +gelu +res +beta", as the call
  * asked for it (op(A) is m x k, op(B) k x n; "bf16->f32": C's dtype
  * after the arrow when it is not A's and B's). */
@@ -293,7 +304,7 @@ static void shape_name(const vh_op_gemm_shape *g, char *buf, size_t size) {
     snprintf(buf + n, size - (size_t)n, "%lldx%lldx%lld %s %s.%s%s%s%s%s", (long long)g->m,
              (long long)g->n, (long long)g->k, dtypes, g->trans_a ? "A^T" : "A",
              g->trans_b ? "B^T" : "B", g->bias ? " +bias" : "",
-             g->epilogue == VH_EPILOGUE_GELU ? " +gelu" : "", g->residual ? " +res" : "",
+             epilogue_name(g->epilogue), g->residual ? " +res" : "",
              g->beta ? " +beta" : "");
 }
 

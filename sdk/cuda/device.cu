@@ -390,12 +390,18 @@ static const vh_cuda_memory g_memory_ext = {sizeof(vh_cuda_memory), memory_read,
 static const vh_overwrite_ext g_overwrite_ext = {sizeof(vh_overwrite_ext),
                                                  VH_OVERWRITE_OP_GELU_BACKWARD};
 
+/* The GEMM's 2.5 epilogues (gemm.cu's route 2). */
+static const vh_gemm_epilogue_ext g_epilogue_ext = {
+    sizeof(vh_gemm_epilogue_ext),
+    (1u << VH_EPILOGUE_GELU_GRAD) | (1u << VH_EPILOGUE_MUL_AUX)};
+
 static const void *cuda_get_extension(vh_device *dev, const char *name) {
     (void)dev;
     if (!name) return NULL;
     if (!strcmp(name, VH_CUDA_MEMORY_EXTENSION)) return &g_memory_ext;
     if (!strcmp(name, "vh.cuda.mta")) return vh_cuda_mta_extension();
     if (!strcmp(name, VH_OVERWRITE_EXTENSION)) return &g_overwrite_ext;
+    if (!strcmp(name, VH_GEMM_EPILOGUE_EXTENSION)) return &g_epilogue_ext;
     return NULL;
 }
 

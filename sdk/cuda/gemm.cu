@@ -26,6 +26,10 @@
  *    cuBLASLt's own GELU epilogues are the tanh approximation; the table's
  *    GELU is erf GELU (timm's nn.GELU), so the kernel evaluates the same
  *    erf formula as sdk/src/cpu/activations.c and never cuBLASLt's.
+ *    ABI 2.5's epilogues take this route too: GELU_GRAD stores gelu'(T + bias)
+ *    in aux instead of T + bias, MUL_AUX multiplies T + bias by aux (read).
+ *    (cuBLASLt's DGELU epilogues differentiate the tanh GELU, so they cannot
+ *    stand in for MUL_AUX either.)
  * cuBLASLt failures become VH_STATUS_ERR_UNSUPPORTED (no algorithm for the
  * shape and types) or VH_STATUS_ERR_DEVICE: never a silently wrong result.
  *
@@ -297,8 +301,9 @@ typedef struct finish_args {
     const float *t;       /* alpha A B in fp32, or NULL (k = 0 or alpha = 0: zeros) */
     int64_t t_ld, t_stride;
     const void *bias;     /* n values, or NULL */
-    int32_t bias_dtype, c_dtype, gelu;
-    void *aux;            /* receives T + bias (c_dtype, C's layout), or NULL */
+    int32_t bias_dtype, c_dtype, epilogue; /* vh_epilogue */
+    void *aux; /* GELU: receives T + bias, GELU_GRAD: its gelu', MUL_AUX: read (c_dtype,
+                * C's layout), or NULL */
     const void *residual; /* C's layout and dtype, or NULL; may be C */
     void *c;
     int64_t ldc, stride_c;
@@ -317,8 +322,14 @@ __global__ static void finish_kernel(finish_args a) {
         const int64_t ci = q * a.stride_c + r * a.ldc + j;
         float v = a.t ? a.t[q * a.t_stride + r * a.t_ld + j] : 0.0f;
         if (a.bias) v += vh_cuda_load(a.bias, a.bias_dtype, j);
-        if (a.aux) vh_cuda_store(a.aux, a.c_dtype, ci, v);
-        if (a.gelu) v = vh_cuda_gelu(v); /* erf GELU, the CPU's formula */
+        if (a.epilogue == VH_EPILOGUE_MUL_AUX) {
+            v *= vh_cuda_load(a.aux, a.c_dtype, ci);
+        } else if (a.epilogue != VH_EPILOGUE_NONE) { /* erf GELU, the CPU's formula */
+            if (a.aux)
+                vh_cuda_store(a.aux, a.c_dtype, ci,
+                              a.epilogue == VH_EPILOGUE_GELU_GRAD ? vh_cuda_gelu_grad(v) : v);
+            v = vh_cuda_gelu(v);
+        }
         if (a.residual) v += vh_cuda_load(a.residual, a.c_dtype, ci);
         if (a.beta != 0.0f) v += a.beta * vh_cuda_load(a.c, a.c_dtype, ci);
         vh_cuda_store(a.c, a.c_dtype, ci, v);
@@ -329,13 +340,14 @@ __global__ static void finish_kernel(finish_args a) {
 static vh_status run_split(vh_device *dev, vh_cuda_gemm_state *st, cudaStream_t stream,
                            const vh_gemm_args *g, int64_t batch) {
     const int multiply = g->k > 0 && g->alpha != 0.0f;
-    const int gelu = g->epilogue == VH_EPILOGUE_GELU;
-    /* An f32 aux can hold T itself (no bias yet: the kernel adds it in place). */
+    const int gelu = g->epilogue == VH_EPILOGUE_GELU || g->epilogue == VH_EPILOGUE_GELU_GRAD;
+    /* An f32 aux can hold T itself (no bias yet: the kernel adds it in place,
+     * each element read before its gelu' overwrites it). */
     const int t_is_aux = multiply && gelu && g->aux && g->c_dtype == VH_DTYPE_F32;
     void *tmp = NULL;
     vh_status s = VH_STATUS_OK;
     finish_args f = {batch, g->m, g->n, NULL, g->n, g->m * g->n, g->bias, g->bias_dtype,
-                     g->c_dtype, gelu, gelu ? g->aux : NULL, g->residual, g->c, g->ldc,
+                     g->c_dtype, g->epilogue, g->aux, g->residual, g->c, g->ldc,
                      g->stride_c, g->beta};
     if (multiply) {
         matmul_call mc = {g, batch, NULL, NULL, VH_DTYPE_F32, g->n, g->m * g->n, g->alpha, 0.0f,
@@ -384,7 +396,9 @@ vh_status vh_cuda_gemm(vh_device *dev, const vh_gemm_args *in) {
         !vh_struct_upgrade(&g, sizeof g, in))
         return VH_STATUS_ERR_INVALID_ARG;
     if (!vh_cuda_is_float(g.ab_dtype) || !vh_cuda_is_float(g.c_dtype) ||
-        !vh_cuda_is_float(g.bias_dtype) || (unsigned)g.epilogue > VH_EPILOGUE_GELU)
+        !vh_cuda_is_float(g.bias_dtype) || (unsigned)g.epilogue > VH_EPILOGUE_MUL_AUX)
+        return VH_STATUS_ERR_INVALID_ARG;
+    if (g.epilogue == VH_EPILOGUE_MUL_AUX && (!g.aux || g.aux == g.c))
         return VH_STATUS_ERR_INVALID_ARG;
     if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0) return VH_STATUS_ERR_INVALID_ARG;
     if (g.stride_a < 0 || g.stride_b < 0 || g.stride_c < 0) return VH_STATUS_ERR_INVALID_ARG;

@@ -249,6 +249,11 @@ static void fill_engine_info(void) {
 static const vh_overwrite_ext g_overwrite_ext = {sizeof(vh_overwrite_ext),
                                                  VH_OVERWRITE_OP_GELU_BACKWARD};
 
+/* The GEMM's 2.5 epilogues (cpu/gemm.c). */
+static const vh_gemm_epilogue_ext g_epilogue_ext = {
+    sizeof(vh_gemm_epilogue_ext),
+    (1u << VH_EPILOGUE_GELU_GRAD) | (1u << VH_EPILOGUE_MUL_AUX)};
+
 static const void *cpu_get_extension(vh_device *dev, const char *name) {
     (void)dev;
     if (name && strcmp(name, VH_CPU_ENGINE_EXTENSION) == 0) {
@@ -256,6 +261,7 @@ static const void *cpu_get_extension(vh_device *dev, const char *name) {
         return &g_engine_info;
     }
     if (name && strcmp(name, VH_OVERWRITE_EXTENSION) == 0) return &g_overwrite_ext;
+    if (name && strcmp(name, VH_GEMM_EPILOGUE_EXTENSION) == 0) return &g_epilogue_ext;
     return NULL;
 }
 

@@ -2,7 +2,8 @@
  * CPU twin (sdk/src/cpu/gemm.c) on the same inputs: every transposition,
  * batches with strides (and a broadcast operand), padded leading
  * dimensions, bias (of C's dtype: cuBLASLt's epilogue; of another: the
- * kernel), erf GELU with and without aux, residuals (beside C, C itself),
+ * kernel), erf GELU with and without aux, gelu' in aux and C = T * aux
+ * (ABI 2.5), residuals (beside C, C itself),
  * alpha and beta, k = 0, f32/bf16/f16 operands and outputs, odd sizes
  * (17 x 33 x 65) and one ViT-sized shape; and the argument checks. Without a
  * GPU it prints one SKIPPED line and exits 77 (gpu_twin.h). */
@@ -96,7 +97,7 @@ static void run_case(const gcase *t, const char *name) {
                       .ldc = ldc, .stride_c = B > 1 ? sc : 0, .batch = t->batch,
                       .ab_dtype = t->ab, .c_dtype = t->c,
                       .bias_dtype = t->bias ? t->bias - 1 : 0,
-                      .epilogue = t->gelu ? VH_EPILOGUE_GELU : VH_EPILOGUE_NONE};
+                      .epilogue = t->gelu}; /* a vh_epilogue: 1 GELU, 2 GELU_GRAD, 3 MUL_AUX */
     vh_gemm_args hg = g, dg = g;
     hg.a = a.host, hg.b = b.host, hg.c = c.host;
     dg.a = a.dev, dg.b = b.dev, dg.c = c.dev;
@@ -178,6 +179,26 @@ static void test_gelu_aux(void **state) {
             run_case(&t, name);
             t.residual = RES_OWN, t.beta = 0.5f, t.batch = 2;
             snprintf(name, sizeof name, "GELU %s aux %d + residual + beta, batch 2", dn(dt[y]), aux);
+            run_case(&t, name);
+        }
+}
+
+/* ABI 2.5: gelu'(T) kept in aux, and C = T * aux, against the CPU twin. */
+static void test_gelu_grad_mul_aux(void **state) {
+    (void)state;
+    const vh_dtype dt[2] = {VH_DTYPE_F32, VH_DTYPE_BF16};
+    for (int y = 0; y < 2; y++)
+        for (int e = VH_EPILOGUE_GELU_GRAD; e <= VH_EPILOGUE_MUL_AUX; e++) {
+            gcase t = {.tb = e == VH_EPILOGUE_GELU_GRAD, .batch = 1, .m = 17, .n = 33, .k = 65,
+                       .ab = dt[y], .c = dt[y], .bias = 1 + (int)dt[y], .gelu = e, .aux = 1,
+                       .alpha = 1.0f};
+            char name[96];
+            snprintf(name, sizeof name, "%s %s", e == VH_EPILOGUE_GELU_GRAD ? "GELU_GRAD" : "MUL_AUX",
+                     dn(dt[y]));
+            run_case(&t, name);
+            t.residual = RES_OWN, t.beta = 0.5f, t.batch = 2;
+            snprintf(name, sizeof name, "%s %s + residual + beta, batch 2",
+                     e == VH_EPILOGUE_GELU_GRAD ? "GELU_GRAD" : "MUL_AUX", dn(dt[y]));
             run_case(&t, name);
         }
 }
@@ -266,6 +287,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trans_and_dtypes), cmocka_unit_test(test_batched),
         cmocka_unit_test(test_bias_alpha_beta),  cmocka_unit_test(test_gelu_aux),
+        cmocka_unit_test(test_gelu_grad_mul_aux),
         cmocka_unit_test(test_residual),         cmocka_unit_test(test_no_product),
         cmocka_unit_test(test_vit_shapes),       cmocka_unit_test(test_argument_checks),
     };

@@ -83,7 +83,7 @@ typedef struct vit_block_acts {
     void *attn;                       /* (rows, D) attention output, before proj */
     void *ln2;
     float *ln2_mean, *ln2_rstd;
-    void *fc1;                        /* (rows, M) before GELU */
+    void *fc1;                        /* (rows, M) before GELU, or its gelu' (gelu_grad_in_aux) */
     void *gelu;                       /* (rows, M) after GELU (and dropout) */
     void *mask_fc1, *mask_proj, *mask_fc2; /* dropout masks, or NULL */
     float *dp_attn, *dp_mlp;          /* drop-path scale per sample (B), or NULL */
@@ -95,6 +95,10 @@ typedef struct vit {
     /* the device writes gelu_backward's dx on request (ABI 2.4 overwrite
      * extension): d_mlp2 needs no zeroing before it */
     int gelu_grad_writes;
+    /* fp32 activations on a device with the 2.5 GEMM epilogues: fc1's GEMM
+     * keeps gelu'(T) in the block's fc1 buffer instead of T, and fc2's dX
+     * GEMM multiplies by it (no GELU pass in backward; the same numbers) */
+    int gelu_grad_in_aux;
 
     /* shape */
     int64_t image_h, image_w, channels, patch, grid_h, grid_w;

@@ -53,11 +53,22 @@ static vh_status backward_block(vit *m, int64_t l, const vit_unit *u, int64_t B)
     /* MLP branch: x_out = x_mid + branch(fc2(gelu(fc1(ln2(x_mid))))) */
     st = branch_grad(m, &dy, dropped ? a->dp_mlp : NULL, dropout ? a->mask_fc2 : NULL, B);
     if (st != VH_STATUS_OK) return st;
-    VIT_TRY(m, "mlp.fc2", vit_linear_backward(m, m->d_mlp, vit_grad(u, VIT_FC2_W),
-                                              vit_grad(u, VIT_FC2_B), dy, a->gelu,
-                                              vit_param(u, VIT_FC2_W), rows, M, D));
-    if (dropout) VIT_TRY(m, "mul", vit_mul(m, m->d_mlp, m->d_mlp, a->mask_fc1, rows * M));
-    VIT_TRY(m, "gelu", vit_gelu_backward(m, m->d_mlp2, a->fc1, m->d_mlp, rows * M));
+    if (m->gelu_grad_in_aux && !dropout) {
+        /* fc1 holds gelu'(T): d_mlp2 = (dy @ W2) * gelu'(T) in fc2's dX GEMM */
+        VIT_TRY(m, "mlp.fc2", vit_linear_backward_mul(m, m->d_mlp2, vit_grad(u, VIT_FC2_W),
+                                                      vit_grad(u, VIT_FC2_B), dy, a->gelu,
+                                                      vit_param(u, VIT_FC2_W), rows, M, D,
+                                                      a->fc1));
+    } else {
+        VIT_TRY(m, "mlp.fc2", vit_linear_backward(m, m->d_mlp, vit_grad(u, VIT_FC2_W),
+                                                  vit_grad(u, VIT_FC2_B), dy, a->gelu,
+                                                  vit_param(u, VIT_FC2_W), rows, M, D));
+        if (dropout) VIT_TRY(m, "mul", vit_mul(m, m->d_mlp, m->d_mlp, a->mask_fc1, rows * M));
+        if (m->gelu_grad_in_aux) /* the mask first, as gelu_backward's dout */
+            VIT_TRY(m, "mul", vit_mul(m, m->d_mlp2, m->d_mlp, a->fc1, rows * M));
+        else
+            VIT_TRY(m, "gelu", vit_gelu_backward(m, m->d_mlp2, a->fc1, m->d_mlp, rows * M));
+    }
     VIT_TRY(m, "mlp.fc1", vit_linear_backward(m, m->d_tmp, vit_grad(u, VIT_FC1_W),
                                               vit_grad(u, VIT_FC1_B), m->d_mlp2, a->ln2,
                                               vit_param(u, VIT_FC1_W), rows, D, M));

@@ -40,11 +40,15 @@ vh_status vit_linear_residual(vit *m, void *y, const void *x, vit_ref w, vit_ref
 
 vh_status vit_linear_gelu(vit *m, void *y, void *pre, const void *x, vit_ref w, vit_ref b,
                           int64_t rows, int64_t in, int64_t out) {
-    return linear(m, y, x, w, b, rows, in, out, VH_EPILOGUE_GELU, pre, NULL);
+    return linear(m, y, x, w, b, rows, in, out,
+                  m->gelu_grad_in_aux ? VH_EPILOGUE_GELU_GRAD : VH_EPILOGUE_GELU, pre, NULL);
 }
 
-vh_status vit_linear_backward(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
-                              const void *x, vit_ref w, int64_t rows, int64_t in, int64_t out) {
+/* vit_linear_backward; with dx_mul, dx = (dy @ w) * dx_mul in the GEMM's
+ * epilogue (VH_EPILOGUE_MUL_AUX). */
+static vh_status linear_backward(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
+                                 const void *x, vit_ref w, int64_t rows, int64_t in, int64_t out,
+                                 const void *dx_mul) {
     const vh_device_ops *d = m->dev;
     /* dw (out, in) += dy^T (out, rows) @ x (rows, in) */
     vh_gemm_args g = {.struct_size = sizeof g, .trans_a = 1, .trans_b = 0,
@@ -62,8 +66,21 @@ vh_status vit_linear_backward(vit *m, void *dx, vit_ref dw, vit_ref db, const vo
     vh_gemm_args h = {.struct_size = sizeof h, .trans_a = 0, .trans_b = 0,
                       .m = rows, .n = in, .k = out, .alpha = 1.0f, .beta = 0.0f,
                       .a = dy, .lda = out, .b = w.ptr, .ldb = in, .c = dx, .ldc = in,
-                      .batch = 1, .ab_dtype = m->act, .c_dtype = m->act};
+                      .batch = 1, .ab_dtype = m->act, .c_dtype = m->act,
+                      .epilogue = dx_mul ? VH_EPILOGUE_MUL_AUX : VH_EPILOGUE_NONE,
+                      .aux = (void *)(uintptr_t)dx_mul};
     return d->gemm(d->device, &h);
+}
+
+vh_status vit_linear_backward(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
+                              const void *x, vit_ref w, int64_t rows, int64_t in, int64_t out) {
+    return linear_backward(m, dx, dw, db, dy, x, w, rows, in, out, NULL);
+}
+
+vh_status vit_linear_backward_mul(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
+                                  const void *x, vit_ref w, int64_t rows, int64_t in,
+                                  int64_t out, const void *dx_mul) {
+    return linear_backward(m, dx, dw, db, dy, x, w, rows, in, out, dx_mul);
 }
 
 /* ---- layer norm ----------------------------------------------------------- */

@@ -28,13 +28,19 @@ vh_status vit_linear(vit *m, void *y, const void *x, vit_ref w, vit_ref b, int64
 vh_status vit_linear_residual(vit *m, void *y, const void *x, vit_ref w, vit_ref b,
                               const void *residual, int64_t rows, int64_t in, int64_t out);
 /* pre = x @ w^T + b and y = gelu(pre), in one GEMM (pre is what
- * gelu_backward needs) */
+ * gelu_backward needs; with m->gelu_grad_in_aux, pre receives gelu'(pre)
+ * instead, what vit_linear_backward_mul takes) */
 vh_status vit_linear_gelu(vit *m, void *y, void *pre, const void *x, vit_ref w, vit_ref b,
                           int64_t rows, int64_t in, int64_t out);
 /* dw += dy^T @ x, db += column sums of dy, and dx = dy @ w (skipped when dx
  * is NULL). */
 vh_status vit_linear_backward(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
                               const void *x, vit_ref w, int64_t rows, int64_t in, int64_t out);
+/* The same with dx = (dy @ w) * dx_mul (rows x in), the product in the dx
+ * GEMM's epilogue (ABI 2.5 VH_EPILOGUE_MUL_AUX: only with m->gelu_grad_in_aux). */
+vh_status vit_linear_backward_mul(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
+                                  const void *x, vit_ref w, int64_t rows, int64_t in,
+                                  int64_t out, const void *dx_mul);
 
 /* ---- layer norm over D ------------------------------------------------- */
 

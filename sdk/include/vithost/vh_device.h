@@ -62,10 +62,19 @@ typedef enum vh_copy_kind {
  * for i < batch, op(X) = X or X^T, op(A) m x k, op(B) k x n, C m x n.
  * With VH_EPILOGUE_GELU, aux (m x n, ldc) receives T (the pre-activation that
  * gelu_backward needs) when not NULL. a and b have the same dtype.
- * residual is m x n with leading dimension ldc and C's batch stride. */
+ * residual is m x n with leading dimension ldc and C's batch stride.
+ * ABI 2.5 adds two epilogues, taken only by a device whose
+ * VH_GEMM_EPILOGUE_EXTENSION names them (see below). */
 typedef enum vh_epilogue {
     VH_EPILOGUE_NONE = 0,
     VH_EPILOGUE_GELU = 1, /* erf GELU, as timm's nn.GELU */
+    /* C = gelu(T) as VH_EPILOGUE_GELU, but aux receives gelu'(T), the
+     * derivative, computed in fp32 from T with gelu_backward's formula and
+     * stored in c_dtype (ABI 2.5) */
+    VH_EPILOGUE_GELU_GRAD = 2,
+    /* C = T * aux: aux (m x n, ldc, C's batch stride, c_dtype) is read, the
+     * product in fp32; aux may not be C (ABI 2.5) */
+    VH_EPILOGUE_MUL_AUX = 3,
 } vh_epilogue;
 
 typedef struct vh_gemm_args {
@@ -85,10 +94,32 @@ typedef struct vh_gemm_args {
     int32_t c_dtype;          /* vh_dtype: dtype of c (and of aux and residual) */
     int32_t bias_dtype; /* vh_dtype */
     int32_t epilogue; /* vh_epilogue */
-    void *aux;                /* VH_EPILOGUE_GELU: the pre-activation, or NULL */
+    void *aux;                /* GELU: the pre-activation, or NULL; 2.5: see vh_epilogue */
     const void *residual;     /* added after the epilogue, or NULL */
     vh_stream *stream;        /* NULL: the thread's current stream */
 } vh_gemm_args;
+
+/* ---- the GELU's derivative kept from forward (ABI 2.5) -----------------------
+ * gelu_backward recomputes the normal CDF and density of the pre-activation,
+ * an erf and an exponential per element: on CPUs with slow vector math the
+ * MLP's largest element-wise cost. With VH_EPILOGUE_GELU_GRAD the forward GEMM,
+ * which evaluates both anyway, keeps gelu'(T) in aux instead of T; the
+ * backward GEMM that produces the GELU's output gradient (fc2's dX) then
+ * applies it in its own epilogue, VH_EPILOGUE_MUL_AUX, and no GELU pass is
+ * left in backward. In fp32 the numbers are those of gelu_backward with
+ * overwrite (dout * gelu'(T), one rounding), but for the sign of a zero: the
+ * product's, where 0 + product gives +0. With 16-bit storage they are not:
+ * gelu'(T) is rounded where gelu_backward would round T, so a policy that must
+ * match an autocast reference keeps VH_EPILOGUE_GELU. A device that returns a
+ * vh_gemm_epilogue_ext for get_extension(VH_GEMM_EPILOGUE_EXTENSION) takes
+ * every epilogue whose bit (1u << value) is set in `epilogues`; any other
+ * device refuses them with VH_STATUS_ERR_INVALID_ARG. */
+#define VH_GEMM_EPILOGUE_EXTENSION "vh.gemm_epilogue"
+
+typedef struct vh_gemm_epilogue_ext {
+    uint32_t struct_size;
+    uint32_t epilogues; /* bit (1u << e) for each vh_epilogue e taken beyond NONE and GELU */
+} vh_gemm_epilogue_ext;
 
 /* ---- layer norm ------------------------------------------------------------
  * Per row of dim values: out = (x - mean) * rstd * weight + bias; mean and
@@ -353,7 +384,8 @@ typedef struct vh_device_ops {
     /* Optional capabilities beyond this table, by name (LV2-style), e.g.
      * "vh.cpu.engine" for the CPU engine's description (vh_cpu_engine.h),
      * VH_OVERWRITE_EXTENSION (2.4) for the ops that write gradients on
-     * request; NULL if unknown. */
+     * request, VH_GEMM_EPILOGUE_EXTENSION (2.5) for the GEMM's newer
+     * epilogues; NULL if unknown. */
     const void *(*get_extension)(vh_device *dev, const char *name);
 
     /* ---- ABI 2.1 ---- */

@@ -69,6 +69,26 @@ void vh_cpu_k_gelu_forward_serial(float *out, const float *x, int64_t n) {
     gelu_forward_span(out, x, n);
 }
 
+/* GELU and its derivative from one evaluation of the CDF and density
+ * (ABI 2.5's VH_EPILOGUE_GELU_GRAD): grad[i] = cdf + v pdf, gelu_backward's
+ * very expression, so dout * grad[i] is its product. grad may be x itself
+ * (each element read before it is written); out may not. */
+VH_CPU_CLONES static void gelu_forward_grad_span(float *out, float *grad, const float *x,
+                                                 int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float pdf;
+        const float v = x[i];
+        const float cdf = vh_gelu_cdf(v, &pdf);
+        out[i] = v * cdf;
+        grad[i] = cdf + v * pdf;
+    }
+}
+
+void vh_cpu_k_gelu_forward_grad_serial(float *out, float *grad, const float *x, int64_t n) {
+    gelu_forward_grad_span(out, grad, x, n);
+}
+
 /* overwrite: dx = 0 + ... (the bits of adding to zeros: +0 for a -0
  * product), two loops so that the writing one never reads dx. */
 VH_CPU_CLONES static void gelu_backward_span(float *dx, const float *x, const float *dout,
@@ -261,6 +281,16 @@ void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n) {
     for (int64_t p = 0; p < pieces; p++)
         GELU_BLOCKS(n, p, o, m, (prefetch_ahead(x + o, m * 4, 0), prefetch_ahead(out + o, m * 4, 1)),
                     gelu_forward_span(out + o, x + o, m));
+}
+
+void vh_cpu_k_gelu_forward_grad(float *out, float *grad, const float *x, int64_t n) {
+    const int64_t pieces = PIECES(n);
+#pragma omp parallel for schedule(static) PAR(n)
+    for (int64_t p = 0; p < pieces; p++)
+        GELU_BLOCKS(n, p, o, m,
+                    (prefetch_ahead(x + o, m * 4, 0), prefetch_ahead(out + o, m * 4, 1),
+                     prefetch_ahead(grad + o, m * 4, 1)),
+                    gelu_forward_grad_span(out + o, grad + o, x + o, m));
 }
 
 void vh_cpu_k_gelu_backward(float *dx, const float *x, const float *dout, int64_t n,

@@ -301,6 +301,10 @@ VH_CPU_HIDDEN int vh_cpu_k_layernorm_backward(vh_cpu_rows dx, float *dweight, fl
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n);
 /* The same on the caller's thread (for rows inside a parallel loop). */
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_serial(float *out, const float *x, int64_t n);
+/* out = gelu(x) and grad = gelu'(x) (grad may be x), from one evaluation. */
+VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_grad(float *out, float *grad, const float *x, int64_t n);
+VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_grad_serial(float *out, float *grad, const float *x,
+                                                     int64_t n);
 /* Softmax of `rows` rows of `cols` in place, on the caller's thread. */
 VH_CPU_HIDDEN void vh_cpu_softmax_rows(float *p, int64_t rows, int64_t cols);
 /* dx += gelu'(x) * dout; overwrite: dx = 0 + gelu'(x) * dout, dx not read. */

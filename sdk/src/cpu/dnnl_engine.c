@@ -35,7 +35,7 @@
 #define CACHE_SIZE 256
 #define MAX_DIMS (VH_DNNL_MAX_BATCH_DIMS + 2)
 
-enum { MEM_A, MEM_B, MEM_BIAS, MEM_C, MEM_RESIDUAL, MEM_SCRATCH, MEM_COUNT };
+enum { MEM_A, MEM_B, MEM_BIAS, MEM_C, MEM_AUX, MEM_RESIDUAL, MEM_SCRATCH, MEM_COUNT };
 
 typedef struct entry {
     vh_dnnl_matmul key;
@@ -186,11 +186,16 @@ static int create(entry *e) {
              dnnl_post_ops_create(&po) == dnnl_success;
     if (ok && mm->alpha != 1.0f)
         ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &mm->alpha) == dnnl_success;
+    if (ok && mm->gelu && mm->mul_aux) ok = 0; /* one or the other: post-op 0 */
     if (ok && mm->gelu) {
         /* v2.x's eltwise post-op has a scale argument (gone in 3.x). */
         ok = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_erf, 0.0f, 0.0f) ==
              dnnl_success;
     }
+    /* ABI 2.5's VH_EPILOGUE_MUL_AUX: the GELU's derivative applied while a
+     * block of C is in cache, as the residual below. */
+    if (ok && mm->mul_aux)
+        ok = dnnl_post_ops_append_binary(po, dnnl_binary_mul, &c) == dnnl_success;
     /* The residual is read in the epilogue of each block of C while it is in
      * cache (gemm:jit's post-processing), where a copy into C before the
      * matmul (and the sum post-op) costs two more passes over memory. */
@@ -218,6 +223,9 @@ static int create(entry *e) {
              dnnl_memory_create(&e->mem[MEM_C], &c, g_engine, DNNL_MEMORY_NONE) == dnnl_success;
         if (ok && mm->has_bias)
             ok = dnnl_memory_create(&e->mem[MEM_BIAS], &bias, g_engine, DNNL_MEMORY_NONE) ==
+                 dnnl_success;
+        if (ok && mm->mul_aux)
+            ok = dnnl_memory_create(&e->mem[MEM_AUX], &c, g_engine, DNNL_MEMORY_NONE) ==
                  dnnl_success;
         if (ok && mm->residual)
             ok = dnnl_memory_create(&e->mem[MEM_RESIDUAL], &c, g_engine, DNNL_MEMORY_NONE) ==
@@ -259,12 +267,13 @@ static entry *lookup(thread_cache *tc, const vh_dnnl_matmul *mm) {
 
 vh_status vh_dnnl_matmul_run(const vh_dnnl_matmul *mm, const void *a, const void *b,
                              const float *bias, void *c) {
-    return vh_dnnl_matmul_run_residual(mm, a, b, bias, NULL, c);
+    return vh_dnnl_matmul_run_binary(mm, a, b, bias, NULL, NULL, c);
 }
 
-vh_status vh_dnnl_matmul_run_residual(const vh_dnnl_matmul *mm, const void *a, const void *b,
-                                      const float *bias, const void *residual, void *c) {
-    if (mm->residual && !residual) return VH_STATUS_ERR_INVALID_ARG;
+vh_status vh_dnnl_matmul_run_binary(const vh_dnnl_matmul *mm, const void *a, const void *b,
+                                    const float *bias, const void *aux, const void *residual,
+                                    void *c) {
+    if ((mm->residual && !residual) || (mm->mul_aux && !aux)) return VH_STATUS_ERR_INVALID_ARG;
     thread_cache *tc = this_cache();
     if (!tc) return VH_STATUS_ERR_UNSUPPORTED;
     entry *e = lookup(tc, mm);
@@ -291,10 +300,15 @@ vh_status vh_dnnl_matmul_run_residual(const vh_dnnl_matmul *mm, const void *a, c
         dnnl_memory_set_data_handle(e->mem[MEM_BIAS], (void *)(uintptr_t)bias);
         args[n++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, e->mem[MEM_BIAS]};
     }
+    if (mm->mul_aux) { /* post-op 0 */
+        dnnl_memory_set_data_handle(e->mem[MEM_AUX], (void *)(uintptr_t)aux);
+        args[n++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                                      e->mem[MEM_AUX]};
+    }
     if (mm->residual) {
-        /* the binary post-op's operand: its index in the chain (after gelu) */
+        /* the binary post-op's operand: its index in the chain (after gelu or mul) */
         dnnl_memory_set_data_handle(e->mem[MEM_RESIDUAL], (void *)(uintptr_t)residual);
-        args[n++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(mm->gelu ? 1 : 0) |
+        args[n++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(mm->gelu || mm->mul_aux ? 1 : 0) |
                                           DNNL_ARG_SRC_1,
                                       e->mem[MEM_RESIDUAL]};
     }

@@ -9,6 +9,7 @@
  *                                         scales after it)
  *   C = gelu?(T) + residual? + sum * C  (residual: a tensor of C's dtype,
  *                                         shape and strides)
+ * or, in place of the GELU, T * aux (aux: as the residual).
  * where A is (batch..., m, k), B (batch..., k, n), C (batch..., m, n), each
  * given by element strides, so transposes, leading
  * dimensions, broadcast batch members (stride 0) and the per-(sample, head)
@@ -46,7 +47,7 @@ typedef struct vh_dnnl_matmul {
     float sum;           /* != 0: C_old * sum is added (beta, +1 for a residual in C) */
     int32_t residual;    /* a residual tensor is added (binary post-op), after gelu */
     int32_t kernel;      /* vh_dnnl_kernel: which of oneDNN's implementations runs it */
-    int32_t reserved;    /* 0 (keeps the struct free of padding) */
+    int32_t mul_aux;     /* T * aux (binary post-op) where gelu would be; not with gelu */
 } vh_dnnl_matmul;
 
 _Static_assert(sizeof(vh_dnnl_matmul) == 17 * 8 + 10 * 4, "vh_dnnl_matmul has no padding");
@@ -69,10 +70,13 @@ VH_CPU_HIDDEN void vh_dnnl_matmul_init(vh_dnnl_matmul *mm);
  * takes a simpler route (plain f32, post-ops done by hand). */
 VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run(const vh_dnnl_matmul *mm, const void *a,
                                            const void *b, const float *bias, void *c);
-/* The same with the residual tensor of mm->residual (C's dtype). */
-VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run_residual(const vh_dnnl_matmul *mm, const void *a,
-                                                    const void *b, const float *bias,
-                                                    const void *residual, void *c);
+/* The same with the tensors of the binary post-ops: the residual of
+ * mm->residual and the aux of mm->mul_aux (C's dtype and strides), NULL where
+ * the description has none. */
+VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run_binary(const vh_dnnl_matmul *mm, const void *a,
+                                                  const void *b, const float *bias,
+                                                  const void *aux, const void *residual,
+                                                  void *c);
 
 /* ISA levels of oneDNN's effective ISA (the CPU's, capped by
  * ONEDNN_MAX_CPU_ISA), which our own kernels are held to as well: a test

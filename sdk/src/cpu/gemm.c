@@ -57,6 +57,10 @@
  *    pass with our GELU, the one gelu_forward uses (so a model's recomputed
  *    GELU matches its forward bit for bit; oneDNN's gelu_erf in route 1
  *    differs from it by about an ulp).
+ * ABI 2.5's epilogues: VH_EPILOGUE_MUL_AUX (C = T * aux) is a binary-mul
+ * post-op of route 1 where C and aux are f32 and unbatched, else route 2's
+ * pass; VH_EPILOGUE_GELU_GRAD takes route 2 as GELU with aux does, its pass
+ * writing gelu'(T) over T.
  * A plain matmul oneDNN refuses (odd strides) is retried on dense copies, and
  * only then done by a plain loop (never seen on the ViT's shapes).
  */
@@ -234,25 +238,59 @@ static void preload(const vh_gemm_args *g, int64_t batch, const out_view *c,
     }
 }
 
+/* One row of epilogue(T) into dst: gelu (with grad, gelu'(T) over T as
+ * well), T * aux (aux widened into abuf unless f32), or T. */
+static void epilogue_row(const vh_gemm_args *g, float *dst, float *ti, int grad,
+                         const void *auxi, float *abuf) {
+    const int64_t n = g->n;
+    if (g->epilogue == VH_EPILOGUE_MUL_AUX) {
+        const float *ai = auxi;
+        if (g->c_dtype != VH_DTYPE_F32) {
+            vh_cpu_to_f32_serial(abuf, auxi, (vh_dtype)g->c_dtype, n);
+            ai = abuf;
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) dst[j] = ti[j] * ai[j];
+    } else if (grad) {
+        vh_cpu_k_gelu_forward_grad_serial(dst, ti, ti, n);
+    } else if (g->epilogue != VH_EPILOGUE_NONE) {
+        vh_cpu_k_gelu_forward_serial(dst, ti, n);
+    } else if (dst != ti) {
+        memcpy(dst, ti, (size_t)n * sizeof(float));
+    }
+}
+
 /* C = epilogue(T) + residual + beta C, row by row, each element read before
- * it is written (residual may be C itself). The common case, C = gelu(T)
- * with T and C dense (fc1's pre-activation in aux), is one threaded GELU
- * pass over the whole block. Rows otherwise go to the threads, and each
- * row's GELU runs on its thread (gelu_forward_serial: a per-row call of the
- * threaded kernel would open a nested parallel region per row, which cost
- * more than the GEMM itself). */
+ * it is written (residual may be C itself). With grad (GELU_GRAD with aux)
+ * T is overwritten by gelu'(T). The common cases, C = gelu(T) with T and C
+ * dense (fc1's pre-activation in aux) and C = T * aux with all three dense
+ * and f32, are one threaded pass over the whole block. Rows otherwise go to
+ * the threads, and each row's GELU runs on its thread (gelu_forward_serial:
+ * a per-row call of the threaded kernel would open a nested parallel region
+ * per row, which cost more than the GEMM itself). */
 static vh_status finish(const vh_gemm_args *g, int64_t batch, const out_view *t,
-                        const out_view *c, const out_view *res, float beta) {
-    const int gelu = g->epilogue == VH_EPILOGUE_GELU;
+                        const out_view *c, const out_view *res, float beta, int grad) {
+    const int gelu = g->epilogue == VH_EPILOGUE_GELU || g->epilogue == VH_EPILOGUE_GELU_GRAD;
+    const int mul = g->epilogue == VH_EPILOGUE_MUL_AUX;
     const int64_t n = g->n, rows = batch * g->m;
     const int dense = t->ld == n && c->ld == n && (batch == 1 || (t->sbatch == g->m * n &&
                                                                   c->sbatch == g->m * n));
     if (gelu && !res->p && beta == 0.0f && dense) {
-        vh_cpu_k_gelu_forward(c->p, t->p, rows * n);
+        if (grad)
+            vh_cpu_k_gelu_forward_grad(c->p, t->p, t->p, rows * n);
+        else
+            vh_cpu_k_gelu_forward(c->p, t->p, rows * n);
         return VH_STATUS_OK;
     }
-    float *rows_buf = vh_cpu_scratch_alloc((size_t)n * sizeof(float));
+    if (mul && !res->p && beta == 0.0f && dense && batch == 1 && g->ldc == n &&
+        g->c_dtype == VH_DTYPE_F32) {
+        vh_cpu_k_mul(c->p, t->p, g->aux, rows * n, 0);
+        return VH_STATUS_OK;
+    }
+    const size_t row_floats = (size_t)(mul ? 2 * n : n); /* mul: and an aux row */
+    float *rows_buf = vh_cpu_scratch_alloc(row_floats * sizeof(float));
     if (!rows_buf) return VH_STATUS_ERR_NOMEM;
+    const size_t aux_es = vh_dtype_size((vh_dtype)g->c_dtype);
     const int par = rows * n > VH_CPU_PAR_ELEMS;
 #pragma omp parallel if (par)
     {
@@ -260,7 +298,7 @@ static vh_status finish(const vh_gemm_args *g, int64_t batch, const out_view *t,
         vh_cpu_scratch_mark mark = {0, 0};
         if (par) { /* each thread its own row from its own arena */
             mark = vh_cpu_scratch_begin();
-            row = vh_cpu_scratch_alloc((size_t)n * sizeof(float));
+            row = vh_cpu_scratch_alloc(row_floats * sizeof(float));
         } else {
             row = rows_buf;
         }
@@ -268,20 +306,17 @@ static vh_status finish(const vh_gemm_args *g, int64_t batch, const out_view *t,
         for (int64_t i = 0; i < rows; i++) {
             if (!row) continue;
             const int64_t q = i / g->m, r = i % g->m;
-            const float *ti = t->p + q * t->sbatch + r * t->ld;
+            float *ti = t->p + q * t->sbatch + r * t->ld;
             float *ci = c->p + q * c->sbatch + r * c->ld;
             const float *ri = res->p ? res->p + q * res->sbatch + r * res->ld : NULL;
+            const void *ai =
+                mul ? (const char *)g->aux + (size_t)(q * g->stride_c + r * g->ldc) * aux_es
+                    : NULL;
             if (!ri && beta == 0.0f) { /* straight into C */
-                if (gelu)
-                    vh_cpu_k_gelu_forward_serial(ci, ti, n);
-                else if (ci != ti)
-                    memcpy(ci, ti, (size_t)n * sizeof(float));
+                epilogue_row(g, ci, ti, grad, ai, row + n);
                 continue;
             }
-            if (gelu)
-                vh_cpu_k_gelu_forward_serial(row, ti, n);
-            else
-                memcpy(row, ti, (size_t)n * sizeof(float));
+            epilogue_row(g, row, ti, grad, ai, row + n);
             if (ri && beta != 0.0f) {
 #pragma omp simd
                 for (int64_t j = 0; j < n; j++) ci[j] = row[j] + ri[j] + beta * ci[j];
@@ -425,9 +460,12 @@ static vh_status view_outputs(const vh_gemm_args *g, int64_t batch, gemm_views *
 }
 
 /* Route 1, one oneDNN matmul with its post-ops. VH_STATUS_ERR_UNSUPPORTED:
- * oneDNN refused it, and route 2 is to run (C may now hold the residual). */
+ * oneDNN refused it, and route 2 is to run (C may now hold the residual).
+ * MUL_AUX comes here only with C and aux f32 and one member (run). */
 static vh_status run_fused(const vh_gemm_args *g, int64_t batch, gemm_views *v) {
     const int gelu = g->epilogue == VH_EPILOGUE_GELU;
+    const int mul = g->epilogue == VH_EPILOGUE_MUL_AUX;
+    const void *aux = mul ? g->aux : NULL;
     vh_status st;
     /* A residual that is not C: with beta 0 and no batch (a residual
      * branch's output layer), a binary-add post-op reads it while each
@@ -443,8 +481,9 @@ static vh_status run_fused(const vh_gemm_args *g, int64_t batch, gemm_views *v) 
         describe(&mm, g, batch, &v->a, &v->b, &v->c);
         mm.has_bias = v->bias != NULL;
         mm.gelu = gelu;
+        mm.mul_aux = mul;
         mm.residual = 1;
-        st = vh_dnnl_matmul_run_residual(&mm, v->a.p, v->b.p, v->bias, v->res.p, v->c.p);
+        st = vh_dnnl_matmul_run_binary(&mm, v->a.p, v->b.p, v->bias, aux, v->res.p, v->c.p);
         if (st == VH_STATUS_OK && !v->c32)
             block_from_f32(g->c, g->c_dtype, v->c.p, batch, g->stride_c, g->m, g->ldc, g->n);
         if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
@@ -453,8 +492,9 @@ static vh_status run_fused(const vh_gemm_args *g, int64_t batch, gemm_views *v) 
     describe(&mm, g, batch, &v->a, &v->b, &v->c);
     mm.has_bias = v->bias != NULL;
     mm.gelu = gelu;
+    mm.mul_aux = mul;
     mm.sum = v->res.p ? (v->res_is_c ? 1.0f + g->beta : 1.0f) : g->beta;
-    st = vh_dnnl_matmul_run(&mm, v->a.p, v->b.p, v->bias, v->c.p);
+    st = vh_dnnl_matmul_run_binary(&mm, v->a.p, v->b.p, v->bias, aux, NULL, v->c.p);
     if (st == VH_STATUS_OK && !v->c32)
         block_from_f32(g->c, g->c_dtype, v->c.p, batch, g->stride_c, g->m, g->ldc, g->n);
     if (st == VH_STATUS_ERR_UNSUPPORTED && v->res.p && !v->res_is_c) {
@@ -470,10 +510,16 @@ static int gelu_to_bf16(const vh_gemm_args *g, int64_t batch, const gemm_views *
            g->beta == 0.0f && g->c_dtype == VH_DTYPE_BF16 && g->ldc == g->n;
 }
 
+/* GELU or GELU_GRAD with aux: the call writes aux, which oneDNN's fused
+ * GELU cannot (route 2). */
+static int writes_aux(const vh_gemm_args *g) {
+    return (g->epilogue == VH_EPILOGUE_GELU || g->epilogue == VH_EPILOGUE_GELU_GRAD) && g->aux;
+}
+
 /* Route 2, split: T into aux (f32) or a dense scratch, then the epilogue. */
 static vh_status run_split(const vh_gemm_args *g, int64_t batch, int multiply, gemm_views *v) {
     const int64_t m = g->m, n = g->n;
-    const int want_aux = g->epilogue == VH_EPILOGUE_GELU && g->aux;
+    const int want_aux = writes_aux(g);
     vh_status st;
     out_view t = {NULL, m * n, n};
     if (want_aux && v->c32) {
@@ -497,7 +543,9 @@ static vh_status run_split(const vh_gemm_args *g, int64_t batch, int multiply, g
         vh_cpu_k_gelu_forward_f32_to_bf16(g->c, g->aux, t.p, m * n);
         return VH_STATUS_OK;
     }
-    if ((st = finish(g, batch, &t, &v->c, &v->res, v->beta0 ? 0.0f : g->beta)) != VH_STATUS_OK)
+    const int grad = want_aux && g->epilogue == VH_EPILOGUE_GELU_GRAD; /* into t, then aux */
+    if ((st = finish(g, batch, &t, &v->c, &v->res, v->beta0 ? 0.0f : g->beta, grad)) !=
+        VH_STATUS_OK)
         return st;
     if (want_aux && !v->c32)
         block_from_f32(g->aux, g->c_dtype, t.p, batch, g->stride_c, m, g->ldc, n);
@@ -517,7 +565,7 @@ static vh_status run_direct16(const vh_gemm_args *g, int64_t batch, const gemm_v
     const int res_is_c = g->residual && g->residual == g->c;
     const int res_other = g->residual && !res_is_c;
     if (g->c_dtype != VH_DTYPE_BF16 || v->a.dtype != VH_DTYPE_BF16 ||
-        (res_other && (batch != 1 || g->beta != 0.0f)))
+        g->epilogue == VH_EPILOGUE_MUL_AUX || (res_other && (batch != 1 || g->beta != 0.0f)))
         return VH_STATUS_ERR_UNSUPPORTED;
     const out_view c = {g->c, g->stride_c, g->ldc}; /* bf16: only its strides are read */
     vh_dnnl_matmul mm;
@@ -528,7 +576,7 @@ static vh_status run_direct16(const vh_gemm_args *g, int64_t batch, const gemm_v
     mm.residual = res_other;
     mm.sum = res_is_c ? 1.0f + g->beta : g->beta;
     if (res_other)
-        return vh_dnnl_matmul_run_residual(&mm, v->a.p, v->b.p, v->bias, g->residual, g->c);
+        return vh_dnnl_matmul_run_binary(&mm, v->a.p, v->b.p, v->bias, NULL, g->residual, g->c);
     return vh_dnnl_matmul_run(&mm, v->a.p, v->b.p, v->bias, g->c);
 }
 
@@ -568,12 +616,16 @@ static vh_status run_ksplit(const vh_gemm_args *g, gemm_views *v) {
 
 static vh_status run(const vh_gemm_args *g, int64_t batch) {
     const int multiply = g->k > 0 && g->alpha != 0.0f;
-    const int want_aux = g->epilogue == VH_EPILOGUE_GELU && g->aux;
     gemm_views v = {.beta0 = 0};
     vh_status st = view_inputs(g, batch, multiply, &v);
     if (st != VH_STATUS_OK) return st;
-    /* one oneDNN matmul with its post-ops can do it (a bias only with alpha 1) */
-    const int fusable = multiply && !want_aux && !(v.bias && g->alpha != 1.0f);
+    /* one oneDNN matmul with its post-ops can do it (a bias only with alpha
+     * 1; T * aux on f32 C and aux, one member: oneDNN 2.6's binary post-op
+     * misreads some batched operands, see run_fused) */
+    const int mul_fusable = g->epilogue != VH_EPILOGUE_MUL_AUX ||
+                            (batch == 1 && g->c_dtype == VH_DTYPE_F32);
+    const int fusable =
+        multiply && !writes_aux(g) && mul_fusable && !(v.bias && g->alpha != 1.0f);
     if (multiply && ksplit_fits(g, batch)) {
         if ((st = view_outputs(g, batch, &v)) != VH_STATUS_OK) return st;
         return run_ksplit(g, &v);
@@ -595,7 +647,10 @@ vh_status vh_cpu_gemm(vh_device *dev, const vh_gemm_args *in) {
         !vh_struct_upgrade(g, sizeof *g, in))
         return VH_STATUS_ERR_INVALID_ARG;
     if (!vh_cpu_is_float(g->ab_dtype) || !vh_cpu_is_float(g->c_dtype) ||
-        !vh_cpu_is_float(g->bias_dtype) || (unsigned)g->epilogue > VH_EPILOGUE_GELU)
+        !vh_cpu_is_float(g->bias_dtype) || (unsigned)g->epilogue > VH_EPILOGUE_MUL_AUX)
+        return VH_STATUS_ERR_INVALID_ARG;
+    /* T * aux reads aux, which C's stores would overwrite under it */
+    if (g->epilogue == VH_EPILOGUE_MUL_AUX && (!g->aux || g->aux == g->c))
         return VH_STATUS_ERR_INVALID_ARG;
     if (g->m < 0 || g->n < 0 || g->k < 0 || g->batch < 0) return VH_STATUS_ERR_INVALID_ARG;
     if (g->stride_a < 0 || g->stride_b < 0 || g->stride_c < 0)
@@ -610,6 +665,8 @@ vh_status vh_cpu_gemm(vh_device *dev, const vh_gemm_args *in) {
     if (!g->c || (g->k > 0 && (!g->a || !g->b))) return VH_STATUS_ERR_INVALID_ARG;
     if (batch > 1 && g->stride_c == 0) return VH_STATUS_ERR_INVALID_ARG; /* C[i] would alias */
     if (g->epilogue == VH_EPILOGUE_NONE) g->aux = NULL;
+    /* gelu'(T) with nowhere to go: a GELU (route 1 may fuse it) */
+    if (g->epilogue == VH_EPILOGUE_GELU_GRAD && !g->aux) g->epilogue = VH_EPILOGUE_GELU;
     vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
     vh_status st = run(g, batch);
     vh_cpu_scratch_end(mark);

@@ -282,8 +282,8 @@ static vh_status finish(const vh_gemm_args *g, int64_t batch, const out_view *t,
             vh_cpu_k_gelu_forward(c->p, t->p, rows * n);
         return VH_STATUS_OK;
     }
-    if (mul && !res->p && beta == 0.0f && dense && batch == 1 && g->ldc == n &&
-        g->c_dtype == VH_DTYPE_F32) {
+    if (mul && !res->p && beta == 0.0f && dense && batch == 1 && g->c_dtype == VH_DTYPE_F32) {
+        /* C f32 is g->c itself: dense means aux, in C's layout, is dense too */
         vh_cpu_k_mul(c->p, t->p, g->aux, rows * n, 0);
         return VH_STATUS_OK;
     }

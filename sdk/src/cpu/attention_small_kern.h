@@ -1,10 +1,12 @@
 /* attention_small_kern.h - the kernels of attention_small.c for one vector
  * width, included there once per ISA (a C template): before it, VW (floats
  * per vector: 16 or 8), VN(name) (name with the ISA's suffix), the tiles
- * SCORE_R x SCORE_V (scores: rows x vectors) and PROD_R x PROD_V (the
- * products with the head's rows), and a `#pragma GCC target` the code is
- * built for; it undefines those six at its end, ready for the next. GCC vectors of VW floats are one register of that ISA (a wider
- * one is split into scalars, not halves). */
+ * SCORE_R x SCORE_V (scores: rows x vectors), PROD_R x PROD_V (the
+ * products with the head's rows) and SOFTMAX_R (rows of a score tile whose
+ * softmax runs in registers), and a `#pragma GCC target` the code is built
+ * for; it undefines those seven at its end, ready for the next. GCC vectors
+ * of VW floats are one register of that ISA (a wider one is split into
+ * scalars, not halves). */
 
 typedef float VN(vf) __attribute__((vector_size(VW * 4)));
 typedef int32_t VN(vi) __attribute__((vector_size(VW * 4)));
@@ -205,6 +207,104 @@ ALWAYS_INLINE void VN(softmax_rows)(int R, float *s, int64_t ld, int64_t n, int6
         }
 }
 
+/* acc[r][v] = sum over k of A(r, k) B(k, VW v + lane), R rows of NV
+ * vectors: VN(tile)'s products, in the same order, left in registers for
+ * the softmax steps that follow. */
+ALWAYS_INLINE void VN(tile_acc)(int R, int NV, int64_t K, mview A, mview B, VF acc[4][4]) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) acc[r][v] = (VF){0};
+    for (int64_t k = 0; k < K; k++) {
+        VF b[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) VN(vget)(&b[v], &B, k, VW * v);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const float ar = mview_get(&A, r, k);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[r][v] += b[v] * ar;
+        }
+    }
+}
+
+/* Scores and their softmax for R rows at once, each row whole in NV
+ * registers (np = NV * VW): S = alpha A B as VN(tile) computes it, then
+ * VN(softmax_rows)' steps on the registers. A score row is stored once (to
+ * s, ld apart, for P V) where the two passes stored it three times and read
+ * it four, and f32 probabilities go from the registers to probs (n apart,
+ * the last vector masked) where store_probs copied them from s (probs NULL:
+ * the caller stores them). The same values, in the same order, as
+ * VN(tile), VN(softmax_rows) and store_probs. */
+ALWAYS_INLINE void VN(scores_softmax)(int R, int NV, int64_t K, float alpha, mview A, mview B,
+                                      float *s, int64_t ld, int64_t n, float *probs) {
+#if VW == 16
+    const VI lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#else
+    const VI lane = {0, 1, 2, 3, 4, 5, 6, 7};
+#endif
+    const VF ninf = (VF){0} - INFINITY;
+    VF acc[4][4], red[4];
+    float m[4];
+    VN(tile_acc)(R, NV, K, A, B, acc);
+    const int32_t last = (int32_t)(n - VW * (NV - 1)); /* columns in the last vector */
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) red[r] = ninf;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            VF x = acc[r][v] * alpha;
+            if (v == NV - 1) x = SEL(VF, VI, lane < (VI){0} + last, x, ninf);
+            acc[r][v] = x;
+            red[r] = SEL(VF, VI, x > red[r], x, red[r]);
+        }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) m[r] = VN(hmax)(&red[r]), red[r] = (VF){0};
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            VF x = acc[r][v] - m[r];
+            VN(exp_nonpos)(&x);
+            acc[r][v] = x;
+            red[r] += x;
+        }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) m[r] = 1.0f / VN(hsum)(&red[r]);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const VF x = acc[r][v] * m[r];
+            ST(s + r * ld + VW * v, x);
+            if (!probs) continue;
+            float *dst = probs + r * n + VW * v;
+            if (v < NV - 1) {
+                ST(dst, x);
+            } else {
+#if VW == 16
+                _mm512_mask_storeu_ps(dst, (__mmask16)((1u << last) - 1u), (__m512)x);
+#else
+                _mm256_maskstore_ps(dst, (__m256i)(lane < (VI){0} + last), (__m256)x);
+#endif
+            }
+        }
+}
+
+/* Scores and softmax of all n rows (np = NV * VW), SOFTMAX_R rows at a time. */
+ALWAYS_INLINE void VN(scores_softmax_all)(int NV, const mview *q, const mview *kt, const geom *g,
+                                          float *s, float *probs) {
+    const int64_t n = g->n, np = g->np;
+    int64_t i = 0;
+    for (; i + SOFTMAX_R <= n; i += SOFTMAX_R)
+        VN(scores_softmax)(SOFTMAX_R, NV, g->dh, g->scale, mview_at(*q, i, 0), *kt, s + i * np,
+                           np, n, probs ? probs + i * n : NULL);
+    for (; i < n; i++)
+        VN(scores_softmax)(1, NV, g->dh, g->scale, mview_at(*q, i, 0), *kt, s + i * np, np, n,
+                           probs ? probs + i * n : NULL);
+}
+
 /* dS = P * (dP - rowsum(dP * P)) in place of a dP row (padding of P is 0).
  * (Here rows interleaved were slower: no division in the chain.) */
 ALWAYS_INLINE void VN(softmax_grad_row)(float *ds, const float *p, int64_t np) {
@@ -223,6 +323,62 @@ ALWAYS_INLINE void VN(softmax_grad_row)(float *ds, const float *p, int64_t np) {
         d = q * (d - rs);
         ST(ds + c, d);
     }
+}
+
+/* dS = P * (dP - rowsum(dP * P)) for R rows at once, dP = A B (A: dO, B:
+ * V^T) whole in NV registers a row (np = NV * VW), as VN(tile) and
+ * VN(softmax_grad_row) compute it (the same values), stored once to ds (ld
+ * apart). P's rows are pn apart: the probabilities in place (f32, pn = n;
+ * the last vector of a row read masked, as the last row ends where the
+ * tensor does) or rows widened into scratch (pn = np, padded with 0). */
+ALWAYS_INLINE void VN(softmax_grad)(int R, int NV, int64_t K, mview A, mview B, const float *p,
+                                    int64_t pn, float *ds, int64_t ld, int64_t n) {
+    VF acc[4][4], red[4];
+    float rs[4];
+    VN(tile_acc)(R, NV, K, A, B, acc);
+    VF q[4][4];
+    const int32_t last = (int32_t)(n - VW * (NV - 1));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) red[r] = (VF){0};
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const float *src = p + r * pn + VW * v;
+            if (v < NV - 1 || pn != n) {
+                LD(q[r][v], src);
+            } else {
+#if VW == 16
+                q[r][v] = (VF)_mm512_maskz_loadu_ps((__mmask16)((1u << last) - 1u), src);
+#else
+                const VI lane = {0, 1, 2, 3, 4, 5, 6, 7};
+                q[r][v] = (VF)_mm256_maskload_ps(src, (__m256i)(lane < (VI){0} + last));
+#endif
+            }
+            red[r] += acc[r][v] * q[r][v];
+        }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) rs[r] = VN(hsum)(&red[r]);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const VF d = q[r][v] * (acc[r][v] - rs[r]);
+            ST(ds + r * ld + VW * v, d);
+        }
+}
+
+/* dS of all n rows (np = NV * VW), SOFTMAX_R rows at a time. */
+ALWAYS_INLINE void VN(softmax_grad_all)(int NV, const mview *go, const mview *vt, const geom *g,
+                                        const float *p, int64_t pn, float *ds) {
+    const int64_t n = g->n, np = g->np;
+    int64_t i = 0;
+    for (; i + SOFTMAX_R <= n; i += SOFTMAX_R)
+        VN(softmax_grad)(SOFTMAX_R, NV, g->dh, mview_at(*go, i, 0), *vt, p + i * pn, pn,
+                         ds + i * np, np, n);
+    for (; i < n; i++)
+        VN(softmax_grad)(1, NV, g->dh, mview_at(*go, i, 0), *vt, p + i * pn, pn, ds + i * np, np,
+                         n);
 }
 
 /* ---- one block -------------------------------------------------------------- */
@@ -303,11 +459,25 @@ ALWAYS_INLINE void VN(forward_t)(const block *b, const geom *g, float *w, int bf
     VN(transpose)(kt, &k, g);
     const mview v = VN(rows)(vb, b->v, b->ts, g, direct, bf);
     const mview ktv = {kt, np, 1, 0}, sv = {s, np, 1, 0}, ov = {o, dp, 1, 0};
-    VN(mm)(SCORE_R, SCORE_V, n, np, g->dh, g->scale, q, ktv, sv, 0);
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) VN(softmax_rows)(4, s + i * np, np, n, np);
-    for (; i < n; i++) VN(softmax_rows)(1, s + i * np, np, n, np);
-    for (i = 0; i < n; i++) store_probs((char *)b->p + i * n * pes, g->pt, s + i * np, n);
+    if (np <= VW * SCORE_V) { /* a score row fits in registers */
+        float *pf = g->pt == VH_DTYPE_F32 ? b->p : NULL;
+        switch (np / VW) {
+        case 1: VN(scores_softmax_all)(1, &q, &ktv, g, s, pf); break;
+        case 2: VN(scores_softmax_all)(2, &q, &ktv, g, s, pf); break;
+#if SCORE_V > 2
+        case 3: VN(scores_softmax_all)(3, &q, &ktv, g, s, pf); break;
+        case 4: VN(scores_softmax_all)(4, &q, &ktv, g, s, pf); break;
+#endif
+        }
+        if (!pf)
+            for (i = 0; i < n; i++) store_probs((char *)b->p + i * n * pes, g->pt, s + i * np, n);
+    } else {
+        VN(mm)(SCORE_R, SCORE_V, n, np, g->dh, g->scale, q, ktv, sv, 0);
+        for (; i + 4 <= n; i += 4) VN(softmax_rows)(4, s + i * np, np, n, np);
+        for (; i < n; i++) VN(softmax_rows)(1, s + i * np, np, n, np);
+        for (i = 0; i < n; i++) store_probs((char *)b->p + i * n * pes, g->pt, s + i * np, n);
+    }
     if (direct) { /* straight into out */
         const mview out = {b->o, b->ots / (bf ? 2 : 4), 1, bf};
         VN(mm)(PROD_R, PROD_V, n, dp, n, 1.0f, sv, v, out, 0);
@@ -337,18 +507,34 @@ ALWAYS_INLINE void VN(backward_t)(const block *b, const geom *g, float *w, int b
     const int64_t n = g->n, np = g->np, dp = g->dp, pes = vh_dtype_size(g->pt);
     const int direct = bf || g->direct;
     float *qb = w, *kb = qb + n * dp, *gb = kb + n * dp, *x = gb + n * dp, *vt = x + n * dp;
-    float *p = vt + g->dh * np, *ds = p + n * np;
+    float *pw = vt + g->dh * np, *ds = pw + n * np;
     const mview q = VN(rows)(qb, b->q, b->ts, g, direct, bf);
     const mview k = VN(rows)(kb, b->k, b->ts, g, direct, bf);
     const mview v = VN(rows)(x, b->v, b->ts, g, direct, bf); /* x: not used yet */
     VN(transpose)(vt, &v, g);
     const mview go = VN(rows)(gb, b->go, b->ots, g, direct, bf);
-    for (int64_t t = 0; t < n; t++)
-        load_row(p + t * np, (const char *)b->p + t * n * pes, g->pt, n, np, VW);
     const mview vtv = {vt, np, 1, 0}, dsv = {ds, np, 1, 0}, dst = {ds, 1, np, 0};
-    const mview pt = {p, 1, np, 0};
-    VN(mm)(SCORE_R, SCORE_V, n, np, g->dh, 1.0f, go, vtv, dsv, 0); /* dP = dO V^T */
-    for (int64_t i = 0; i < n; i++) VN(softmax_grad_row)(ds + i * np, p + i * np, np);
+    /* f32 probabilities are read in place, others widened into p */
+    const int pf = g->pt == VH_DTYPE_F32 && np <= VW * SCORE_V;
+    const int64_t pn = pf ? n : np;
+    const float *p = pf ? (const float *)b->p : pw;
+    if (!pf)
+        for (int64_t t = 0; t < n; t++)
+            load_row(pw + t * np, (const char *)b->p + t * n * pes, g->pt, n, np, VW);
+    const mview pt = {(void *)(uintptr_t)p, 1, pn, 0};
+    if (np <= VW * SCORE_V) { /* dP = dO V^T, a row in registers, and dS */
+        switch (np / VW) {
+        case 1: VN(softmax_grad_all)(1, &go, &vtv, g, p, pn, ds); break;
+        case 2: VN(softmax_grad_all)(2, &go, &vtv, g, p, pn, ds); break;
+#if SCORE_V > 2
+        case 3: VN(softmax_grad_all)(3, &go, &vtv, g, p, pn, ds); break;
+        case 4: VN(softmax_grad_all)(4, &go, &vtv, g, p, pn, ds); break;
+#endif
+        }
+    } else {
+        VN(mm)(SCORE_R, SCORE_V, n, np, g->dh, 1.0f, go, vtv, dsv, 0); /* dP = dO V^T */
+        for (int64_t i = 0; i < n; i++) VN(softmax_grad_row)(ds + i * np, pw + i * np, np);
+    }
     VN(grad)(b->dv, b->ts, g, direct, bf, 1.0f, pt, go, x);      /* dV += P^T dO */
     VN(grad)(b->dq, b->ts, g, direct, bf, g->scale, dsv, k, x);  /* dQ += scale dS K */
     VN(grad)(b->dk, b->ts, g, direct, bf, g->scale, dst, q, x);  /* dK += scale dS^T Q */
@@ -380,3 +566,4 @@ static void VN(backward)(const block *b, const geom *g, float *w) {
 #undef SCORE_V
 #undef PROD_R
 #undef PROD_V
+#undef SOFTMAX_R

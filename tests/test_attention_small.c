@@ -9,8 +9,9 @@
  * two vectors per head row; f32 also 40 and 64), forward and backward, f32
  * and 16-bit storage, probs f32 or as the tensors, both layouts, rows with
  * gaps. The reference reads the inputs as stored and, as vh_device.h says,
- * uses P as stored. Also: the gaps between rows are never written, and dqkv
- * is added to.
+ * uses P as stored. Also: the gaps between rows are never written, dqkv
+ * is added to, and with ABI 2.6's overwrite written (the bits of adding to
+ * zeros, the old values never read).
  * The bf16 heads of a multiple of 16 also take N 197 (rows past one score
  * tile's 6-row tail, an odd count of token pairs).
  * ctest runs it again with ONEDNN_MAX_CPU_ISA=AVX2 (the AVX2 kernels), and
@@ -221,12 +222,32 @@ static void run_shape(const shape *s) {
     expect("out", a.out, s->t, out, mo, no, name);
     assert_int_equal(ops->attention_backward(ops->device, &a), VH_STATUS_OK);
     expect("dqkv (+=)", a.dqkv, s->t, dq, mq, nq, name);
-    free((void *)a.qkv), free((void *)a.dout), free(a.dqkv), free(a.out), free(a.probs);
+    /* ABI 2.6's overwrite: dqkv's elements NaN before (never read), the gaps
+     * untouched, and the bits those of adding to zeros */
+    const size_t qbytes = (size_t)nq * vh_dtype_size(s->t);
+    void *added = a.dqkv, *zeroed = tensor(s->t, nq, mq, 0, 0);
+    void *written = tensor(s->t, nq, mq, 0, 0);
+    for (int64_t i = 0; i < nq; i++)
+        if (mq[i]) put(written, s->t, i, NAN);
+    a.dqkv = zeroed;
+    assert_int_equal(ops->attention_backward(ops->device, &a), VH_STATUS_OK);
+    a.dqkv = written;
+    a.overwrite = 1;
+    assert_int_equal(ops->attention_backward(ops->device, &a), VH_STATUS_OK);
+    if (memcmp(zeroed, written, qbytes) != 0)
+        fail_msg("dqkv (overwrite) %s: not the bits of adding to zeros", name);
+    a.overwrite = 0;
+    free(added), free(zeroed), free(written);
+    free((void *)a.qkv), free((void *)a.dout), free(a.out), free(a.probs);
     free(p), free(out), free(dq), free(mq), free(mo), free(mp);
 }
 
 static void test_small_heads(void **state) {
     (void)state;
+    /* every route below writes dqkv on request (ABI 2.6) */
+    const vh_overwrite_ext *ow = ops->get_extension(ops->device, VH_OVERWRITE_EXTENSION);
+    assert_non_null(ow);
+    assert_true(ow->ops & VH_OVERWRITE_OP_ATTENTION_BACKWARD);
     static const int64_t tokens[] = {1, 7, 16, 49, 50, 65}, dims[] = {8, 16, 24, 32};
     static const vh_dtype types[][2] = {{VH_DTYPE_F32, VH_DTYPE_F32},
                                         {VH_DTYPE_BF16, VH_DTYPE_F32},

@@ -1069,17 +1069,22 @@ static void test_drop_path_on_device(void **state) {
     vh_fixture_free(&fx);
 }
 
-/* ---- gelu_backward written, not added (ABI 2.4) --------------------------------
- * A CPU table that records what the model asks of gelu_backward and the GEMM
- * and counts memset_zero; `without_ext` plays a device without the overwrite
- * extension (2.3, or a third-party device), `without_epilogue_ext` one
- * without the 2.5 GEMM epilogues. */
+/* ---- gradients written, not added (ABI 2.4 gelu_backward, 2.6 attention) -------
+ * A CPU table that records what the model asks of gelu_backward,
+ * attention_backward and the GEMM and counts memset_zero; `hidden` ops are
+ * left out of the overwrite extension (OW_ALL: a device without it, 2.3 or
+ * a third-party device), `without_epilogue_ext` plays one without the 2.5
+ * GEMM epilogues. */
+#define OW_ALL (VH_OVERWRITE_OP_GELU_BACKWARD | VH_OVERWRITE_OP_ATTENTION_BACKWARD)
+
 static struct {
     vh_device_ops ops;
     const vh_device_ops *base;
-    int gelu_calls, gelu_overwrites, zeros;
+    int gelu_calls, gelu_overwrites, attention_calls, attention_overwrites, zeros;
     int gemm_gelu_grad, gemm_mul_aux; /* GEMMs with the 2.5 epilogues */
-    int without_ext, without_epilogue_ext;
+    uint32_t hidden;
+    int without_epilogue_ext;
+    vh_overwrite_ext ext; /* the base's, less `hidden` */
 } ow;
 
 static vh_status ow_gemm(vh_device *dev, const vh_gemm_args *g) {
@@ -1094,28 +1099,42 @@ static vh_status ow_gelu_backward(vh_device *dev, const vh_eltwise_args *e) {
     return ow.base->gelu_backward(dev, e);
 }
 
+static vh_status ow_attention_backward(vh_device *dev, const vh_attention_args *a) {
+    ow.attention_calls++;
+    ow.attention_overwrites +=
+        a->struct_size > offsetof(vh_attention_args, overwrite) && a->overwrite;
+    return ow.base->attention_backward(dev, a);
+}
+
 static vh_status ow_memset_zero(vh_device *dev, void *p, size_t bytes, vh_stream *stream) {
     ow.zeros++;
     return ow.base->memset_zero(dev, p, bytes, stream);
 }
 
 static const void *ow_get_extension(vh_device *dev, const char *name) {
-    if (ow.without_ext && name && strcmp(name, VH_OVERWRITE_EXTENSION) == 0) return NULL;
+    if (name && strcmp(name, VH_OVERWRITE_EXTENSION) == 0) {
+        const vh_overwrite_ext *base = ow.base->get_extension(dev, name);
+        if (!base || (base->ops & ~ow.hidden) == 0) return NULL;
+        ow.ext = *base;
+        ow.ext.ops &= ~ow.hidden;
+        return &ow.ext;
+    }
     if (ow.without_epilogue_ext && name && strcmp(name, VH_GEMM_EPILOGUE_EXTENSION) == 0)
         return NULL;
     return ow.base->get_extension(dev, name);
 }
 
 static void ow_open_ex(harness *h, const vh_fixture *fx, const vh_precision_policy *policy,
-                       const char *extra, int without_ext, int without_epilogue_ext) {
+                       const char *extra, uint32_t hidden, int without_epilogue_ext) {
     memset(&ow, 0, sizeof ow);
     ow.base = vh_cpu_device_ops();
     ow.ops = *ow.base;
     ow.ops.gemm = ow_gemm;
     ow.ops.gelu_backward = ow_gelu_backward;
+    ow.ops.attention_backward = ow_attention_backward;
     ow.ops.memset_zero = ow_memset_zero;
     ow.ops.get_extension = ow_get_extension;
-    ow.without_ext = without_ext;
+    ow.hidden = hidden;
     ow.without_epilogue_ext = without_epilogue_ext;
     harness_override_device = &ow.ops;
     harness_open_ex(h, fx, NULL, policy, 0, extra, 0);
@@ -1125,42 +1144,55 @@ static void ow_open_ex(harness *h, const vh_fixture *fx, const vh_precision_poli
 /* The 2.4 tests run without the 2.5 epilogues: with them, fp32 has no
  * gelu_backward left to watch. */
 static void ow_open(harness *h, const vh_fixture *fx, const vh_precision_policy *policy,
-                    int without_ext) {
-    ow_open_ex(h, fx, policy, NULL, without_ext, 1);
+                    uint32_t hidden) {
+    ow_open_ex(h, fx, policy, NULL, hidden, 1);
 }
 
-/* With the extension, every block's GELU gradient is written (one zeroing
- * pass fewer per block); without it the model zeroes and adds. Both give the
+/* With the extension, every block's GELU gradient (2.4) and attention
+ * gradient (2.6) are written (a zeroing pass fewer each); with an op left
+ * out of it, or no extension at all, the model zeroes and adds. All give the
  * same loss and gradients, bit for bit, in fp32 and bf16. */
-static void test_gelu_grad_written_or_zeroed(void **state) {
+static void test_grads_written_or_zeroed(void **state) {
     (void)state;
     vh_fixture fx;
     load_fixture(&fx, "vit_token_bf");
     int64_t L;
     vh_fixture_config_int(&fx, "depth", &L);
     const vh_precision_policy *policies[2] = {&fp32_policy, &bf16_policy};
+    static const uint32_t hides[3] = {VH_OVERWRITE_OP_GELU_BACKWARD,
+                                      VH_OVERWRITE_OP_ATTENTION_BACKWARD, OW_ALL};
     for (int pi = 0; pi < 2; pi++) {
-        harness w, z;
-        vh_model_output ow_out, oz_out;
+        harness w;
+        vh_model_output ow_out;
         ow_open(&w, &fx, policies[pi], 0);
         load_weights(&w, &fx);
         run_step(&w, &fx, 1.0f, &ow_out);
         assert_int_equal(ow.gelu_calls, L);
         assert_int_equal(ow.gelu_overwrites, L);
+        assert_int_equal(ow.attention_calls, L);
+        assert_int_equal(ow.attention_overwrites, L);
         const int zeros_written = ow.zeros;
         const float lw = read_loss(&w, &ow_out);
-
-        ow_open(&z, &fx, policies[pi], 1);
-        load_weights(&z, &fx);
-        run_step(&z, &fx, 1.0f, &oz_out);
-        assert_int_equal(ow.gelu_calls, L);
-        assert_int_equal(ow.gelu_overwrites, 0);
-        assert_int_equal(ow.zeros, zeros_written + L);
-        const float lz = read_loss(&z, &oz_out);
-        assert_memory_equal(&lw, &lz, sizeof lw);
-        compare_grads(&w, &z, 1.0f, 0.0, "gelu gradient written and zeroed-then-added");
+        for (int hi = 0; hi < 3; hi++) {
+            harness z;
+            vh_model_output oz_out;
+            const uint32_t hide = hides[hi];
+            ow_open(&z, &fx, policies[pi], hide);
+            load_weights(&z, &fx);
+            run_step(&z, &fx, 1.0f, &oz_out);
+            const int gelu_zeroed = !!(hide & VH_OVERWRITE_OP_GELU_BACKWARD);
+            const int attention_zeroed = !!(hide & VH_OVERWRITE_OP_ATTENTION_BACKWARD);
+            assert_int_equal(ow.gelu_calls, L);
+            assert_int_equal(ow.gelu_overwrites, gelu_zeroed ? 0 : L);
+            assert_int_equal(ow.attention_calls, L);
+            assert_int_equal(ow.attention_overwrites, attention_zeroed ? 0 : L);
+            assert_int_equal(ow.zeros, zeros_written + (gelu_zeroed + attention_zeroed) * L);
+            const float lz = read_loss(&z, &oz_out);
+            assert_memory_equal(&lw, &lz, sizeof lw);
+            compare_grads(&w, &z, 1.0f, 0.0, "gradients written and zeroed-then-added");
+            harness_close(&z);
+        }
         harness_close(&w);
-        harness_close(&z);
     }
     vh_fixture_free(&fx);
 }
@@ -1366,7 +1398,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_drop_path_scale_op),
         cmocka_unit_test(test_drop_path_on_device),
         cmocka_unit_test(test_drop_path_fallback_and_resume),
-        cmocka_unit_test(test_gelu_grad_written_or_zeroed),
+        cmocka_unit_test(test_grads_written_or_zeroed),
         cmocka_unit_test(test_gelu_grad_kept_in_aux),
         cmocka_unit_test(test_variant_parameter_counts),
         cmocka_unit_test(test_bad_configs),

@@ -245,9 +245,11 @@ static void fill_engine_info(void) {
     g_engine_info.thread_counters = thread_counters;
 }
 
-/* The ops that write a gradient on request (ABI 2.4): cpu/ops.c. */
-static const vh_overwrite_ext g_overwrite_ext = {sizeof(vh_overwrite_ext),
-                                                 VH_OVERWRITE_OP_GELU_BACKWARD};
+/* The ops that write a gradient on request (ABI 2.4): cpu/ops.c; 2.6's
+ * attention_backward: cpu/attention*.c. */
+static const vh_overwrite_ext g_overwrite_ext = {
+    sizeof(vh_overwrite_ext),
+    VH_OVERWRITE_OP_GELU_BACKWARD | VH_OVERWRITE_OP_ATTENTION_BACKWARD};
 
 /* The GEMM's 2.5 epilogues (cpu/gemm.c). */
 static const vh_gemm_epilogue_ext g_epilogue_ext = {

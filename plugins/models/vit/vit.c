@@ -295,6 +295,7 @@ static vh_status vit_create(vh_host *host, const vh_model_setup *setup_in, void 
     if (m->dev->get_extension) {
         const vh_overwrite_ext *ow = m->dev->get_extension(m->dev->device, VH_OVERWRITE_EXTENSION);
         m->gelu_grad_writes = ow && (ow->ops & VH_OVERWRITE_OP_GELU_BACKWARD);
+        m->attention_grad_writes = ow && (ow->ops & VH_OVERWRITE_OP_ATTENTION_BACKWARD);
     }
     m->max_batch = setup.max_batch;
     vh_status st = read_policy(m, &setup);

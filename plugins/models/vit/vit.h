@@ -95,6 +95,8 @@ typedef struct vit {
     /* the device writes gelu_backward's dx on request (ABI 2.4 overwrite
      * extension): d_mlp2 needs no zeroing before it */
     int gelu_grad_writes;
+    /* and attention_backward's dqkv (ABI 2.6): d_qkv needs none either */
+    int attention_grad_writes;
     /* fp32 activations on a device with the 2.5 GEMM epilogues: fc1's GEMM
      * keeps gelu'(T) in the block's fc1 buffer instead of T, and fc2's dX
      * GEMM multiplies by it (no GELU pass in backward; the same numbers) */

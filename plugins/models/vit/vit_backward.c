@@ -83,7 +83,6 @@ static vh_status backward_block(vit *m, int64_t l, const vit_unit *u, int64_t B)
     VIT_TRY(m, "attn.proj", vit_linear_backward(m, m->d_tmp, vit_grad(u, VIT_PROJ_W),
                                                 vit_grad(u, VIT_PROJ_B), dy, a->attn,
                                                 vit_param(u, VIT_PROJ_W), rows, D, D));
-    VIT_TRY(m, "zero", vit_zero(m, m->d_qkv, rows * 3 * D));
     VIT_TRY(m, "attention", vit_attention_backward(m, m->d_qkv, m->d_tmp, a->qkv, a->attn,
                                                    a->probs, B));
     VIT_TRY(m, "qkv", vit_linear_backward(m, m->d_tmp, vit_grad(u, VIT_QKV_W),

@@ -258,9 +258,14 @@ vh_status vit_attention(vit *m, void *out, float *probs, const void *qkv, int64_
 
 vh_status vit_attention_backward(vit *m, void *dqkv, const void *dout, const void *qkv,
                                  const void *out, float *probs, int64_t batch) {
+    if (!m->attention_grad_writes) {
+        vh_status st = vit_zero(m, dqkv, batch * m->tokens * 3 * m->dim);
+        if (st != VH_STATUS_OK) return st;
+    }
     vh_attention_args a = attention_args(m, batch, qkv, (void *)out, probs);
     a.dout = dout;
     a.dqkv = dqkv;
+    a.overwrite = m->attention_grad_writes;
     return m->dev->attention_backward(m->dev->device, &a);
 }
 

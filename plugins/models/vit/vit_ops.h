@@ -90,7 +90,8 @@ vh_status vit_pool_backward(vit *m, void *dx, const void *dfeat, int64_t batch);
 /* ---- attention and loss ------------------------------------------------- */
 
 vh_status vit_attention(vit *m, void *out, float *probs, const void *qkv, int64_t batch);
-/* dqkv += ... */
+/* dqkv = the attention's gradients (B * N * 3D elements: written where the
+ * device offers ABI 2.6's overwrite, else zeroed and added to) */
 vh_status vit_attention_backward(vit *m, void *dqkv, const void *dout, const void *qkv,
                                  const void *out, float *probs, int64_t batch);
 /* *loss (device f32) = mean cross-entropy of the logits against the labels

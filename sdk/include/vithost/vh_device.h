@@ -186,7 +186,8 @@ typedef struct vh_eltwise_args {
 #define VH_OVERWRITE_EXTENSION "vh.overwrite"
 
 typedef enum vh_overwrite_op {
-    VH_OVERWRITE_OP_GELU_BACKWARD = 1 << 0, /* vh_eltwise_args.overwrite */
+    VH_OVERWRITE_OP_GELU_BACKWARD = 1 << 0,      /* vh_eltwise_args.overwrite */
+    VH_OVERWRITE_OP_ATTENTION_BACKWARD = 1 << 1, /* vh_attention_args.overwrite (ABI 2.6) */
 } vh_overwrite_op;
 
 typedef struct vh_overwrite_ext {
@@ -218,7 +219,11 @@ typedef struct vh_rows_args {
  * (N, B, 3D): batch stride 3D, token stride B*3D. The layout is only strides:
  * nothing is transposed. qkv, out, dout, dqkv in `dtype`.
  * probs (batch, heads, tokens, tokens), in `probs_dtype`, keeps the softmax
- * for backward; the logits and the softmax are computed in fp32. */
+ * for backward; the logits and the softmax are computed in fp32.
+ * backward adds to dqkv; ABI 2.6: it writes dqkv instead with overwrite = 1
+ * on a device whose overwrite extension names VH_OVERWRITE_OP_ATTENTION_BACKWARD
+ * (below). Only the q, k and v elements of dqkv are written; gaps between
+ * rows never are. */
 typedef struct vh_attention_args {
     uint32_t struct_size;
     int64_t batch, tokens, heads, head_dim;
@@ -232,6 +237,8 @@ typedef struct vh_attention_args {
     void *dqkv;               /* backward accumulates (+=) */
     int32_t dtype, probs_dtype; /* vh_dtype */
     vh_stream *stream;
+    /* ---- ABI 2.6 ---- */
+    int32_t overwrite; /* backward: write dqkv instead of adding (see above) */
 } vh_attention_args;
 
 /* ---- loss ------------------------------------------------------------------

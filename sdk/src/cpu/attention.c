@@ -205,6 +205,17 @@ const char *vh_cpu_attention_routes(char *buf, size_t len) {
     return buf;
 }
 
+void vh_cpu_attention_zero_dqkv(const vh_attention_args *a) {
+    const int64_t rows = a->batch * a->tokens, es = (int64_t)vh_dtype_size((vh_dtype)a->dtype);
+    const size_t bytes = (size_t)(3 * a->heads * a->head_dim * es);
+#pragma omp parallel for schedule(static) if (rows * 3 * a->heads * a->head_dim > VH_CPU_PAR_ELEMS)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t b = r / a->tokens, t = r % a->tokens;
+        memset((char *)a->dqkv + (b * a->qkv_batch_stride + t * a->qkv_token_stride) * es, 0,
+               bytes);
+    }
+}
+
 /* ---- entry points --------------------------------------------------------- */
 
 vh_status vh_cpu_attention_forward(vh_device *dev, const vh_attention_args *args) {
@@ -264,6 +275,7 @@ vh_status vh_cpu_attention_backward(vh_device *dev, const vh_attention_args *arg
     }
     if ((st = vh_cpu_attention16_backward(&a)) != VH_STATUS_ERR_UNSUPPORTED) return st;
     vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_BATCHED);
+    if (a.overwrite) vh_cpu_attention_zero_dqkv(&a); /* this route adds */
     const int64_t B = a.batch, H = a.heads, N = a.tokens, Dh = a.head_dim;
     const int64_t np = B * H * N * N, nq = qkv_extent(&a), no = out_extent(&a);
     vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();

@@ -46,6 +46,11 @@ VH_CPU_HIDDEN view4 vh_cpu_attention_out(const vh_attention_args *a, void *out, 
 VH_CPU_HIDDEN view4 vh_cpu_attention_square(const vh_attention_args *a, void *p, vh_dtype t,
                                             int transposed);
 
+/* Zeroes the q, k and v elements of every row of dqkv (not the gaps between
+ * rows): the routes that only add run this first on a call with overwrite
+ * (ABI 2.6), which then gives the bits the caller's own zeroing would. */
+VH_CPU_HIDDEN void vh_cpu_attention_zero_dqkv(const vh_attention_args *a);
+
 /* dS = P * (dP - rowsum(dP * P)) in place of dP, `rows` rows of n. */
 VH_CPU_HIDDEN void vh_cpu_softmax_grad_rows(float *ds, const float *p, int64_t rows, int64_t n);
 

@@ -337,6 +337,7 @@ vh_status vh_cpu_attention16_forward(const vh_attention_args *a) {
 vh_status vh_cpu_attention16_dot_backward(const vh_attention_args *a) {
     /* the blocks' own test first: the engine's choice may time a shape class */
     if (!vh_cpu_attention_dot16_applies(a) || !applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
+    if (a->overwrite) vh_cpu_attention_zero_dqkv(a); /* the blocks add */
     const vh_status st = vh_cpu_attention_dot16_backward(a);
     if (st != VH_STATUS_ERR_UNSUPPORTED) vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_DOT16);
     return st;
@@ -344,6 +345,7 @@ vh_status vh_cpu_attention16_dot_backward(const vh_attention_args *a) {
 
 vh_status vh_cpu_attention16_backward(const vh_attention_args *a) {
     if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
+    if (a->overwrite) vh_cpu_attention_zero_dqkv(a); /* the tasks add */
     vh_status st = run_tasks(a, 1);
     /* dqkv may be added to already: the widened path must not run after it */
     if (st == VH_STATUS_ERR_UNSUPPORTED) st = VH_STATUS_ERR_INTERNAL;

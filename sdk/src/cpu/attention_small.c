@@ -111,6 +111,9 @@ typedef struct geom {
      * scattered back): f32 of whole vectors, and bf16 on AVX-512 (on AVX2
      * the bf16 backward in place was 40% slower). */
     int direct;
+    /* backward writes dq, dk, dv in place (ABI 2.6's overwrite; direct
+     * only: the scattered rows zero dqkv first and add) */
+    int overwrite;
 } geom;
 
 /* A matrix operand in place: element (i, j) at p[i * rs + j * cs], f32 or
@@ -351,10 +354,16 @@ static block block_at(const vh_attention_args *a, int64_t bh, int64_t es, int64_
  * work space from its own arena. */
 static vh_status run_blocks(const vh_attention_args *a, const kernels *k, int backward) {
     const int64_t B = a->batch, H = a->heads, N = a->tokens, Dh = a->head_dim, vw = k->w;
-    const geom g = {N, Dh, (N + vw - 1) / vw * vw, (Dh + vw - 1) / vw * vw, (vh_dtype)a->dtype,
-                    (vh_dtype)a->probs_dtype, a->scale,
-                    (a->dtype == VH_DTYPE_F32 || (a->dtype == VH_DTYPE_BF16 && vw == 16)) &&
-                        Dh % vw == 0};
+    geom g = {N, Dh, (N + vw - 1) / vw * vw, (Dh + vw - 1) / vw * vw, (vh_dtype)a->dtype,
+              (vh_dtype)a->probs_dtype, a->scale,
+              (a->dtype == VH_DTYPE_F32 || (a->dtype == VH_DTYPE_BF16 && vw == 16)) &&
+                  Dh % vw == 0, 0};
+    if (backward && a->overwrite) {
+        if (g.direct)
+            g.overwrite = 1;
+        else
+            vh_cpu_attention_zero_dqkv(a);
+    }
     const block_fn fn = backward ? k->backward : k->forward;
     const int64_t es = vh_dtype_size(g.t), ps = vh_dtype_size(g.pt), nblocks = B * H;
     int failed = 0;

@@ -108,7 +108,9 @@ ALWAYS_INLINE void VN(vput)(const mview *m, int64_t i, int64_t j, const VF *y, i
  * C[R x VW*V] (+)= alpha A[R x K] B[K x VW*V]: R rows of A against V vectors
  * of B's columns, the R x V accumulators in registers (constant R and V
  * after inlining). A is read by element (broadcast one at a time: A^T in
- * place costs the same), B by rows; either, and C, f32 or bf16 in place. */
+ * place costs the same), B by rows; either, and C, f32 or bf16 in place.
+ * add: 0 C =, 1 C +=, 2 C = the product + 0 (the bits of adding it to
+ * zeros, -0 made +0, C never read: ABI 2.6's overwrite). */
 ALWAYS_INLINE void VN(tile)(int R, int V, int64_t K, float alpha, mview A, mview B, mview C,
                             int add) {
     VF acc[8][4];
@@ -131,8 +133,9 @@ ALWAYS_INLINE void VN(tile)(int R, int V, int64_t K, float alpha, mview A, mview
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < V; v++) {
-            const VF y = acc[r][v] * alpha;
-            VN(vput)(&C, r, VW * v, &y, add);
+            VF y = acc[r][v] * alpha;
+            if (add == 2) y += 0.0f;
+            VN(vput)(&C, r, VW * v, &y, add == 1);
         }
 }
 
@@ -494,7 +497,7 @@ ALWAYS_INLINE void VN(grad)(char *dst, int64_t ts, const geom *g, int direct, in
     const int64_t n = g->n, dp = g->dp;
     if (direct) {
         const mview d = {dst, ts / (bf ? 2 : 4), 1, bf};
-        VN(mm)(PROD_R, PROD_V, n, dp, n, alpha, A, B, d, 1);
+        VN(mm)(PROD_R, PROD_V, n, dp, n, alpha, A, B, d, g->overwrite ? 2 : 1);
     } else {
         const mview xv = {x, dp, 1, 0};
         VN(mm)(PROD_R, PROD_V, n, dp, n, alpha, A, B, xv, 0);

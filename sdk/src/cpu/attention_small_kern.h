@@ -105,15 +105,11 @@ ALWAYS_INLINE void VN(vput)(const mview *m, int64_t i, int64_t j, const VF *y, i
 }
 
 /* ---- products ---------------------------------------------------------------
- * C[R x VW*V] (+)= alpha A[R x K] B[K x VW*V]: R rows of A against V vectors
- * of B's columns, the R x V accumulators in registers (constant R and V
+ * acc[r][v] = sum over k of A(r, k) B(k, VW v + lane): R (<= 8) rows of A
+ * against V (<= 4) vectors of B's columns, in registers (constant R and V
  * after inlining). A is read by element (broadcast one at a time: A^T in
- * place costs the same), B by rows; either, and C, f32 or bf16 in place.
- * add: 0 C =, 1 C +=, 2 C = the product + 0 (the bits of adding it to
- * zeros, -0 made +0, C never read: ABI 2.6's overwrite). */
-ALWAYS_INLINE void VN(tile)(int R, int V, int64_t K, float alpha, mview A, mview B, mview C,
-                            int add) {
-    VF acc[8][4];
+ * place costs the same), B by rows; either f32 or bf16 in place. */
+ALWAYS_INLINE void VN(tile_acc)(int R, int V, int64_t K, mview A, mview B, VF acc[8][4]) {
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -129,6 +125,16 @@ ALWAYS_INLINE void VN(tile)(int R, int V, int64_t K, float alpha, mview A, mview
             for (int v = 0; v < V; v++) acc[r][v] += b[v] * ar;
         }
     }
+}
+
+/* C[R x VW*V] (+)= alpha A[R x K] B[K x VW*V], the products of
+ * VN(tile_acc); C f32 or bf16 in place (rounded once as stored). add: 0
+ * C =, 1 C +=, 2 C = the product + 0 (the bits of adding it to zeros, -0
+ * made +0, C never read: ABI 2.6's overwrite). */
+ALWAYS_INLINE void VN(tile)(int R, int V, int64_t K, float alpha, mview A, mview B, mview C,
+                            int add) {
+    VF acc[8][4];
+    VN(tile_acc)(R, V, K, A, B, acc);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -210,28 +216,7 @@ ALWAYS_INLINE void VN(softmax_rows)(int R, float *s, int64_t ld, int64_t n, int6
         }
 }
 
-/* acc[r][v] = sum over k of A(r, k) B(k, VW v + lane), R rows of NV
- * vectors: VN(tile)'s products, in the same order, left in registers for
- * the softmax steps that follow. */
-ALWAYS_INLINE void VN(tile_acc)(int R, int NV, int64_t K, mview A, mview B, VF acc[4][4]) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) acc[r][v] = (VF){0};
-    for (int64_t k = 0; k < K; k++) {
-        VF b[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) VN(vget)(&b[v], &B, k, VW * v);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const float ar = mview_get(&A, r, k);
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) acc[r][v] += b[v] * ar;
-        }
-    }
-}
-
-/* Scores and their softmax for R rows at once, each row whole in NV
+/* Scores and their softmax for R (<= 4) rows at once, each row whole in NV
  * registers (np = NV * VW): S = alpha A B as VN(tile) computes it, then
  * VN(softmax_rows)' steps on the registers. A score row is stored once (to
  * s, ld apart, for P V) where the two passes stored it three times and read
@@ -247,7 +232,7 @@ ALWAYS_INLINE void VN(scores_softmax)(int R, int NV, int64_t K, float alpha, mvi
     const VI lane = {0, 1, 2, 3, 4, 5, 6, 7};
 #endif
     const VF ninf = (VF){0} - INFINITY;
-    VF acc[4][4], red[4];
+    VF acc[8][4], red[4];
     float m[4];
     VN(tile_acc)(R, NV, K, A, B, acc);
     const int32_t last = (int32_t)(n - VW * (NV - 1)); /* columns in the last vector */
@@ -336,7 +321,7 @@ ALWAYS_INLINE void VN(softmax_grad_row)(float *ds, const float *p, int64_t np) {
  * tensor does) or rows widened into scratch (pn = np, padded with 0). */
 ALWAYS_INLINE void VN(softmax_grad)(int R, int NV, int64_t K, mview A, mview B, const float *p,
                                     int64_t pn, float *ds, int64_t ld, int64_t n) {
-    VF acc[4][4], red[4];
+    VF acc[8][4], red[4];
     float rs[4];
     VN(tile_acc)(R, NV, K, A, B, acc);
     VF q[4][4];

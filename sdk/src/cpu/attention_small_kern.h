@@ -16,6 +16,12 @@ typedef uint16_t VN(vh) __attribute__((vector_size(VW * 2)));
 #define VI VN(vi)
 #define VU VN(vu)
 #define VH VN(vh)
+/* Lane numbers, for masks by position. */
+#if VW == 16
+#define LANES {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
+#else
+#define LANES {0, 1, 2, 3, 4, 5, 6, 7}
+#endif
 /* Loads and stores through memcpy (macros: a function passing a vector by
  * value would be built for the baseline ABI). */
 #define LD(v, p) memcpy(&(v), (p), sizeof(VF))
@@ -179,11 +185,7 @@ ALWAYS_INLINE void VN(mm)(int RM, int VM, int64_t m, int64_t n, int64_t K, float
  * overlaps the chains (one row at a time, the softmax was 45% of the
  * forward). */
 ALWAYS_INLINE void VN(softmax_rows)(int R, float *s, int64_t ld, int64_t n, int64_t np) {
-#if VW == 16
-    const VI lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-#else
-    const VI lane = {0, 1, 2, 3, 4, 5, 6, 7};
-#endif
+    const VI lane = LANES;
     const VF ninf = (VF){0} - INFINITY;
     VF acc[4];
     float m[4];
@@ -226,11 +228,7 @@ ALWAYS_INLINE void VN(softmax_rows)(int R, float *s, int64_t ld, int64_t n, int6
  * VN(tile), VN(softmax_rows) and store_probs. */
 ALWAYS_INLINE void VN(scores_softmax)(int R, int NV, int64_t K, float alpha, mview A, mview B,
                                       float *s, int64_t ld, int64_t n, float *probs) {
-#if VW == 16
-    const VI lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-#else
-    const VI lane = {0, 1, 2, 3, 4, 5, 6, 7};
-#endif
+    const VI lane = LANES;
     const VF ninf = (VF){0} - INFINITY;
     VF acc[8][4], red[4];
     float m[4];
@@ -339,7 +337,7 @@ ALWAYS_INLINE void VN(softmax_grad)(int R, int NV, int64_t K, mview A, mview B, 
 #if VW == 16
                 q[r][v] = (VF)_mm512_maskz_loadu_ps((__mmask16)((1u << last) - 1u), src);
 #else
-                const VI lane = {0, 1, 2, 3, 4, 5, 6, 7};
+                const VI lane = LANES;
                 q[r][v] = (VF)_mm256_maskload_ps(src, (__m256i)(lane < (VI){0} + last));
 #endif
             }
@@ -544,6 +542,7 @@ static void VN(backward)(const block *b, const geom *g, float *w) {
 
 #undef LD
 #undef ST
+#undef LANES
 #undef VF
 #undef VI
 #undef VU

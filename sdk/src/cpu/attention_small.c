@@ -248,12 +248,17 @@ ALWAYS_INLINE void scatter(char *dst, int64_t ts, const float *src, const geom *
  * is one register). AVX2: tiles of 4 x 16 both (8 ymm accumulators).
  * Where a score row fits in SCORE_V vectors (N <= 64 on AVX-512, 16 on
  * AVX2), the softmax (forward) and dS (backward) run on the tile's
- * registers, SOFTMAX_R rows at a time, and f32 probabilities are stored
- * and read in place. Xeon (AMX, 2.0 GHz), T1's call (B=128 N=50 H=4
- * Dh=16, f32), one thread, best of 60, ms forward / backward, interleaved
- * with the separate passes: 3.00-3.16 / 3.68-3.80 against 3.40-3.49 /
- * 4.17-4.21. 4 rows at a time spilled accumulators (about half the gain);
- * 3 gained as 2. T1's training step: median 101.5 -> 95.4 ms. */
+ * registers, SOFTMAX_ACC / NV rows at a time (NV vectors a row), and f32
+ * probabilities are stored and read in place. Xeon (AMX, 2.0 GHz), T1's
+ * call (B=128 N=50 H=4 Dh=16, f32), one thread, best of 60, ms forward /
+ * backward, interleaved with the separate passes: 3.00-3.16 / 3.68-3.80
+ * against 3.40-3.49 / 4.17-4.21. At N 50 (4 vectors) 4 rows at a time
+ * spilled accumulators (about half the gain), 3 gained as 2. At N 16 (one
+ * vector) 2 rows were slower than the passes (their reduction chains hardly
+ * overlap): 8 rows, 2 threads, B=128 H=8 ms forward / backward, f32
+ * 0.36-0.44 / 0.48-0.58 against 0.39-0.56 / 0.54-0.69, bf16 0.69-0.77 /
+ * 0.91-1.02 against 0.74-0.82 / 0.94-1.04. T1's training step: median
+ * 101.5 -> 95.4 ms. */
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4")
 #define VW 16
@@ -262,8 +267,8 @@ ALWAYS_INLINE void scatter(char *dst, int64_t ts, const float *src, const geom *
 #define SCORE_V 4
 #define PROD_R 8
 #define PROD_V 2
-#define SOFTMAX_R 2
-#include "attention_small_kern.h" /* it undefines the six */
+#define SOFTMAX_ACC 8
+#include "attention_small_kern.h" /* it undefines the seven */
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -274,8 +279,8 @@ ALWAYS_INLINE void scatter(char *dst, int64_t ts, const float *src, const geom *
 #define SCORE_V 2
 #define PROD_R 4
 #define PROD_V 2
-#define SOFTMAX_R 2
-#include "attention_small_kern.h" /* it undefines the six */
+#define SOFTMAX_ACC 4
+#include "attention_small_kern.h" /* it undefines the seven */
 #pragma GCC pop_options
 
 __attribute__((target("arch=x86-64-v4"))) void vh_cpu_attention_softmax_v4(float *s, int64_t rows,

@@ -2,8 +2,9 @@
  * width, included there once per ISA (a C template): before it, VW (floats
  * per vector: 16 or 8), VN(name) (name with the ISA's suffix), the tiles
  * SCORE_R x SCORE_V (scores: rows x vectors), PROD_R x PROD_V (the
- * products with the head's rows) and SOFTMAX_R (rows of a score tile whose
- * softmax runs in registers), and a `#pragma GCC target` the code is built
+ * products with the head's rows) and SOFTMAX_ACC (accumulators of a score
+ * tile whose softmax runs in registers: SOFTMAX_ACC / NV rows of NV
+ * vectors), and a `#pragma GCC target` the code is built
  * for; it undefines those seven at its end, ready for the next. GCC vectors
  * of VW floats are one register of that ISA (a wider one is split into
  * scalars, not halves). */
@@ -230,37 +231,37 @@ ALWAYS_INLINE void VN(scores_softmax)(int R, int NV, int64_t K, float alpha, mvi
                                       float *s, int64_t ld, int64_t n, float *probs) {
     const VI lane = LANES;
     const VF ninf = (VF){0} - INFINITY;
-    VF acc[8][4], red[4];
-    float m[4];
+    VF acc[8][4], red[8];
+    float m[8];
     VN(tile_acc)(R, NV, K, A, B, acc);
     const int32_t last = (int32_t)(n - VW * (NV - 1)); /* columns in the last vector */
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) red[r] = ninf;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             VF x = acc[r][v] * alpha;
             if (v == NV - 1) x = SEL(VF, VI, lane < (VI){0} + last, x, ninf);
             acc[r][v] = x;
             red[r] = SEL(VF, VI, x > red[r], x, red[r]);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) m[r] = VN(hmax)(&red[r]), red[r] = (VF){0};
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             VF x = acc[r][v] - m[r];
             VN(exp_nonpos)(&x);
             acc[r][v] = x;
             red[r] += x;
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) m[r] = 1.0f / VN(hsum)(&red[r]);
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const VF x = acc[r][v] * m[r];
             ST(s + r * ld + VW * v, x);
@@ -278,17 +279,20 @@ ALWAYS_INLINE void VN(scores_softmax)(int R, int NV, int64_t K, float alpha, mvi
         }
 }
 
-/* Scores and softmax of all n rows (np = NV * VW), SOFTMAX_R rows at a time. */
+/* Scores and softmax of all n rows (np = NV * VW), SOFTMAX_ACC / NV rows at a time. */
 ALWAYS_INLINE void VN(scores_softmax_all)(int NV, const mview *q, const mview *kt, const geom *g,
                                           float *s, float *probs) {
     const int64_t n = g->n, np = g->np;
     int64_t i = 0;
-    for (; i + SOFTMAX_R <= n; i += SOFTMAX_R)
-        VN(scores_softmax)(SOFTMAX_R, NV, g->dh, g->scale, mview_at(*q, i, 0), *kt, s + i * np,
-                           np, n, probs ? probs + i * n : NULL);
-    for (; i < n; i++)
-        VN(scores_softmax)(1, NV, g->dh, g->scale, mview_at(*q, i, 0), *kt, s + i * np, np, n,
-                           probs ? probs + i * n : NULL);
+#define SCORES_SOFTMAX(R)                                                                   \
+    for (; i + (R) <= n; i += (R))                                                          \
+        VN(scores_softmax)((R), NV, g->dh, g->scale, mview_at(*q, i, 0), *kt, s + i * np, np, \
+                           n, probs ? probs + i * n : NULL);
+    if (SOFTMAX_ACC / NV >= 8) SCORES_SOFTMAX(8)
+    if (SOFTMAX_ACC / NV >= 4) SCORES_SOFTMAX(4)
+    if (SOFTMAX_ACC / NV >= 2) SCORES_SOFTMAX(2)
+    SCORES_SOFTMAX(1)
+#undef SCORES_SOFTMAX
 }
 
 /* dS = P * (dP - rowsum(dP * P)) in place of a dP row (padding of P is 0).
@@ -319,16 +323,16 @@ ALWAYS_INLINE void VN(softmax_grad_row)(float *ds, const float *p, int64_t np) {
  * tensor does) or rows widened into scratch (pn = np, padded with 0). */
 ALWAYS_INLINE void VN(softmax_grad)(int R, int NV, int64_t K, mview A, mview B, const float *p,
                                     int64_t pn, float *ds, int64_t ld, int64_t n) {
-    VF acc[8][4], red[4];
-    float rs[4];
+    VF acc[8][4], red[8];
+    float rs[8];
     VN(tile_acc)(R, NV, K, A, B, acc);
-    VF q[4][4];
+    VF q[8][4];
     const int32_t last = (int32_t)(n - VW * (NV - 1));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) red[r] = (VF){0};
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const float *src = p + r * pn + VW * v;
             if (v < NV - 1 || pn != n) {
@@ -343,28 +347,31 @@ ALWAYS_INLINE void VN(softmax_grad)(int R, int NV, int64_t K, mview A, mview B, 
             }
             red[r] += acc[r][v] * q[r][v];
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) rs[r] = VN(hsum)(&red[r]);
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const VF d = q[r][v] * (acc[r][v] - rs[r]);
             ST(ds + r * ld + VW * v, d);
         }
 }
 
-/* dS of all n rows (np = NV * VW), SOFTMAX_R rows at a time. */
+/* dS of all n rows (np = NV * VW), SOFTMAX_ACC / NV rows at a time. */
 ALWAYS_INLINE void VN(softmax_grad_all)(int NV, const mview *go, const mview *vt, const geom *g,
                                         const float *p, int64_t pn, float *ds) {
     const int64_t n = g->n, np = g->np;
     int64_t i = 0;
-    for (; i + SOFTMAX_R <= n; i += SOFTMAX_R)
-        VN(softmax_grad)(SOFTMAX_R, NV, g->dh, mview_at(*go, i, 0), *vt, p + i * pn, pn,
-                         ds + i * np, np, n);
-    for (; i < n; i++)
-        VN(softmax_grad)(1, NV, g->dh, mview_at(*go, i, 0), *vt, p + i * pn, pn, ds + i * np, np,
-                         n);
+#define SOFTMAX_GRAD(R)                                                                     \
+    for (; i + (R) <= n; i += (R))                                                          \
+        VN(softmax_grad)((R), NV, g->dh, mview_at(*go, i, 0), *vt, p + i * pn, pn, ds + i * np, \
+                         np, n);
+    if (SOFTMAX_ACC / NV >= 8) SOFTMAX_GRAD(8)
+    if (SOFTMAX_ACC / NV >= 4) SOFTMAX_GRAD(4)
+    if (SOFTMAX_ACC / NV >= 2) SOFTMAX_GRAD(2)
+    SOFTMAX_GRAD(1)
+#undef SOFTMAX_GRAD
 }
 
 /* ---- one block -------------------------------------------------------------- */
@@ -553,4 +560,4 @@ static void VN(backward)(const block *b, const geom *g, float *w) {
 #undef SCORE_V
 #undef PROD_R
 #undef PROD_V
-#undef SOFTMAX_R
+#undef SOFTMAX_ACC

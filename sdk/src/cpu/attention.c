@@ -206,9 +206,10 @@ const char *vh_cpu_attention_routes(char *buf, size_t len) {
 }
 
 void vh_cpu_attention_zero_dqkv(const vh_attention_args *a) {
-    const int64_t rows = a->batch * a->tokens, es = (int64_t)vh_dtype_size((vh_dtype)a->dtype);
-    const size_t bytes = (size_t)(3 * a->heads * a->head_dim * es);
-#pragma omp parallel for schedule(static) if (rows * 3 * a->heads * a->head_dim > VH_CPU_PAR_ELEMS)
+    const int64_t rows = a->batch * a->tokens, width = 3 * a->heads * a->head_dim;
+    const int64_t es = (int64_t)vh_dtype_size((vh_dtype)a->dtype);
+    const size_t bytes = (size_t)(width * es);
+#pragma omp parallel for schedule(static) if (rows * width > VH_CPU_PAR_ELEMS)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t b = r / a->tokens, t = r % a->tokens;
         memset((char *)a->dqkv + (b * a->qkv_batch_stride + t * a->qkv_token_stride) * es, 0,

@@ -4,10 +4,10 @@
  * SCORE_R x SCORE_V (scores: rows x vectors), PROD_R x PROD_V (the
  * products with the head's rows) and SOFTMAX_ACC (accumulators of a score
  * tile whose softmax runs in registers: SOFTMAX_ACC / NV rows of NV
- * vectors), and a `#pragma GCC target` the code is built
- * for; it undefines those seven at its end, ready for the next. GCC vectors
- * of VW floats are one register of that ISA (a wider one is split into
- * scalars, not halves). */
+ * vectors), and a `#pragma GCC target` the code is built for; it undefines
+ * those seven at its end, ready for the next. GCC vectors of VW floats are
+ * one register of that ISA (a wider one is split into scalars, not
+ * halves). */
 
 typedef float VN(vf) __attribute__((vector_size(VW * 4)));
 typedef int32_t VN(vi) __attribute__((vector_size(VW * 4)));
@@ -219,7 +219,7 @@ ALWAYS_INLINE void VN(softmax_rows)(int R, float *s, int64_t ld, int64_t n, int6
         }
 }
 
-/* Scores and their softmax for R (<= 4) rows at once, each row whole in NV
+/* Scores and their softmax for R (<= 8) rows at once, each row whole in NV
  * registers (np = NV * VW): S = alpha A B as VN(tile) computes it, then
  * VN(softmax_rows)' steps on the registers. A score row is stored once (to
  * s, ld apart, for P V) where the two passes stored it three times and read
@@ -507,7 +507,7 @@ ALWAYS_INLINE void VN(backward_t)(const block *b, const geom *g, float *w, int b
     VN(transpose)(vt, &v, g);
     const mview go = VN(rows)(gb, b->go, b->ots, g, direct, bf);
     const mview vtv = {vt, np, 1, 0}, dsv = {ds, np, 1, 0}, dst = {ds, 1, np, 0};
-    /* f32 probabilities are read in place, others widened into p */
+    /* f32 probabilities are read in place, others widened into pw */
     const int pf = g->pt == VH_DTYPE_F32 && np <= VW * SCORE_V;
     const int64_t pn = pf ? n : np;
     const float *p = pf ? (const float *)b->p : pw;

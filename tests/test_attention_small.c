@@ -326,6 +326,36 @@ static void test_large_scores(void **state) {
     free(qkv), free(out), free(p);
 }
 
+/* A caller built before ABI 2.6 hands a struct that ends before `overwrite`:
+ * whatever lies past its struct_size, backward adds to dqkv. */
+static void test_overwrite_past_struct_size(void **state) {
+    (void)state;
+    const shape s = {2, 50, 2, 16, VH_DTYPE_F32, VH_DTYPE_F32, 0, 0};
+    vh_attention_args a = args_of(&s);
+    const int64_t D = s.H * s.Dh, rows = s.B * s.N;
+    const int64_t nq = rows * a.qkv_token_stride, no = rows * a.out_token_stride;
+    const int64_t np = s.B * s.H * s.N * s.N;
+    char *mq = row_mask(nq, rows, a.qkv_token_stride, 3 * D);
+    char *mo = row_mask(no, rows, a.out_token_stride, D), *mp = row_mask(np, 1, np, np);
+    a.qkv = tensor(s.t, nq, mq, -1.5, 1.5);
+    a.dout = tensor(s.t, no, mo, -1, 1);
+    a.out = tensor(s.t, no, mo, 0, 0);
+    a.probs = tensor(s.pt, np, mp, 0, 0);
+    assert_int_equal(ops->attention_forward(ops->device, &a), VH_STATUS_OK);
+    float *added = tensor(s.t, nq, mq, -1, 1), *old = malloc((size_t)nq * sizeof(float));
+    assert_non_null(old);
+    memcpy(old, added, (size_t)nq * sizeof(float));
+    a.dqkv = added;
+    assert_int_equal(ops->attention_backward(ops->device, &a), VH_STATUS_OK);
+    a.dqkv = old;
+    a.overwrite = 1;
+    a.struct_size = (uint32_t)offsetof(vh_attention_args, overwrite);
+    assert_int_equal(ops->attention_backward(ops->device, &a), VH_STATUS_OK);
+    assert_memory_equal(added, old, (size_t)nq * sizeof(float));
+    free((void *)a.qkv), free((void *)a.dout), free(a.out), free(a.probs);
+    free(added), free(old), free(mq), free(mo), free(mp);
+}
+
 static int setup(void **state) {
     (void)state;
     ops = vh_cpu_device_ops();
@@ -337,6 +367,7 @@ int main(void) {
         cmocka_unit_test(test_small_heads),
         cmocka_unit_test(test_bf16_wide_heads),
         cmocka_unit_test(test_large_scores),
+        cmocka_unit_test(test_overwrite_past_struct_size),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -141,14 +141,17 @@ static double now_s(void) {
 }
 
 /* mpirun -np 2 on a long run into `dir`, output in dir.out/dir.err; its pid
- * once rank 0 trains. A few lines a second: after its own SIGTERM mpirun
- * stops reading the ranks' output for 2 s (SIGCONT, 1 s, SIGTERM, 1 s,
- * SIGKILL), and a rank blocked writing a full pipe would not stop in time. */
+ * once rank 0 trains. A line each 250 steps: few enough a second (at most
+ * about 40 here), as after its own SIGTERM mpirun stops reading the ranks'
+ * output for 2 s (SIGCONT, 1 s, SIGTERM, 1 s, SIGKILL), and a rank blocked
+ * writing a full pipe would not stop in time; yet soon enough under load.
+ * Two ranks oversubscribed beside another MPI test take 13 ms a step here
+ * (0.24 alone), and the first line at step 5000 once missed 120 s in CI. */
 static pid_t start_long_run(const char *dir) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "exec " MPIRUN " -np 2 %s run a.yaml --out %s --set run.steps=1000000 "
-             "--set run.log_every=5000 >%s.out 2>%s.err",
+             "--set run.log_every=250 >%s.out 2>%s.err",
              VH_TEST_VITHOST, dir, dir, dir);
     pid_t pid = fork();
     if (pid == 0) {
@@ -168,7 +171,11 @@ static pid_t start_long_run(const char *dir) {
         if (now_s() - t0 > 120) {
             kill(pid, SIGKILL);
             waitpid(pid, NULL, 0);
-            fail_msg("%s: training did not start within 120 s", dir);
+            char err[300];
+            snprintf(err, sizeof err, "%s.err", dir);
+            char *out_text = tmp_text(out), *err_text = tmp_text(err);
+            fail_msg("%s: no train step line within 120 s; it printed:\n%s\n%s", dir, out_text,
+                     err_text);
         }
     }
 }

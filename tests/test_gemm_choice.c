@@ -1,0 +1,138 @@
+/* test_gemm_choice.c - gemm_choice.c's decision, on timings the test writes.
+ *
+ * The choice between a 16-bit GEMM's paths is made once per process by
+ * timing them, on machines shared with other jobs. A neighbour's burst that
+ * slows every timed run of the faster path must not put a shape class on
+ * the slower path for the whole process (it did: T2 under AMP took widen for
+ * its 4160x768x192 data gradient, at half native's speed, in 2 of 8
+ * processes). Here gemm_choice.c is compiled into the test with the CPU
+ * declared to have bf16 kernels, and its timer is a script: each path's
+ * time, the first `burst` calls of one path slowed 3x. The path that is
+ * really faster must be chosen, in both directions (native faster, as with
+ * AMX; widen faster, as on an Intel core with avx512_bf16 only), and for
+ * native's two kernels; a clean race still gives the faster path.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "dnnl_engine.h"
+#include "vithost/vh_cpu_engine.h"
+
+/* The two engine queries gemm_choice.c makes: a CPU with bf16 kernels. */
+int vh_dnnl_isa_has(vh_dnnl_isa level) {
+    (void)level;
+    return 1;
+}
+
+const char *vh_dnnl_isa_name(void) { return "avx512_core_amx (test)"; }
+
+/* The script: seconds per call of each path; the first `burst` calls of
+ * path `slowed` take 3x. */
+typedef struct script {
+    double t[3]; /* by vh_gemm16_path */
+    int slowed, burst;
+    int calls[3];
+} script;
+
+static double scripted(void *ctx, int path, const vh_gemm16_shape *proxy) {
+    (void)proxy;
+    script *s = ctx;
+    const int n = s->calls[path]++;
+    return path == s->slowed && n < s->burst ? 3.0 * s->t[path] : s->t[path];
+}
+
+/* A shape class of its own per case (the classes are cached per process),
+ * large enough to be timed: an unbatched layout, m x 1024 x 1024. */
+static vh_gemm16_shape shape(int trans_a, int64_t m) {
+    vh_gemm16_shape sh = {VH_DTYPE_BF16, trans_a, 0, 1, m, 1024, 1024};
+    return sh;
+}
+
+static int setup(void **state) {
+    (void)state;
+    setenv("VITHOST_CPU_GEMM16", "auto", 1);
+    vh_cpu_gemm16_reset();
+    return 0;
+}
+
+/* Native twice as fast; widen's runs clean. */
+static void test_clean_race_takes_the_faster(void **state) {
+    (void)state;
+    script s = {.t = {2e-3, 1e-3, 1e-3}, .slowed = -1};
+    vh_gemm16_shape sh = shape(0, 64);
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &s), VH_GEMM16_NATIVE);
+    script w = {.t = {1e-3, 2e-3, 2e-3}, .slowed = -1};
+    sh = shape(0, 4096);
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &w), VH_GEMM16_WIDEN);
+    /* decided once: the class keeps its path whatever the timer says now */
+    script other = {.t = {1e-3, 9e-3, 9e-3}, .slowed = -1};
+    sh = shape(0, 4096);
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &other), VH_GEMM16_WIDEN);
+    assert_int_equal(other.calls[VH_GEMM16_WIDEN] + other.calls[VH_GEMM16_NATIVE], 0);
+}
+
+/* Native 2x faster, but every run of its first race slowed 3x (warm-up
+ * included): widen wins that race, the second race shows native. */
+static void test_burst_on_native_keeps_native(void **state) {
+    (void)state;
+    for (int burst = 1; burst <= 5; burst++) {
+        vh_cpu_gemm16_reset();
+        script s = {.t = {2e-3, 1e-3, 1e-3}, .slowed = VH_GEMM16_NATIVE, .burst = burst};
+        vh_gemm16_shape sh = shape(0, 64);
+        if (vh_gemm16_choose(&sh, scripted, &s) != VH_GEMM16_NATIVE)
+            fail_msg("native's first %d runs slowed: widen chosen", burst);
+    }
+}
+
+/* Widen 2x faster (avx512_bf16 without AMX), but its first runs slowed 3x:
+ * the rest of the race shows it. */
+static void test_burst_on_widen_keeps_widen(void **state) {
+    (void)state;
+    for (int burst = 1; burst <= 3; burst++) {
+        vh_cpu_gemm16_reset();
+        script s = {.t = {1e-3, 2e-3, 2e-3}, .slowed = VH_GEMM16_WIDEN, .burst = burst};
+        vh_gemm16_shape sh = shape(0, 64);
+        if (vh_gemm16_choose(&sh, scripted, &s) != VH_GEMM16_WIDEN)
+            fail_msg("widen's first %d runs slowed: native chosen", burst);
+    }
+}
+
+/* An unbatched A^T.B class on native also races the kernels: the default
+ * kernel faster, its first race slowed; and the gemm kernel faster. */
+static void test_kernel_race(void **state) {
+    (void)state;
+    for (int burst = 0; burst <= 5; burst++) {
+        vh_cpu_gemm16_reset();
+        /* native's race against widen (9x slower) takes native's first 5 calls
+         * (a warm-up and 4 timed); the burst reaches past them into the
+         * kernels' race by `burst` calls */
+        script s = {.t = {9e-3, 1e-3, 1.5e-3}, .slowed = VH_GEMM16_NATIVE,
+                    .burst = burst ? 5 + burst : 0};
+        vh_gemm16_shape sh = shape(1, 64);
+        if (vh_gemm16_choose(&sh, scripted, &s) != VH_GEMM16_NATIVE)
+            fail_msg("default kernel faster, its kernel-race runs slowed (%d): gemm chosen",
+                     burst);
+    }
+    vh_cpu_gemm16_reset();
+    script g = {.t = {9e-3, 1.5e-3, 1e-3}, .slowed = -1};
+    vh_gemm16_shape sh = shape(1, 64);
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &g), VH_GEMM16_NATIVE_GEMM);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_clean_race_takes_the_faster, setup),
+        cmocka_unit_test_setup(test_burst_on_native_keeps_native, setup),
+        cmocka_unit_test_setup(test_burst_on_widen_keeps_widen, setup),
+        cmocka_unit_test_setup(test_kernel_race, setup),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

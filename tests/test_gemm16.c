@@ -222,6 +222,58 @@ static void test_auto(void **state) {
     printf("test_gemm16: %d A^T.B class(es) compared the two native kernels\n", kernel_lines);
 }
 
+/* AMP's fc1: C = bf16(gelu(T)) and aux = bf16(T), T = A W^T + bias in fp32,
+ * both dense. On the native kernels gemm.c runs it in bands of at most 128
+ * rows, one thread each (run_bands_gelu16): 300 rows are two full bands and
+ * a short one, 100 rows one band. Each output within its rounding to bf16
+ * (2^-8 relative) of the reference, and nothing written past the tensors. */
+static void check_fc1(int64_t m, const char *mode) {
+    const shape sh = {0, 1, 1, m, 96, 64};
+    problem p = make(&sh);
+    const int64_t n = sh.n, guard = 32;
+    uint16_t *bias = malloc((size_t)n * 2), *out = malloc((size_t)(m * n + guard) * 2);
+    uint16_t *pre = malloc((size_t)(m * n + guard) * 2);
+    assert_true(bias && out && pre);
+    for (int64_t j = 0; j < n; j++) bias[j] = vh_f32_to_bf16((float)rnd());
+    for (int64_t i = 0; i < m * n + guard; i++) out[i] = pre[i] = 0xabcd;
+    set_mode(mode);
+    vh_gemm_args g = {.struct_size = sizeof g, .trans_b = 1, .m = m, .n = n, .k = sh.k,
+                      .alpha = 1.0f, .a = p.a, .lda = sh.k, .b = p.b, .ldb = sh.k, .c = out,
+                      .ldc = n, .bias = bias, .ab_dtype = VH_DTYPE_BF16,
+                      .c_dtype = VH_DTYPE_BF16, .bias_dtype = VH_DTYPE_BF16,
+                      .epilogue = VH_EPILOGUE_GELU, .aux = pre};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t c = i * n + j;
+            const double b = vh_bf16_to_f32(bias[j]), t = p.ref[c] + b;
+            const double tb = p.bound[c] + 0x1p-24 * (fabs(p.ref[c]) + fabs(b));
+            const double gelu = 0.5 * t * erfc(-t / sqrt(2.0));
+            const double got_t = vh_bf16_to_f32(pre[c]), got = vh_bf16_to_f32(out[c]);
+            if (fabs(got_t - t) > 0x1p-8 * fabs(t) + tb ||
+                fabs(got - gelu) > 0x1p-8 * fabs(gelu) + 1.2 * tb + 1e-6)
+                fail_msg("fc1 %lldx%lldx%lld (%s): row %lld column %lld: T %.6g gelu %.6g, "
+                         "want %.6g and %.6g", (long long)m, (long long)n, (long long)sh.k, mode,
+                         (long long)i, (long long)j, got_t, got, t, gelu);
+        }
+    for (int64_t i = m * n; i < m * n + guard; i++)
+        if (out[i] != 0xabcd || pre[i] != 0xabcd)
+            fail_msg("fc1 %lld rows (%s): written past the tensors", (long long)m, mode);
+    free(bias), free(out), free(pre);
+    unmake(&p);
+}
+
+static void test_fc1_gelu(void **state) {
+    (void)state;
+    const char *modes[] = {"native", "auto", "widen"};
+    for (int i = 0; i < 3; i++) {
+        check_fc1(300, modes[i]);
+        check_fc1(100, modes[i]);
+    }
+    if (!hw_bf16) printf("test_gemm16: no bf16 kernels: fc1's bands (native only) not run\n");
+    set_mode("auto");
+}
+
 /* An invalid value: reported (stderr and the summary), auto used. */
 static void test_invalid_value(void **state) {
     (void)state;
@@ -254,6 +306,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forced_paths),
         cmocka_unit_test(test_auto),
+        cmocka_unit_test(test_fc1_gelu),
         cmocka_unit_test(test_invalid_value),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

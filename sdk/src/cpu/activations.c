@@ -246,6 +246,11 @@ VH_CPU_CLONES static void gelu_forward_span_f32_to_bf16(uint16_t *out, uint16_t 
     }
 }
 
+void vh_cpu_k_gelu_forward_f32_to_bf16_serial(uint16_t *out, uint16_t *pre, const float *t,
+                                               int64_t n) {
+    gelu_forward_span_f32_to_bf16(out, pre, t, n);
+}
+
 void vh_cpu_k_gelu_forward_f32_to_bf16(uint16_t *out, uint16_t *pre, const float *t, int64_t n) {
     const int64_t pieces = PIECES(n);
 #pragma omp parallel for schedule(static) PAR(n)

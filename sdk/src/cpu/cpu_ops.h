@@ -318,6 +318,8 @@ VH_CPU_HIDDEN void vh_cpu_k_gelu_backward_bf16(uint16_t *dx, const uint16_t *x,
  * one pass (a GEMM's GELU epilogue with bf16 outputs). */
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_f32_to_bf16(uint16_t *out, uint16_t *pre,
                                                      const float *t, int64_t n);
+VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_f32_to_bf16_serial(uint16_t *out, uint16_t *pre,
+                                                            const float *t, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_add(float *out, const float *a, const float *b, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_mul(float *out, const float *a, const float *b, int64_t n,
                                 int32_t accumulate);

@@ -40,7 +40,10 @@
  *    of small layers): two products side by side, summed (run_ksplit).
  *    Then, for bf16 operands on the native kernels and a bf16 C, oneDNN
  *    writes C itself, its residual and beta read in the epilogue
- *    (run_direct16); otherwise C is f32 or an f32 copy:
+ *    (run_direct16); AMP's fc1 (bf16 GELU and pre-activation, dense) on the
+ *    native kernels runs in bands of rows, a thread each, each band's GELU
+ *    pass while its T is in L2 (run_bands_gelu16); otherwise C is f32 or an
+ *    f32 copy:
  * 1. fused: one oneDNN matmul: output scale alpha, bias (DNNL_ARG_BIAS,
  *    only with alpha == 1: oneDNN 2.x scales after the bias), then post-ops
  *    erf GELU and sum. A residual goes in through the sum: C is first set to
@@ -580,6 +583,66 @@ static vh_status run_direct16(const vh_gemm_args *g, int64_t batch, const gemm_v
     return vh_dnnl_matmul_run(&mm, v->a.p, v->b.p, v->bias, g->c);
 }
 
+/* ---- AMP's fc1 in bands of rows, one thread each ---------------------------- */
+
+/* Rows a band: its fp32 T within BAND_T_BYTES (the thread's L2 holds it
+ * while the GELU pass reads it back), a multiple of 16 (AMX tiles), at
+ * most 128 (enough bands for every thread on the ViTs' token counts). */
+#define BAND_T_BYTES ((int64_t)1 << 20)
+
+static int64_t band_rows(int64_t n) {
+    const int64_t r = BAND_T_BYTES / (n * (int64_t)sizeof(float)) / 16 * 16;
+    return r < 16 ? 16 : r > 128 ? 128 : r;
+}
+
+/* AMP's fc1 (gelu_to_bf16's call) on native bf16 operands: each thread runs
+ * its bands' matmuls alone (oneDNN inside a parallel region runs on the
+ * calling thread) into a T of its own, and the GELU pass on each band right
+ * after, while T is in its L2. Unbanded, T (m x n fp32) goes to memory and
+ * comes back: on a Xeon with AMX, 2 threads, ms a call, one call against
+ * bands: T2's 4160x768x192 6.2-6.8 -> 4.9-5.4, T1's 6400x256x64 2.5 -> 2.1,
+ * T3's 1576x1536x384 7.1-7.8 -> 6.7-6.9; with f32 operands (widen) even,
+ * so they keep the one call. Bands are fixed by the shape and scheduled
+ * statically: the sums do not depend on the thread count, and each thread
+ * meets the same primitives every step. VH_STATUS_ERR_UNSUPPORTED: not this
+ * call, or oneDNN refused a band (the one-call route then writes all). */
+static vh_status run_bands_gelu16(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
+    if (g->epilogue != VH_EPILOGUE_GELU || !g->aux || batch != 1 || g->residual ||
+        g->beta != 0.0f || g->alpha != 1.0f || g->c_dtype != VH_DTYPE_BF16 || g->ldc != g->n ||
+        v->a.dtype != VH_DTYPE_BF16)
+        return VH_STATUS_ERR_UNSUPPORTED;
+    const int64_t m = g->m, n = g->n, rows = band_rows(n), bands = (m + rows - 1) / rows;
+    const size_t es = vh_dtype_size(v->a.dtype);
+    vh_status st = VH_STATUS_OK;
+#pragma omp parallel if (bands > 1)
+    {
+        vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
+        float *t = vh_cpu_scratch_alloc((size_t)(rows * n) * sizeof(float));
+        vh_status mine = t ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < bands; i++) {
+            if (mine != VH_STATUS_OK) continue;
+            const int64_t r0 = i * rows, r = m - r0 < rows ? m - r0 : rows;
+            vh_gemm_args band = *g;
+            band.m = r;
+            operand a = v->a;
+            a.p = (const char *)a.p + (size_t)(r0 * a.srow) * es;
+            const out_view tv = {t, r * n, n};
+            vh_dnnl_matmul mm;
+            describe(&mm, &band, 1, &a, &v->b, &tv);
+            mm.has_bias = v->bias != NULL;
+            mine = vh_dnnl_matmul_run(&mm, a.p, v->b.p, v->bias, t);
+            if (mine == VH_STATUS_OK)
+                vh_cpu_k_gelu_forward_f32_to_bf16_serial((uint16_t *)g->c + r0 * n,
+                                                         (uint16_t *)g->aux + r0 * n, t, r * n);
+        }
+#pragma omp critical(vh_gemm_bands)
+        if (mine != VH_STATUS_OK && st == VH_STATUS_OK) st = mine;
+        vh_cpu_scratch_end(mark);
+    }
+    return st;
+}
+
 /* ---- a long k and a small C: two halves of k side by side ------------------ */
 /* (ksplit_fits, above path16, says which calls; its comment says why.) */
 
@@ -631,6 +694,7 @@ static vh_status run(const vh_gemm_args *g, int64_t batch) {
         return run_ksplit(g, &v);
     }
     if (fusable && (st = run_direct16(g, batch, &v)) != VH_STATUS_ERR_UNSUPPORTED) return st;
+    if (multiply && (st = run_bands_gelu16(g, batch, &v)) != VH_STATUS_ERR_UNSUPPORTED) return st;
     if ((st = view_outputs(g, batch, &v)) != VH_STATUS_OK) return st;
     if (fusable) {
         st = run_fused(g, batch, &v);

@@ -601,8 +601,10 @@ static int64_t band_rows(int64_t n) {
  * after, while T is in its L2. Unbanded, T (m x n fp32) goes to memory and
  * comes back: on a Xeon with AMX, 2 threads, ms a call, one call against
  * bands: T2's 4160x768x192 6.2-6.8 -> 4.9-5.4, T1's 6400x256x64 2.5 -> 2.1,
- * T3's 1576x1536x384 7.1-7.8 -> 6.7-6.9; with f32 operands (widen) even,
- * so they keep the one call. Bands are fixed by the shape and scheduled
+ * T3's 1576x1536x384 7.1-7.8 -> 6.7-6.9. With f32 operands they do not pay:
+ * fp32's fc1 (GELU_GRAD, T in aux) in bands, ms a step, T1 10.3-12.3 ->
+ * 9.7-10.4, T2 135 -> 122-127, T3 167-172 -> 170-183; so f32 operands
+ * (fp32's, and widened ones) keep the one call. Bands are fixed by the shape and scheduled
  * statically: the sums do not depend on the thread count, and each thread
  * meets the same primitives every step. VH_STATUS_ERR_UNSUPPORTED: not this
  * call, or oneDNN refused a band (the one-call route then writes all). */

@@ -604,10 +604,11 @@ static int64_t band_rows(int64_t n) {
  * T3's 1576x1536x384 7.1-7.8 -> 6.7-6.9. With f32 operands they do not pay:
  * fp32's fc1 (GELU_GRAD, T in aux) in bands, ms a step, T1 10.3-12.3 ->
  * 9.7-10.4, T2 135 -> 122-127, T3 167-172 -> 170-183; so f32 operands
- * (fp32's, and widened ones) keep the one call. Bands are fixed by the shape and scheduled
- * statically: the sums do not depend on the thread count, and each thread
- * meets the same primitives every step. VH_STATUS_ERR_UNSUPPORTED: not this
- * call, or oneDNN refused a band (the one-call route then writes all). */
+ * (fp32's, and widened ones) keep the one call. Bands are fixed by the
+ * shape and scheduled statically: the sums do not depend on the thread
+ * count, and each thread meets the same primitives every step.
+ * VH_STATUS_ERR_UNSUPPORTED: not this call, or oneDNN refused a band (the
+ * one-call route then writes all). */
 static vh_status run_bands_gelu16(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
     if (g->epilogue != VH_EPILOGUE_GELU || !g->aux || batch != 1 || g->residual ||
         g->beta != 0.0f || g->alpha != 1.0f || g->c_dtype != VH_DTYPE_BF16 || g->ldc != g->n ||

@@ -508,8 +508,8 @@ static vh_status run_fused(const vh_gemm_args *g, int64_t batch, gemm_views *v) 
 }
 
 /* AMP's fc1: C = gelu(T) and aux = T, both bf16 and dense, nothing added. */
-static int gelu_to_bf16(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
-    return g->epilogue == VH_EPILOGUE_GELU && g->aux && batch == 1 && !v->res.p &&
+static int gelu_to_bf16(const vh_gemm_args *g, int64_t batch) {
+    return g->epilogue == VH_EPILOGUE_GELU && g->aux && batch == 1 && !g->residual &&
            g->beta == 0.0f && g->c_dtype == VH_DTYPE_BF16 && g->ldc == g->n;
 }
 
@@ -542,7 +542,7 @@ static vh_status run_split(const vh_gemm_args *g, int64_t batch, int multiply, g
                 memset(row, 0, (size_t)n * sizeof(float));
         }
     }
-    if (gelu_to_bf16(g, batch, v)) { /* C and aux rounded in the GELU's own pass */
+    if (gelu_to_bf16(g, batch)) { /* C and aux rounded in the GELU's own pass */
         vh_cpu_k_gelu_forward_f32_to_bf16(g->c, g->aux, t.p, m * n);
         return VH_STATUS_OK;
     }
@@ -610,9 +610,7 @@ static int64_t band_rows(int64_t n) {
  * VH_STATUS_ERR_UNSUPPORTED: not this call, or oneDNN refused a band (the
  * one-call route then writes all). */
 static vh_status run_bands_gelu16(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
-    if (g->epilogue != VH_EPILOGUE_GELU || !g->aux || batch != 1 || g->residual ||
-        g->beta != 0.0f || g->alpha != 1.0f || g->c_dtype != VH_DTYPE_BF16 || g->ldc != g->n ||
-        v->a.dtype != VH_DTYPE_BF16)
+    if (!gelu_to_bf16(g, batch) || g->alpha != 1.0f || v->a.dtype != VH_DTYPE_BF16)
         return VH_STATUS_ERR_UNSUPPORTED;
     const int64_t m = g->m, n = g->n, rows = band_rows(n), bands = (m + rows - 1) / rows;
     const size_t es = vh_dtype_size(v->a.dtype);

@@ -26,9 +26,7 @@ struct vh_event {
 static vh_status cpu_alloc(vh_device *dev, size_t bytes, void **out) {
     (void)dev;
     if (!out) return VH_STATUS_ERR_INVALID_ARG;
-    /* aligned_alloc needs a size that is a multiple of the alignment. */
-    size_t rounded = (bytes + 63u) & ~(size_t)63u;
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    void *p = vh_cpu_pages_alloc(bytes);
     if (!p) return VH_STATUS_ERR_NOMEM;
     *out = p;
     return VH_STATUS_OK;

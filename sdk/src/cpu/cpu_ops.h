@@ -73,6 +73,12 @@ static inline int vh_cpu_has_avx2(void) {
 static inline int vh_cpu_has_avx2(void) { return 0; }
 #endif
 
+/* ---- host memory (pages.c) -------------------------------------------------
+ * bytes of memory, at least 64-byte aligned, released by free(); from 2 MiB
+ * up on 2 MiB pages where the kernel grants them (pages.c says why). NULL
+ * when out of memory. */
+VH_CPU_HIDDEN void *vh_cpu_pages_alloc(size_t bytes);
+
 /* ---- scratch arena ---------------------------------------------------------
  * One per thread, for the temporaries of one op call (fp32 copies of bf16
  * tensors, per-chunk partial sums, oneDNN's scratchpad). vh_cpu_scratch_alloc

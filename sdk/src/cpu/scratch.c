@@ -117,7 +117,7 @@ void vh_cpu_scratch_end(vh_cpu_scratch_mark mark) {
          * reallocate on every call. */
         size_t want = a->high + a->high / 2;
         want = (want + 4095) & ~(size_t)4095;
-        char *p = aligned_alloc(ALIGN, want);
+        char *p = vh_cpu_pages_alloc(want);
         if (p) {
             a->allocations++;
             free(a->base);

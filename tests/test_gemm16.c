@@ -224,7 +224,7 @@ static void test_auto(void **state) {
 
 /* AMP's fc1: C = bf16(gelu(T)) and aux = bf16(T), T = A W^T + bias in fp32,
  * both dense. On the native kernels gemm.c runs it in bands of at most 128
- * rows, one thread each (run_bands_gelu16): 300 rows are two full bands and
+ * rows, one thread each (run_bands): 300 rows are two full bands and
  * a short one, 100 rows one band. Each output within its rounding to bf16
  * (2^-8 relative) of the reference, and nothing written past the tensors. */
 static void check_fc1(int64_t m, const char *mode) {

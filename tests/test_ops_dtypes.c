@@ -384,6 +384,52 @@ static void test_gemm_gelu_grad_routes(void **state) {
     tfree(&a), tfree(&c);
 }
 
+/* fp32's fc2 data gradient where gemm.c runs it in bands of rows (B within
+ * L2, bands of at least 16 MFLOP: here 128 rows of 384 x 192), with two full
+ * bands and a short one (300 rows), one short band (100), and under a band
+ * (7): C = T * aux within fp32 GEMM rounding of float64 (a band's sums may
+ * round in another order than one call's: oneDNN's AVX2 kernels block k by
+ * m), nothing written past C, aux untouched. */
+static void test_gemm_mul_aux_bands(void **state) {
+    (void)state;
+    rng_state = 118;
+    const int64_t n = 384, k = 192, guard = 64, ms[] = {300, 100, 7};
+    for (size_t q = 0; q < sizeof ms / sizeof ms[0]; q++) {
+        const int64_t m = ms[q];
+        tens a = trand(VH_DTYPE_F32, m * k, -1, 1), b = trand(VH_DTYPE_F32, k * n, -1, 1);
+        tens aux = trand(VH_DTYPE_F32, m * n, -2, 2), c = tnew(VH_DTYPE_F32, m * n + guard);
+        const float *af = a.p, *bf = b.p, *xf = aux.p;
+        float *cf = c.p;
+        for (int64_t i = m * n; i < m * n + guard; i++) cf[i] = -7.25f;
+        float *aux0 = malloc((size_t)(m * n) * sizeof(float));
+        assert_non_null(aux0);
+        memcpy(aux0, aux.p, (size_t)(m * n) * sizeof(float));
+        vh_gemm_args h = {.struct_size = sizeof h, .m = m, .n = n, .k = k, .alpha = 1.0f,
+                          .a = a.p, .lda = k, .b = b.p, .ldb = n, .c = c.p, .ldc = n,
+                          .epilogue = VH_EPILOGUE_MUL_AUX, .aux = aux.p};
+        assert_int_equal(ops->gemm(ops->device, &h), VH_STATUS_OK);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double t = 0.0, mag = 0.0;
+                for (int64_t l = 0; l < k; l++) {
+                    t += (double)af[i * k + l] * bf[l * n + j];
+                    mag += fabs((double)af[i * k + l] * bf[l * n + j]);
+                }
+                const double x = xf[i * n + j], want = t * x;
+                const double tol = fabs(x) * (double)k * 0x1p-24 * mag + 0x1p-23 * fabs(want);
+                if (fabs(cf[i * n + j] - want) > tol)
+                    fail_msg("T * aux, %lldx%lldx%lld: row %lld column %lld: %.9g, want %.9g",
+                             (long long)m, (long long)n, (long long)k, (long long)i,
+                             (long long)j, (double)cf[i * n + j], want);
+            }
+        for (int64_t i = m * n; i < m * n + guard; i++)
+            if (cf[i] != -7.25f) fail_msg("T * aux, %lld rows: written past C", (long long)m);
+        assert_memory_equal(aux.p, aux0, (size_t)(m * n) * sizeof(float));
+        free(aux0);
+        tfree(&a), tfree(&b), tfree(&aux), tfree(&c);
+    }
+}
+
 /* ---- layer norm ------------------------------------------------------------- */
 
 static void run_layernorm(vh_dtype t, vh_dtype pt, int64_t rows, int64_t dim) {
@@ -1149,6 +1195,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_dtypes),
         cmocka_unit_test(test_gemm_bf16_exact),
         cmocka_unit_test(test_gemm_gelu_grad_routes),
+        cmocka_unit_test(test_gemm_mul_aux_bands),
         cmocka_unit_test(test_layernorm_dtypes),
         cmocka_unit_test(test_eltwise_dtypes),
         cmocka_unit_test(test_dropout_scale_rows_dtypes),

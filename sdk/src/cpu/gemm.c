@@ -41,9 +41,9 @@
  *    Then, for bf16 operands on the native kernels and a bf16 C, oneDNN
  *    writes C itself, its residual and beta read in the epilogue
  *    (run_direct16); AMP's fc1 (bf16 GELU and pre-activation, dense) on the
- *    native kernels runs in bands of rows, a thread each, each band's GELU
- *    pass while its T is in L2 (run_bands_gelu16); otherwise C is f32 or an
- *    f32 copy:
+ *    native kernels, and fp32's fc2 data gradient (T * aux) where B fits in
+ *    L2, run in bands of rows, a thread each, each band's pass while its T
+ *    is in L2 (run_bands); otherwise C is f32 or an f32 copy:
  * 1. fused: one oneDNN matmul: output scale alpha, bias (DNNL_ARG_BIAS,
  *    only with alpha == 1: oneDNN 2.x scales after the bias), then post-ops
  *    erf GELU and sum. A residual goes in through the sum: C is first set to
@@ -61,8 +61,8 @@
  *    GELU matches its forward bit for bit; oneDNN's gelu_erf in route 1
  *    differs from it by about an ulp).
  * ABI 2.5's epilogues: VH_EPILOGUE_MUL_AUX (C = T * aux) is a binary-mul
- * post-op of route 1 where C and aux are f32 and unbatched, else route 2's
- * pass; VH_EPILOGUE_GELU_GRAD takes route 2 as GELU with aux does, its pass
+ * post-op of route 1 where C and aux are f32 and unbatched (and not in
+ * bands), else route 2's pass; VH_EPILOGUE_GELU_GRAD takes route 2 as GELU with aux does, its pass
  * writing gelu'(T) over T.
  * A plain matmul oneDNN refuses (odd strides) is retried on dense copies, and
  * only then done by a plain loop (never seen on the ViT's shapes).
@@ -583,11 +583,11 @@ static vh_status run_direct16(const vh_gemm_args *g, int64_t batch, const gemm_v
     return vh_dnnl_matmul_run(&mm, v->a.p, v->b.p, v->bias, g->c);
 }
 
-/* ---- AMP's fc1 in bands of rows, one thread each ---------------------------- */
+/* ---- bands of rows, one thread each ----------------------------------------- */
 
 /* Rows a band: its fp32 T within BAND_T_BYTES (the thread's L2 holds it
- * while the GELU pass reads it back), a multiple of 16 (AMX tiles), at
- * most 128 (enough bands for every thread on the ViTs' token counts). */
+ * while the pass reads it back), a multiple of 16 (AMX tiles), at most 128
+ * (enough bands for every thread on the ViTs' token counts). */
 #define BAND_T_BYTES ((int64_t)1 << 20)
 
 static int64_t band_rows(int64_t n) {
@@ -595,31 +595,60 @@ static int64_t band_rows(int64_t n) {
     return r < 16 ? 16 : r > 128 ? 128 : r;
 }
 
-/* AMP's fc1 (gelu_to_bf16's call) on native bf16 operands: each thread runs
- * its bands' matmuls alone (oneDNN inside a parallel region runs on the
- * calling thread) into a T of its own, and the GELU pass on each band right
- * after, while T is in its L2. Unbanded, T (m x n fp32) goes to memory and
- * comes back: on a Xeon with AMX, 2 threads, ms a call, one call against
- * bands: T2's 4160x768x192 6.2-6.8 -> 4.9-5.4, T1's 6400x256x64 2.5 -> 2.1,
- * T3's 1576x1536x384 7.1-7.8 -> 6.7-6.9. With f32 operands they do not pay:
- * fp32's fc1 (GELU_GRAD, T in aux) in bands, ms a step, T1 10.3-12.3 ->
- * 9.7-10.4, T2 135 -> 122-127, T3 167-172 -> 170-183; so f32 operands
- * (fp32's, and widened ones) keep the one call. Bands are fixed by the
- * shape and scheduled statically: the sums do not depend on the thread
- * count, and each thread meets the same primitives every step.
- * VH_STATUS_ERR_UNSUPPORTED: not this call, or oneDNN refused a band (the
- * one-call route then writes all). */
-static vh_status run_bands_gelu16(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
-    if (!gelu_to_bf16(g, batch) || g->alpha != 1.0f || v->a.dtype != VH_DTYPE_BF16)
-        return VH_STATUS_ERR_UNSUPPORTED;
+/* fp32's T * aux in bands only where B stays in L2 from band to band and
+ * a band's matmul is long enough to pay for its own call. */
+#define BAND_MUL_MAX_B_BYTES ((int64_t)1 << 20)
+#define BAND_MUL_MIN_FLOP ((int64_t)16 << 20)
+
+typedef enum band_pass {
+    BAND_PASS_NONE,
+    BAND_PASS_GELU_TO_BF16, /* C = bf16(gelu(T)), aux = bf16(T), from a T of the thread's own */
+    BAND_PASS_MUL_AUX,      /* C = T * aux in place: T is C's band */
+} band_pass;
+
+/* The calls whose pass would otherwise read T back from memory. AMP's fc1
+ * (gelu_to_bf16's call) on native bf16 operands: unbanded, on a Xeon with
+ * AMX, 2 threads, ms a call, one call against bands: T2's 4160x768x192
+ * 6.2-6.8 -> 4.9-5.4, T1's 6400x256x64 2.5 -> 2.1, T3's 1576x1536x384
+ * 7.1-7.8 -> 6.7-6.9. fp32's fc2 data gradient (T * aux, all f32 and
+ * dense; unbanded, oneDNN's binary-mul post-op): T2's 4160x768x192 in the
+ * step 8-10% faster, against the same run's 4160x192x768 A.B; T1's and the
+ * main job's (k 64, bands of 4 MFLOP) and T3's (B 2.3 MiB) even or slower
+ * in bands alone, so they keep the one call. fp32's fc1 (GELU_GRAD, T in
+ * aux) did not pay either: ms a step, T1 10.3-12.3 -> 9.7-10.4, T2 135 ->
+ * 122-127, T3 167-172 -> 170-183, and even alone on T2 (its pass is bound
+ * by the GELU's arithmetic, not by T's trip). */
+static band_pass band_pass_of(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
+    if (g->alpha != 1.0f) return BAND_PASS_NONE;
+    if (gelu_to_bf16(g, batch) && v->a.dtype == VH_DTYPE_BF16) return BAND_PASS_GELU_TO_BF16;
+    if (g->epilogue == VH_EPILOGUE_MUL_AUX && batch == 1 && g->beta == 0.0f && !g->residual &&
+        g->c_dtype == VH_DTYPE_F32 && g->ldc == g->n && v->a.dtype == VH_DTYPE_F32 &&
+        g->k * g->n * (int64_t)sizeof(float) <= BAND_MUL_MAX_B_BYTES &&
+        2 * band_rows(g->n) * g->n * g->k >= BAND_MUL_MIN_FLOP)
+        return BAND_PASS_MUL_AUX;
+    return BAND_PASS_NONE;
+}
+
+/* Each thread runs its bands' matmuls alone (oneDNN inside a parallel
+ * region runs on the calling thread) and the pass on each band right
+ * after, while the band is in its L2. Bands are fixed by the shape and
+ * scheduled statically: the sums do not depend on the thread count, and
+ * each thread meets the same primitives every step.
+ * VH_STATUS_ERR_UNSUPPORTED: not such a call, or oneDNN refused a band
+ * (the one-call route then writes all). */
+static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
+    const band_pass pass = band_pass_of(g, batch, v);
+    if (pass == BAND_PASS_NONE) return VH_STATUS_ERR_UNSUPPORTED;
     const int64_t m = g->m, n = g->n, rows = band_rows(n), bands = (m + rows - 1) / rows;
     const size_t es = vh_dtype_size(v->a.dtype);
     vh_status st = VH_STATUS_OK;
 #pragma omp parallel if (bands > 1)
     {
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-        float *t = vh_cpu_scratch_alloc((size_t)(rows * n) * sizeof(float));
-        vh_status mine = t ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
+        float *own = NULL;
+        if (pass == BAND_PASS_GELU_TO_BF16)
+            own = vh_cpu_scratch_alloc((size_t)(rows * n) * sizeof(float));
+        vh_status mine = pass != BAND_PASS_GELU_TO_BF16 || own ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < bands; i++) {
             if (mine != VH_STATUS_OK) continue;
@@ -628,14 +657,21 @@ static vh_status run_bands_gelu16(const vh_gemm_args *g, int64_t batch, const ge
             band.m = r;
             operand a = v->a;
             a.p = (const char *)a.p + (size_t)(r0 * a.srow) * es;
+            float *t = pass == BAND_PASS_MUL_AUX ? (float *)g->c + r0 * n : own;
             const out_view tv = {t, r * n, n};
             vh_dnnl_matmul mm;
             describe(&mm, &band, 1, &a, &v->b, &tv);
             mm.has_bias = v->bias != NULL;
             mine = vh_dnnl_matmul_run(&mm, a.p, v->b.p, v->bias, t);
-            if (mine == VH_STATUS_OK)
+            if (mine != VH_STATUS_OK) continue;
+            if (pass == BAND_PASS_GELU_TO_BF16) {
                 vh_cpu_k_gelu_forward_f32_to_bf16_serial((uint16_t *)g->c + r0 * n,
                                                          (uint16_t *)g->aux + r0 * n, t, r * n);
+            } else {
+                const float *x = (const float *)g->aux + r0 * n;
+#pragma omp simd
+                for (int64_t j = 0; j < r * n; j++) t[j] *= x[j];
+            }
         }
 #pragma omp critical(vh_gemm_bands)
         if (mine != VH_STATUS_OK && st == VH_STATUS_OK) st = mine;
@@ -695,7 +731,7 @@ static vh_status run(const vh_gemm_args *g, int64_t batch) {
         return run_ksplit(g, &v);
     }
     if (fusable && (st = run_direct16(g, batch, &v)) != VH_STATUS_ERR_UNSUPPORTED) return st;
-    if (multiply && (st = run_bands_gelu16(g, batch, &v)) != VH_STATUS_ERR_UNSUPPORTED) return st;
+    if (multiply && (st = run_bands(g, batch, &v)) != VH_STATUS_ERR_UNSUPPORTED) return st;
     if ((st = view_outputs(g, batch, &v)) != VH_STATUS_OK) return st;
     if (fusable) {
         st = run_fused(g, batch, &v);

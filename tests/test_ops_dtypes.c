@@ -384,49 +384,93 @@ static void test_gemm_gelu_grad_routes(void **state) {
     tfree(&a), tfree(&c);
 }
 
-/* fp32's fc2 data gradient where gemm.c runs it in bands of rows (B within
- * L2, bands of at least 16 MFLOP: here 128 rows of 384 x 192), with two full
- * bands and a short one (300 rows), one short band (100), and under a band
- * (7): C = T * aux within fp32 GEMM rounding of float64 (a band's sums may
- * round in another order than one call's: oneDNN's AVX2 kernels block k by
- * m), nothing written past C, aux untouched. */
-static void test_gemm_mul_aux_bands(void **state) {
+/* fp32's fc1 (GELU_GRAD) and fc2 data gradient (T * aux) where gemm.c runs
+ * them in bands of rows (B within L2; T * aux in bands of at least 16
+ * MFLOP: here 128 rows of 384 x 192), with two full bands and a short one
+ * (300 rows), one short band (100), and under a band (7): C, and fc1's
+ * gelu'(T), within fp32 GEMM rounding of float64 (a band's sums may round
+ * in another order than one call's: oneDNN's AVX2 kernels block k by m),
+ * nothing written past C or aux, T * aux's aux untouched. */
+#define BANDS_GUARD 64
+#define BANDS_SENTINEL (-7.25f)
+
+/* Row i, column j of A B (A m x k, B k x n, or B^T n x k with bt) in
+ * float64, and the sum of its products' magnitudes. */
+static double ref_dot(const float *a, const float *b, int bt, int64_t n, int64_t k, int64_t i,
+                      int64_t j, double *mag) {
+    double t = 0.0;
+    *mag = 0.0;
+    for (int64_t l = 0; l < k; l++) {
+        const double p = (double)a[i * k + l] * (bt ? b[j * k + l] : b[l * n + j]);
+        t += p;
+        *mag += fabs(p);
+    }
+    return t;
+}
+
+static void assert_guard(const float *x, int64_t len, const char *what, int64_t m) {
+    for (int64_t i = len; i < len + BANDS_GUARD; i++)
+        if (x[i] != BANDS_SENTINEL) fail_msg("%s, %lld rows: written past the tensor", what,
+                                             (long long)m);
+}
+
+static void test_gemm_f32_bands(void **state) {
     (void)state;
     rng_state = 118;
-    const int64_t n = 384, k = 192, guard = 64, ms[] = {300, 100, 7};
+    const int64_t n = 384, k = 192, ms[] = {300, 100, 7};
     for (size_t q = 0; q < sizeof ms / sizeof ms[0]; q++) {
-        const int64_t m = ms[q];
+        const int64_t m = ms[q], len = m * n;
         tens a = trand(VH_DTYPE_F32, m * k, -1, 1), b = trand(VH_DTYPE_F32, k * n, -1, 1);
-        tens aux = trand(VH_DTYPE_F32, m * n, -2, 2), c = tnew(VH_DTYPE_F32, m * n + guard);
-        const float *af = a.p, *bf = b.p, *xf = aux.p;
-        float *cf = c.p;
-        for (int64_t i = m * n; i < m * n + guard; i++) cf[i] = -7.25f;
-        float *aux0 = malloc((size_t)(m * n) * sizeof(float));
-        assert_non_null(aux0);
-        memcpy(aux0, aux.p, (size_t)(m * n) * sizeof(float));
-        vh_gemm_args h = {.struct_size = sizeof h, .m = m, .n = n, .k = k, .alpha = 1.0f,
-                          .a = a.p, .lda = k, .b = b.p, .ldb = n, .c = c.p, .ldc = n,
-                          .epilogue = VH_EPILOGUE_MUL_AUX, .aux = aux.p};
+        tens bias = trand(VH_DTYPE_F32, n, -1, 1), x = trand(VH_DTYPE_F32, len, -2, 2);
+        tens c = tnew(VH_DTYPE_F32, len + BANDS_GUARD), g = tnew(VH_DTYPE_F32, len + BANDS_GUARD);
+        const float *af = a.p, *bf = b.p, *biasf = bias.p, *xf = x.p;
+        float *cf = c.p, *gf = g.p;
+        for (int64_t i = len; i < len + BANDS_GUARD; i++) cf[i] = gf[i] = BANDS_SENTINEL;
+        /* fc1: C = gelu(A B^T + bias), aux = gelu'(the same) */
+        vh_gemm_args h = {.struct_size = sizeof h, .trans_b = 1, .m = m, .n = n, .k = k,
+                          .alpha = 1.0f, .a = a.p, .lda = k, .b = b.p, .ldb = k, .c = c.p,
+                          .ldc = n, .bias = bias.p, .epilogue = VH_EPILOGUE_GELU_GRAD,
+                          .aux = g.p};
         assert_int_equal(ops->gemm(ops->device, &h), VH_STATUS_OK);
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
-                double t = 0.0, mag = 0.0;
-                for (int64_t l = 0; l < k; l++) {
-                    t += (double)af[i * k + l] * bf[l * n + j];
-                    mag += fabs((double)af[i * k + l] * bf[l * n + j]);
-                }
-                const double x = xf[i * n + j], want = t * x;
-                const double tol = fabs(x) * (double)k * 0x1p-24 * mag + 0x1p-23 * fabs(want);
-                if (fabs(cf[i * n + j] - want) > tol)
-                    fail_msg("T * aux, %lldx%lldx%lld: row %lld column %lld: %.9g, want %.9g",
-                             (long long)m, (long long)n, (long long)k, (long long)i,
-                             (long long)j, (double)cf[i * n + j], want);
+                double mag;
+                const double t = ref_dot(af, bf, 1, n, k, i, j, &mag) + biasf[j];
+                const double dt = (double)k * 0x1p-24 * (mag + fabs(biasf[j]));
+                const double gelu = ref_gelu(t), grad = ref_gelu_grad(t);
+                /* |gelu'| <= 1.13 and |gelu''| <= 0.8: T's error moves them by at most that */
+                if (fabs(cf[i * n + j] - gelu) > 1.2 * dt + 4e-7 * (1.0 + fabs(gelu)) ||
+                    fabs(gf[i * n + j] - grad) > 0.8 * dt + 4e-7)
+                    fail_msg("fc1 in bands, %lld rows: row %lld column %lld: gelu %.9g gelu' "
+                             "%.9g, want %.9g and %.9g", (long long)m, (long long)i,
+                             (long long)j, (double)cf[i * n + j], (double)gf[i * n + j], gelu,
+                             grad);
             }
-        for (int64_t i = m * n; i < m * n + guard; i++)
-            if (cf[i] != -7.25f) fail_msg("T * aux, %lld rows: written past C", (long long)m);
-        assert_memory_equal(aux.p, aux0, (size_t)(m * n) * sizeof(float));
-        free(aux0);
-        tfree(&a), tfree(&b), tfree(&aux), tfree(&c);
+        assert_guard(cf, len, "fc1 in bands", m);
+        assert_guard(gf, len, "fc1's gelu' in bands", m);
+        /* fc2's data gradient: C = (A B) * x, B read as k x n */
+        float *x0 = malloc((size_t)len * sizeof(float));
+        assert_non_null(x0);
+        memcpy(x0, x.p, (size_t)len * sizeof(float));
+        vh_gemm_args d = {.struct_size = sizeof d, .m = m, .n = n, .k = k, .alpha = 1.0f,
+                          .a = a.p, .lda = k, .b = b.p, .ldb = n, .c = c.p, .ldc = n,
+                          .epilogue = VH_EPILOGUE_MUL_AUX, .aux = x.p};
+        assert_int_equal(ops->gemm(ops->device, &d), VH_STATUS_OK);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double mag;
+                const double t = ref_dot(af, bf, 0, n, k, i, j, &mag);
+                const double xv = xf[i * n + j], want = t * xv;
+                const double tol = fabs(xv) * (double)k * 0x1p-24 * mag + 0x1p-23 * fabs(want);
+                if (fabs(cf[i * n + j] - want) > tol)
+                    fail_msg("T * aux in bands, %lld rows: row %lld column %lld: %.9g, want %.9g",
+                             (long long)m, (long long)i, (long long)j, (double)cf[i * n + j],
+                             want);
+            }
+        assert_guard(cf, len, "T * aux in bands", m);
+        assert_memory_equal(x.p, x0, (size_t)len * sizeof(float));
+        free(x0);
+        tfree(&a), tfree(&b), tfree(&bias), tfree(&x), tfree(&c), tfree(&g);
     }
 }
 
@@ -1195,7 +1239,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_dtypes),
         cmocka_unit_test(test_gemm_bf16_exact),
         cmocka_unit_test(test_gemm_gelu_grad_routes),
-        cmocka_unit_test(test_gemm_mul_aux_bands),
+        cmocka_unit_test(test_gemm_f32_bands),
         cmocka_unit_test(test_layernorm_dtypes),
         cmocka_unit_test(test_eltwise_dtypes),
         cmocka_unit_test(test_dropout_scale_rows_dtypes),

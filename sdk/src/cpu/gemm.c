@@ -41,9 +41,10 @@
  *    Then, for bf16 operands on the native kernels and a bf16 C, oneDNN
  *    writes C itself, its residual and beta read in the epilogue
  *    (run_direct16); AMP's fc1 (bf16 GELU and pre-activation, dense) on the
- *    native kernels, and fp32's fc2 data gradient (T * aux) where B fits in
- *    L2, run in bands of rows, a thread each, each band's pass while its T
- *    is in L2 (run_bands); otherwise C is f32 or an f32 copy:
+ *    native kernels, and fp32's fc1 (GELU with aux, GELU_GRAD) and fc2 data
+ *    gradient (T * aux) where B fits in L2, run in bands of rows, a thread
+ *    each, each band's pass while its T is in L2 (run_bands); otherwise C
+ *    is f32 or an f32 copy:
  * 1. fused: one oneDNN matmul: output scale alpha, bias (DNNL_ARG_BIAS,
  *    only with alpha == 1: oneDNN 2.x scales after the bias), then post-ops
  *    erf GELU and sum. A residual goes in through the sum: C is first set to
@@ -62,8 +63,8 @@
  *    differs from it by about an ulp).
  * ABI 2.5's epilogues: VH_EPILOGUE_MUL_AUX (C = T * aux) is a binary-mul
  * post-op of route 1 where C and aux are f32 and unbatched (and not in
- * bands), else route 2's pass; VH_EPILOGUE_GELU_GRAD takes route 2 as GELU with aux does, its pass
- * writing gelu'(T) over T.
+ * bands), else route 2's pass; VH_EPILOGUE_GELU_GRAD takes route 2 (or the
+ * bands) as GELU with aux does, its pass writing gelu'(T) over T.
  * A plain matmul oneDNN refuses (odd strides) is retried on dense copies, and
  * only then done by a plain loop (never seen on the ViT's shapes).
  */
@@ -595,36 +596,44 @@ static int64_t band_rows(int64_t n) {
     return r < 16 ? 16 : r > 128 ? 128 : r;
 }
 
-/* fp32's T * aux in bands only where B stays in L2 from band to band and
- * a band's matmul is long enough to pay for its own call. */
-#define BAND_MUL_MAX_B_BYTES ((int64_t)1 << 20)
+/* fp32's bands only where B stays in L2 from band to band (T3's 1536 x 384
+ * B, 2.3 MiB, does not: its fc1 in bands ran 170-183 ms a step against
+ * 167-172); T * aux only where a band's matmul is also long enough to pay
+ * for its own call. */
+#define BAND_F32_MAX_B_BYTES ((int64_t)1 << 20)
 #define BAND_MUL_MIN_FLOP ((int64_t)16 << 20)
 
 typedef enum band_pass {
     BAND_PASS_NONE,
     BAND_PASS_GELU_TO_BF16, /* C = bf16(gelu(T)), aux = bf16(T), from a T of the thread's own */
+    BAND_PASS_GELU_F32,     /* T into aux's band, then C = gelu(T) (and GELU_GRAD's gelu'(T) over T) */
     BAND_PASS_MUL_AUX,      /* C = T * aux in place: T is C's band */
 } band_pass;
 
-/* The calls whose pass would otherwise read T back from memory. AMP's fc1
- * (gelu_to_bf16's call) on native bf16 operands: unbanded, on a Xeon with
- * AMX, 2 threads, ms a call, one call against bands: T2's 4160x768x192
- * 6.2-6.8 -> 4.9-5.4, T1's 6400x256x64 2.5 -> 2.1, T3's 1576x1536x384
- * 7.1-7.8 -> 6.7-6.9. fp32's fc2 data gradient (T * aux, all f32 and
- * dense; unbanded, oneDNN's binary-mul post-op): T2's 4160x768x192 in the
- * step 8-10% faster, against the same run's 4160x192x768 A.B; T1's and the
- * main job's (k 64, bands of 4 MFLOP) and T3's (B 2.3 MiB) even or slower
- * in bands alone, so they keep the one call. fp32's fc1 (GELU_GRAD, T in
- * aux) did not pay either: ms a step, T1 10.3-12.3 -> 9.7-10.4, T2 135 ->
- * 122-127, T3 167-172 -> 170-183, and even alone on T2 (its pass is bound
- * by the GELU's arithmetic, not by T's trip). */
+/* The calls whose pass would otherwise read T back from memory, all dense
+ * with nothing added. On a Xeon with AMX, 2 threads, ms a call, one call
+ * against bands:
+ * - AMP's fc1 (gelu_to_bf16's call) on native bf16 operands: T2's
+ *   4160x768x192 6.2-6.8 -> 4.9-5.4, T1's 6400x256x64 2.5 -> 2.1, T3's
+ *   1576x1536x384 7.1-7.8 -> 6.7-6.9.
+ * - fp32's fc1 (GELU_GRAD; GELU with aux takes the same bands, so the two
+ *   give the same T): in the step, against the same run's A.B of fc1's
+ *   data gradient, interleaved pairs of `vithost bench --ops`: T1's
+ *   6400x256x64 16% faster (4 pairs), T2's 4160x768x192 5% (3), the main
+ *   job's 2048x256x128 6.5% (4).
+ * - fp32's fc2 data gradient (T * aux; unbanded, oneDNN's binary-mul
+ *   post-op): T2's in the step 8-10% faster, against the same run's
+ *   4160x192x768 A.B; T1's and the main job's (k 64, bands of 4 MFLOP)
+ *   even or slower alone, so they keep the one call. */
 static band_pass band_pass_of(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
     if (g->alpha != 1.0f) return BAND_PASS_NONE;
     if (gelu_to_bf16(g, batch) && v->a.dtype == VH_DTYPE_BF16) return BAND_PASS_GELU_TO_BF16;
-    if (g->epilogue == VH_EPILOGUE_MUL_AUX && batch == 1 && g->beta == 0.0f && !g->residual &&
-        g->c_dtype == VH_DTYPE_F32 && g->ldc == g->n && v->a.dtype == VH_DTYPE_F32 &&
-        g->k * g->n * (int64_t)sizeof(float) <= BAND_MUL_MAX_B_BYTES &&
-        2 * band_rows(g->n) * g->n * g->k >= BAND_MUL_MIN_FLOP)
+    if (batch != 1 || g->beta != 0.0f || g->residual || g->c_dtype != VH_DTYPE_F32 ||
+        g->ldc != g->n || v->a.dtype != VH_DTYPE_F32 ||
+        g->k * g->n * (int64_t)sizeof(float) > BAND_F32_MAX_B_BYTES)
+        return BAND_PASS_NONE;
+    if (writes_aux(g)) return BAND_PASS_GELU_F32;
+    if (g->epilogue == VH_EPILOGUE_MUL_AUX && 2 * band_rows(g->n) * g->n * g->k >= BAND_MUL_MIN_FLOP)
         return BAND_PASS_MUL_AUX;
     return BAND_PASS_NONE;
 }
@@ -657,7 +666,9 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
             band.m = r;
             operand a = v->a;
             a.p = (const char *)a.p + (size_t)(r0 * a.srow) * es;
-            float *t = pass == BAND_PASS_MUL_AUX ? (float *)g->c + r0 * n : own;
+            float *t = pass == BAND_PASS_GELU_TO_BF16 ? own
+                       : pass == BAND_PASS_GELU_F32  ? (float *)g->aux + r0 * n
+                                                     : (float *)g->c + r0 * n;
             const out_view tv = {t, r * n, n};
             vh_dnnl_matmul mm;
             describe(&mm, &band, 1, &a, &v->b, &tv);
@@ -667,6 +678,11 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
             if (pass == BAND_PASS_GELU_TO_BF16) {
                 vh_cpu_k_gelu_forward_f32_to_bf16_serial((uint16_t *)g->c + r0 * n,
                                                          (uint16_t *)g->aux + r0 * n, t, r * n);
+            } else if (pass == BAND_PASS_GELU_F32) {
+                if (g->epilogue == VH_EPILOGUE_GELU_GRAD)
+                    vh_cpu_k_gelu_forward_grad_serial((float *)g->c + r0 * n, t, t, r * n);
+                else
+                    vh_cpu_k_gelu_forward_serial((float *)g->c + r0 * n, t, r * n);
             } else {
                 const float *x = (const float *)g->aux + r0 * n;
 #pragma omp simd

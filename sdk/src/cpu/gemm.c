@@ -605,8 +605,8 @@ static int64_t band_rows(int64_t n) {
 
 typedef enum band_pass {
     BAND_PASS_NONE,
-    BAND_PASS_GELU_TO_BF16, /* C = bf16(gelu(T)), aux = bf16(T), from a T of the thread's own */
-    BAND_PASS_GELU_F32,     /* T into aux's band, then C = gelu(T) (and GELU_GRAD's gelu'(T) over T) */
+    BAND_PASS_GELU_TO_BF16, /* C = bf16(gelu(T)), aux = bf16(T), from the thread's own T */
+    BAND_PASS_GELU_F32,     /* T in aux's band; C = gelu(T), GELU_GRAD's gelu'(T) over T */
     BAND_PASS_MUL_AUX,      /* C = T * aux in place: T is C's band */
 } band_pass;
 
@@ -633,7 +633,8 @@ static band_pass band_pass_of(const vh_gemm_args *g, int64_t batch, const gemm_v
         g->k * g->n * (int64_t)sizeof(float) > BAND_F32_MAX_B_BYTES)
         return BAND_PASS_NONE;
     if (writes_aux(g)) return BAND_PASS_GELU_F32;
-    if (g->epilogue == VH_EPILOGUE_MUL_AUX && 2 * band_rows(g->n) * g->n * g->k >= BAND_MUL_MIN_FLOP)
+    if (g->epilogue == VH_EPILOGUE_MUL_AUX &&
+        2 * band_rows(g->n) * g->n * g->k >= BAND_MUL_MIN_FLOP)
         return BAND_PASS_MUL_AUX;
     return BAND_PASS_NONE;
 }

@@ -120,11 +120,14 @@ def gemm_peaks(build, quiet=False):
     return peaks
 
 
-def raise_peaks(peaks, more):
-    """The best of each dtype's peak so far: a probe that fell in a slow minute of a shared
-    machine must not decide the machine's kind (the 1.8x line) or the share's denominator."""
-    for k, v in more.items():
-        peaks[k] = max(peaks.get(k, 0.0), v)
+def best_peaks(round_peaks):
+    """The best of each dtype's peak over the rounds: a probe that fell in a slow minute of a
+    shared machine must not decide the machine's kind (the 1.8x line)."""
+    best = {}
+    for peaks in round_peaks:
+        for k, v in peaks.items():
+            best[k] = max(best.get(k, 0.0), v)
+    return best
 
 
 def recipe(cfg, precision):
@@ -278,8 +281,7 @@ def round_shares(runs, round_peaks, cfg):
     None without both."""
     shares = []
     for run in runs:
-        r = run.get("round")
-        pk = round_peaks[r].get("f32") if r is not None and r < len(round_peaks) else None
+        pk = round_peaks[run["round"]].get("f32")
         if pk and run.get("img_per_s"):
             shares.append(run["img_per_s"] * flops_per_image(cfg) / 1e9 / pk)
     return median_of(shares)
@@ -430,8 +432,7 @@ def main():
     print(f"CPU: {model}; ISA: {' '.join(isa) or '?'}; threads: {args.threads}")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     print("GEMM peak through the SDK's CPU engine (best of 10):")
-    peaks = gemm_peaks(args.build)
-    round_peaks = [dict(peaks)]
+    round_peaks = [gemm_peaks(args.build)]
 
     want_bf16 = args.torch_bf16 == "yes" or (args.torch_bf16 == "auto" and "avx512_bf16" in isa)
     bf16_note = ""
@@ -458,8 +459,7 @@ def main():
             print(f"round {r + 1} of {rounds}", flush=True)
         if r > 0:
             more = gemm_peaks(args.build, quiet=True)
-            round_peaks.append(dict(more))
-            raise_peaks(peaks, more)
+            round_peaks.append(more)
             print("  GEMM peak again: " + ", ".join(f"{k} {v:.1f}" for k, v in more.items())
                   + " GFLOP/s", flush=True)
         for n in names:
@@ -500,6 +500,7 @@ def main():
             return "-"
         return f"{a / b:.2f}x" + (goal_mark(a / b, goal) if goal else "")
 
+    peaks = best_peaks(round_peaks)
     vs_fp32_goal, kind = amp_goal(peaks)
 
     print()

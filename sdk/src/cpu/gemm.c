@@ -641,9 +641,13 @@ static band_pass band_pass_of(const vh_gemm_args *g, int64_t batch, const gemm_v
 
 /* Each thread runs its bands' matmuls alone (oneDNN inside a parallel
  * region runs on the calling thread) and the pass on each band right
- * after, while the band is in its L2. Bands are fixed by the shape and
- * scheduled statically: the sums do not depend on the thread count, and
- * each thread meets the same primitives every step.
+ * after, while the band is in its L2. Bands are fixed by the shape, so the
+ * sums do not depend on the thread count or on which thread runs a band.
+ * They are handed out one at a time: a static split gave T3's fc1 (1576
+ * rows, 13 bands of at most 128) 7 bands to one thread and 6 to the other,
+ * 896 rows against 680; AMP's fc1 in the step (Zen 4, 2 threads, 3
+ * interleaved pairs of `vithost bench --ops`) took 75.7-77.6 ms a step
+ * static, 67.0-68.1 one band at a time.
  * VH_STATUS_ERR_UNSUPPORTED: not such a call, or oneDNN refused a band
  * (the one-call route then writes all). */
 static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
@@ -659,7 +663,7 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
         if (pass == BAND_PASS_GELU_TO_BF16)
             own = vh_cpu_scratch_alloc((size_t)(rows * n) * sizeof(float));
         vh_status mine = pass != BAND_PASS_GELU_TO_BF16 || own ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < bands; i++) {
             if (mine != VH_STATUS_OK) continue;
             const int64_t r0 = i * rows, r = m - r0 < rows ? m - r0 : rows;

@@ -442,7 +442,10 @@ static vh_status run(const vh_attention_args *a, int backward) {
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
         char *w = vh_cpu_scratch_alloc((size_t)block_scratch(&g));
         if (!w) failed = 1;
-#pragma omp for schedule(static)
+        /* One block at a time: a block's sums do not depend on its thread,
+         * and a thread held up (a shared machine's vCPU) leaves the rest to
+         * the others. */
+#pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < nblocks; bh++) {
             if (!w) continue;
             const int64_t bi = bh / H, h = bh % H;

@@ -378,7 +378,10 @@ static vh_status run_blocks(const vh_attention_args *a, const kernels *k, int ba
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
         float *w = vh_cpu_scratch_alloc((size_t)block_scratch(&g) * sizeof(float));
         if (!w) failed = 1;
-#pragma omp for schedule(static)
+        /* One block at a time: a block's sums do not depend on its thread,
+         * and a thread held up (a shared machine's vCPU) leaves the rest to
+         * the others. */
+#pragma omp for schedule(dynamic, 1)
         for (int64_t bh = 0; bh < nblocks; bh++) {
             if (!w) continue;
             const block blk = block_at(a, bh, es, ps, backward);

@@ -596,11 +596,15 @@ static int64_t band_rows(int64_t n) {
     return r < 16 ? 16 : r > 128 ? 128 : r;
 }
 
-/* fp32's bands only where B stays in L2 from band to band (T3's 1536 x 384
- * B, 2.3 MiB, does not: its fc1 in bands ran 170-183 ms a step against
- * 167-172); T * aux only where a band's matmul is also long enough to pay
- * for its own call. */
-#define BAND_F32_MAX_B_BYTES ((int64_t)1 << 20)
+/* fp32's bands only where B is at most a few MiB, read again by every
+ * band. T3's 1536 x 384 B (2.3 MiB, over Zen 4's 1 MiB L2) was kept out
+ * while the bands were split statically (its fc1 in bands 170-183 ms a
+ * step against 167-172); dealt one at a time (run_bands), in the T3 fp32
+ * step on Zen 4, 2 threads, 4 interleaved pairs: fc1 even (125.7-133.3 ms
+ * against 124.4-142.1), fc2's data gradient (T * aux) 115.3-118.0 against
+ * 119.5-124.5. T * aux only where a band's matmul is also long enough to
+ * pay for its own call. */
+#define BAND_F32_MAX_B_BYTES ((int64_t)4 << 20)
 #define BAND_MUL_MIN_FLOP ((int64_t)16 << 20)
 
 typedef enum band_pass {

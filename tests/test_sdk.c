@@ -274,6 +274,78 @@ static void test_comm_self(void **state) {
     vh_comm_self_close(heap);
 }
 
+/* A GPU-like device for the self communicator: its copy records what it was
+ * asked and can fail, so the test sees that every copy goes through it. */
+static struct {
+    int calls, fail;
+    vh_copy_kind kind;
+    vh_stream *stream;
+    size_t bytes;
+} fake_copy_log;
+
+static vh_status fake_copy(vh_device *dev, void *dst, const void *src, size_t bytes,
+                           vh_copy_kind kind, vh_stream *stream) {
+    (void)dev;
+    fake_copy_log.calls++;
+    fake_copy_log.kind = kind, fake_copy_log.stream = stream, fake_copy_log.bytes = bytes;
+    if (fake_copy_log.fail) return VH_STATUS_ERR_DEVICE;
+    memmove(dst, src, bytes);
+    return VH_STATUS_OK;
+}
+
+static void test_comm_self_device(void **state) {
+    (void)state;
+    vh_device_ops gpu = {.struct_size = sizeof gpu, .kind = VH_DEVICE_KIND_CUDA, .copy = fake_copy};
+    vh_comm c;
+    vh_comm_self_init_device(&c, &gpu);
+    assert_string_equal(c.backend, "self");
+    assert_int_equal(c.world_size, 1);
+    float buf[4] = {1, 2, 3, 4}, out[4] = {0};
+    vh_stream *stream = (vh_stream *)(uintptr_t)0x10;
+    vh_comm_request *req = NULL;
+    memset(&fake_copy_log, 0, sizeof fake_copy_log);
+    assert_int_equal(c.ops->all_gather_start(&c, buf, out, 4, VH_DTYPE_F32, stream, &req),
+                     VH_STATUS_OK);
+    assert_int_equal(c.ops->wait(&c, req), VH_STATUS_OK);
+    assert_int_equal(fake_copy_log.calls, 1);
+    assert_int_equal(fake_copy_log.kind, VH_COPY_KIND_DEVICE_TO_DEVICE);
+    assert_ptr_equal(fake_copy_log.stream, stream);
+    assert_int_equal(fake_copy_log.bytes, sizeof buf);
+    assert_true(out[3] == 4);
+    assert_int_equal(c.ops->reduce_scatter_start(&c, buf, out, 2, VH_DTYPE_BF16,
+                                                 VH_REDUCE_OP_SUM, NULL, &req),
+                     VH_STATUS_OK);
+    assert_int_equal(fake_copy_log.calls, 2);
+    assert_int_equal(fake_copy_log.bytes, 4);
+    const size_t counts[1] = {4};
+    assert_int_equal(c.ops->gather_start(&c, buf, 4, out, counts, VH_DTYPE_F32, 0, NULL, &req),
+                     VH_STATUS_OK);
+    assert_int_equal(fake_copy_log.calls, 3);
+    /* In place (recv == send) and the all-reduce: nothing to copy. */
+    assert_int_equal(c.ops->all_gather_start(&c, buf, buf, 4, VH_DTYPE_F32, NULL, &req),
+                     VH_STATUS_OK);
+    assert_int_equal(c.ops->all_reduce_start(&c, buf, 4, VH_DTYPE_F32, VH_REDUCE_OP_SUM, NULL,
+                                             &req),
+                     VH_STATUS_OK);
+    assert_int_equal(fake_copy_log.calls, 3);
+    /* The device's failure is the collective's. */
+    fake_copy_log.fail = 1;
+    assert_int_equal(c.ops->all_gather_start(&c, buf, out, 4, VH_DTYPE_F32, NULL, &req),
+                     VH_STATUS_ERR_DEVICE);
+
+    /* The CPU device (or none): host memmove, the device table untouched. */
+    fake_copy_log.calls = 0, fake_copy_log.fail = 0;
+    gpu.kind = VH_DEVICE_KIND_CPU;
+    vh_comm_self_init_device(&c, &gpu);
+    memset(out, 0, sizeof out);
+    assert_int_equal(c.ops->all_gather_start(&c, buf, out, 4, VH_DTYPE_F32, NULL, &req),
+                     VH_STATUS_OK);
+    assert_int_equal(fake_copy_log.calls, 0);
+    assert_true(out[0] == 1 && out[3] == 4);
+    vh_comm_self_init_device(&c, NULL);
+    assert_ptr_equal(c.impl, NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
@@ -285,6 +357,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_convert_arrays),
         cmocka_unit_test(test_cpu_streams),
         cmocka_unit_test(test_comm_self),
+        cmocka_unit_test(test_comm_self_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

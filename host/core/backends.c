@@ -187,7 +187,13 @@ vh_status run_open_comm(vh_run *run, vh_diag *d) {
                         run->recipe.file, (int)launched);
     /* self: run_open already installed the one-process communicator (and a
      * test may have put its own in its place). */
-    if (strcmp(name, "self") == 0) return VH_STATUS_OK;
+    if (strcmp(name, "self") == 0) {
+        /* On a GPU its copies must go through the device (memmove would
+         * read device memory from the host). A test's own communicator stays. */
+        if (run->comm.ops && strcmp(run->comm.backend, "self") == 0 && !run->comm.impl)
+            vh_comm_self_init_device(&run->comm, run->device);
+        return VH_STATUS_OK;
+    }
     if (strcmp(name, "mpi") == 0 && launched > 1 && srun_without_pmi()) {
         const char *pmi = getenv("SLURM_MPI_TYPE");
         return diag_set(d, VH_STATUS_ERR_COMM,

@@ -1,7 +1,10 @@
 /* comm_self.c - the communicator of a one-process run. Every collective is
  * the identity (a copy where send and receive buffers differ), so plugins
  * written for many ranks run unchanged on one. Collectives finish when they
- * start; their request is a static token that wait and test accept. */
+ * start; their request is a static token that wait and test accept. On a
+ * GPU (vh_comm_self_init_device) the copies go through the device: the
+ * buffers are device memory, which memmove cannot touch. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +19,16 @@ static vh_status finished(vh_comm_request **req) {
     return VH_STATUS_OK;
 }
 
+/* recv <- send: through the device when the communicator has one (impl). */
+static vh_status self_copy(vh_comm *c, void *recv, const void *send, size_t bytes,
+                           vh_stream *stream) {
+    const vh_device_ops *dev = c->impl;
+    if (send == recv || bytes == 0) return VH_STATUS_OK;
+    if (dev) return dev->copy(dev->device, recv, send, bytes, VH_COPY_KIND_DEVICE_TO_DEVICE, stream);
+    memmove(recv, send, bytes);
+    return VH_STATUS_OK;
+}
+
 static vh_status self_all_reduce(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
                                  vh_reduce_op op, vh_stream *stream, vh_comm_request **req) {
     (void)c, (void)buf, (void)count, (void)stream;
@@ -27,19 +40,17 @@ static vh_status self_all_reduce(vh_comm *c, void *buf, size_t count, vh_dtype d
 static vh_status self_reduce_scatter(vh_comm *c, const void *send, void *recv, size_t count,
                                      vh_dtype dtype, vh_reduce_op op, vh_stream *stream,
                                      vh_comm_request **req) {
-    (void)c, (void)stream;
     if (vh_dtype_size(dtype) == 0 || op < VH_REDUCE_OP_SUM || op > VH_REDUCE_OP_AVG)
         return VH_STATUS_ERR_INVALID_ARG;
-    if (send != recv && count) memmove(recv, send, count * vh_dtype_size(dtype));
-    return finished(req);
+    vh_status st = self_copy(c, recv, send, count * vh_dtype_size(dtype), stream);
+    return st == VH_STATUS_OK ? finished(req) : st;
 }
 
 static vh_status self_all_gather(vh_comm *c, const void *send, void *recv, size_t count,
                                  vh_dtype dtype, vh_stream *stream, vh_comm_request **req) {
-    (void)c, (void)stream;
     if (vh_dtype_size(dtype) == 0) return VH_STATUS_ERR_INVALID_ARG;
-    if (send != recv && count) memmove(recv, send, count * vh_dtype_size(dtype));
-    return finished(req);
+    vh_status st = self_copy(c, recv, send, count * vh_dtype_size(dtype), stream);
+    return st == VH_STATUS_OK ? finished(req) : st;
 }
 
 static vh_status self_broadcast(vh_comm *c, void *buf, size_t count, vh_dtype dtype,
@@ -53,12 +64,11 @@ static vh_status self_broadcast(vh_comm *c, void *buf, size_t count, vh_dtype dt
 static vh_status self_gather(vh_comm *c, const void *send, size_t count, void *recv,
                              const size_t *counts, vh_dtype dtype, int32_t root,
                              vh_stream *stream, vh_comm_request **req) {
-    (void)c, (void)stream;
     if (vh_dtype_size(dtype) == 0 || root != 0 || !counts || counts[0] != count ||
         (count && (!send || !recv)))
         return VH_STATUS_ERR_INVALID_ARG;
-    if (send != recv && count) memmove(recv, send, count * vh_dtype_size(dtype));
-    return finished(req);
+    vh_status st = self_copy(c, recv, send, count * vh_dtype_size(dtype), stream);
+    return st == VH_STATUS_OK ? finished(req) : st;
 }
 
 static vh_status self_wait(vh_comm *c, vh_comm_request *req) {
@@ -104,6 +114,12 @@ void vh_comm_self_init(vh_comm *out) {
     out->local_size = 1;
     out->ops = &self_ops;
     out->impl = NULL;
+}
+
+void vh_comm_self_init_device(vh_comm *out, const vh_device_ops *dev) {
+    vh_comm_self_init(out);
+    /* (the CPU device's memory is host memory: memmove is its copy) */
+    if (dev && dev->kind != VH_DEVICE_KIND_CPU && dev->copy) out->impl = (void *)(uintptr_t)dev;
 }
 
 vh_status vh_comm_self_open(const vh_comm_open_args *args, vh_comm **out, char *err,

@@ -79,10 +79,13 @@ static double gemm_tol(vh_dtype c) {
     return c == VH_DTYPE_F32 ? 1e-4 : gpu_twin_tol(c);
 }
 
+static int64_t ld_of(int64_t cols) { return cols > 1 ? cols : 1; }
+
 static void run_case(const gcase *t, const char *name) {
     const int64_t B = t->batch > 1 ? t->batch : 1;
-    const int64_t lda = (t->ta ? t->m : t->k) + t->pad, ldb = (t->tb ? t->k : t->n) + t->pad;
-    const int64_t ldc = t->n + t->pad;
+    /* leading dimensions at least 1, as BLAS asks (k = 0 gives A no columns) */
+    const int64_t lda = ld_of((t->ta ? t->m : t->k) + t->pad);
+    const int64_t ldb = ld_of((t->tb ? t->k : t->n) + t->pad), ldc = ld_of(t->n + t->pad);
     const int64_t sa = (t->ta ? t->k : t->m) * lda, sb = t->broadcast_b ? 0 : (t->tb ? t->n : t->k) * ldb;
     const int64_t sc = t->m * ldc + t->pad;
     buf a = buf_make(B * sa, t->ab, 1, -1.0f, 1.0f);

@@ -25,6 +25,11 @@ VH_SDK_API const vh_device_ops *vh_cpu_device_ops(void);
 /* The one-process communicator: every collective is a copy or a no-op. */
 VH_SDK_API void vh_comm_self_init(vh_comm *out);
 
+/* The same on a device whose memory the host cannot touch (CUDA): the copies
+ * of reduce-scatter, all-gather and gather go through dev->copy, ordered on
+ * the collective's stream. With the CPU device (or NULL): vh_comm_self_init. */
+VH_SDK_API void vh_comm_self_init_device(vh_comm *out, const vh_device_ops *dev);
+
 /* The scalar f32 <-> f16/bf16 conversions are in vh_types.h. */
 
 /* The one-process communicator as a heap object for hosts that treat every

@@ -1,5 +1,7 @@
 /* attention.cu - multi-head self-attention on a packed qkv tensor, any layout
- * (vh_device.h; the CPU twin is sdk/src/cpu/attention.c).
+ * (vh_device.h; the CPU twin is sdk/src/cpu/attention.c). The entry points
+ * hand the call to the cuBLASLt path (attention_gemm.cu) wherever it applies;
+ * what is below is the simple path, for the rest and for the tests.
  *
  *   forward:  S = scale Q K^T, P = softmax(S) -> probs, out = P V
  *   backward: dV += P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)),
@@ -20,6 +22,7 @@
  * fused kernel writes it; a probs-free forward (inference, or a backward
  * that recomputes P) would need an ABI addition.
  */
+#include "attention_rows.cuh"
 #include "cuda_internal.h"
 #include "reduce.cuh"
 
@@ -46,13 +49,6 @@ typedef struct attn_mat {
 __device__ __forceinline__ int64_t mat_at(const attn_mat *m, int64_t b, int64_t h, int64_t r,
                                           int64_t c) {
     return m->off + b * m->bs + h * m->hs + r * m->rs + c * m->cs;
-}
-
-/* v as stored in `dtype` (rounded to nearest even) and read back. */
-__device__ __forceinline__ float round_to(float v, int32_t dtype) {
-    if (dtype == VH_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn(v));
-    if (dtype == VH_DTYPE_F16) return __half2float(__float2half_rn(v));
-    return v;
 }
 
 /* ---- tiled products -------------------------------------------------------------
@@ -98,43 +94,7 @@ static void bmm(int64_t batch, int64_t heads, int64_t m, int64_t n, int64_t k, f
     bmm_kernel<<<grid, dim3(TILE, TILE), 0, s>>>(heads, m, n, k, alpha, *A, *B, *C, accumulate);
 }
 
-/* ---- row kernels ------------------------------------------------------------------ */
-
-/* probs = softmax of the fp32 logits s, rows of n, as the CPU's
- * vh_softmax_row: e^(s - max) * (1 / sum). Mapping: one block per row
- * (rows loop over the grid), threads stride along the row. Each element is
- * read and written by the same thread, so s may be probs itself (f32). */
-__global__ static void softmax_rows_kernel(const float *s, void *probs, int32_t pd, int64_t rows,
-                                           int64_t n) {
-    __shared__ float shm[32]; /* the block reductions' (reduce.cuh) */
-    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        const float *x = s + row * n;
-        float mx = -INFINITY;
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, x[j]);
-        mx = vh_cuda_block_max(mx, shm);
-        float sum = 0.0f;
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += expf(x[j] - mx);
-        const float inv = 1.0f / vh_cuda_block_sum(sum, shm);
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-            vh_cuda_store(probs, pd, row * n + j, expf(x[j] - mx) * inv);
-    }
-}
-
-/* dS = P * (dP - rowsum(dP * P)) in place of dP (fp32), P in pd. Mapping as
- * softmax_rows_kernel. */
-__global__ static void softmax_grad_rows_kernel(float *ds, const void *probs, int32_t pd,
-                                                int64_t rows, int64_t n) {
-    __shared__ float shm[32]; /* the block reduction's (reduce.cuh) */
-    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        float *d = ds + row * n;
-        float rs = 0.0f;
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-            rs += d[j] * vh_cuda_load(probs, pd, row * n + j);
-        rs = vh_cuda_block_sum(rs, shm);
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-            d[j] = vh_cuda_load(probs, pd, row * n + j) * (d[j] - rs);
-    }
-}
+/* (the row kernels, softmax and its gradient, are in attention_rows.cuh) */
 
 /* ---- fused forward ------------------------------------------------------------------
  * Mapping: block (b * heads + h, query row block) of VH_CUDA_THREADS threads
@@ -327,7 +287,7 @@ static vh_status forward_tiled(vh_device *dev, const vh_attention_args *a, cudaS
     bmm(B, H, N, N, Dh, a->scale, &q, &kt, &sm, 0, s);
     softmax_rows_kernel<<<vh_cuda_blocks(rows, 1, VH_CUDA_MAX_BLOCKS),
                           vh_cuda_attn_row_threads(N), 0, s>>>(logits, a->probs, a->probs_dtype,
-                                                               rows, N);
+                                                               NULL, 0, rows, N);
     bmm(B, H, N, Dh, N, 1.0f, &pm, &v, &o, 0, s);
     const vh_status st = vh_cuda_launched();
     if (logits != a->probs) vh_cuda_free_temp(dev, logits); /* stream-ordered */
@@ -339,6 +299,7 @@ vh_status vh_cuda_attention_forward(vh_device *dev, const vh_attention_args *arg
     const vh_status st = check(&a, args, 0);
     if (st != VH_STATUS_OK || empty(&a)) return st;
     const cudaStream_t s = vh_cuda_stream(dev, a.stream);
+    if (vh_cuda_attention_gemm_applies(&a)) return vh_cuda_attention_forward_gemm(dev, &a, s);
     if (vh_cuda_attn_fused_dim(a.head_dim) == 0) return forward_tiled(dev, &a, s);
     forward_fused(&a, s);
     return vh_cuda_launched();
@@ -352,6 +313,7 @@ vh_status vh_cuda_attention_backward(vh_device *dev, const vh_attention_args *ar
     vh_status st = check(&a, args, 1);
     if (st != VH_STATUS_OK || empty(&a)) return st;
     const cudaStream_t s = vh_cuda_stream(dev, a.stream);
+    if (vh_cuda_attention_gemm_applies(&a)) return vh_cuda_attention_backward_gemm(dev, &a, s);
     const int64_t B = a.batch, H = a.heads, N = a.tokens, Dh = a.head_dim, rows = B * H * N;
     float *ds = NULL;
     st = vh_cuda_alloc_temp(dev, (size_t)(rows * N) * sizeof(float), (void **)&ds);
@@ -365,7 +327,7 @@ vh_status vh_cuda_attention_backward(vh_device *dev, const vh_attention_args *ar
     bmm(B, H, N, N, Dh, 1.0f, &go, &vt, &dsm, 0, s); /* dP = dO V^T */
     softmax_grad_rows_kernel<<<vh_cuda_blocks(rows, 1, VH_CUDA_MAX_BLOCKS),
                                vh_cuda_attn_row_threads(N), 0, s>>>(ds, a.probs, a.probs_dtype,
-                                                                    rows, N);
+                                                                    ds, VH_DTYPE_F32, rows, N);
     bmm(B, H, N, Dh, N, a.scale, &dsm, &k, &dq, 1, s); /* dQ += scale dS K */
     bmm(B, H, N, Dh, N, a.scale, &dst, &q, &dk, 1, s); /* dK += scale dS^T Q */
     st = vh_cuda_launched();

@@ -11,7 +11,8 @@
  *   tokens.cu       patchify, embedding, mean pooling
  *   loss.cu         softmax cross-entropy
  *   multi_tensor.cu the overflow check / gradient norm
- *   attention.cu    attention forward and backward
+ *   attention.cu    attention forward and backward: the entry points, the tiled/fused path
+ *   attention_gemm.cu  the attention's products through cuBLASLt (the default path)
  *   optim.cu        the multi-tensor optimizer updates (extension "vh.cuda.mta")
  * Each op file defines its vh_cuda_<op> entry points below; device.cu puts
  * them in the table. Semantics are the CPU engine's (sdk/src/cpu/), which the
@@ -130,6 +131,12 @@ vh_status vh_cuda_bias_backward(vh_device *dev, const vh_rows_args *args);
 vh_status vh_cuda_softmax(vh_device *dev, const vh_rows_args *args);
 vh_status vh_cuda_attention_forward(vh_device *dev, const vh_attention_args *args);
 vh_status vh_cuda_attention_backward(vh_device *dev, const vh_attention_args *args);
+/* attention_gemm.cu, for attention.cu's entry points (arguments checked). */
+int vh_cuda_attention_gemm_applies(const vh_attention_args *a);
+vh_status vh_cuda_attention_forward_gemm(vh_device *dev, const vh_attention_args *a,
+                                         cudaStream_t s);
+vh_status vh_cuda_attention_backward_gemm(vh_device *dev, const vh_attention_args *a,
+                                          cudaStream_t s);
 vh_status vh_cuda_softmax_cross_entropy(vh_device *dev, const vh_xent_args *args);
 vh_status vh_cuda_mean_pool_forward(vh_device *dev, const vh_tokens_args *args);
 vh_status vh_cuda_mean_pool_backward(vh_device *dev, const vh_tokens_args *args);

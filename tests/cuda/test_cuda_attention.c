@@ -3,8 +3,10 @@
  * gap), odd token counts, head dims 16, 24, 64 (the fused forward) and 130
  * (the tiled forward), f32/bf16/f16 with probs in the same dtype or another;
  * forward out and probs, then backward from the CPU's probs into dqkv
- * pre-filled with nonzero values (it accumulates). Without a GPU: one
- * SKIPPED line, exit 77. */
+ * pre-filled with nonzero values (it accumulates). Every case runs on both
+ * paths: VITHOST_CUDA_ATTENTION=tiled, then the default (cuBLASLt). Without
+ * a GPU: one SKIPPED line, exit 77. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -143,7 +145,8 @@ static int run_case(const attn_case *c) {
 
 /* Every layout and shape for one dtype (probs in the same dtype). */
 static void run_dtype(vh_dtype dtype) {
-    static const int64_t shapes[][2] = {{17, 16}, {65, 24}, {197, 64}, {33, 130}, {1, 16}};
+    static const int64_t shapes[][2] = {{17, 16}, {65, 24}, {197, 64}, {33, 130}, {1, 16},
+                                        {197, 80}};
     int ok = 1;
     for (int layout = 0; layout < 2; layout++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -220,7 +223,12 @@ int main(void) {
         cmocka_unit_test(test_attention_f16),
         cmocka_unit_test(test_attention_mixed),
     };
-    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    /* Both paths: the tiled/fused kernels, then the default (cuBLASLt where
+     * probs has the operands' dtype, attention_gemm.cu). */
+    setenv("VITHOST_CUDA_ATTENTION", "tiled", 1);
+    int failed = cmocka_run_group_tests_name("tiled path", tests, NULL, NULL);
+    unsetenv("VITHOST_CUDA_ATTENTION");
+    failed += cmocka_run_group_tests_name("default path", tests, NULL, NULL);
     gpu_twin_close(&twin);
     return failed;
 }

@@ -148,7 +148,7 @@ The study's gains come from GPU hardware this CPU lacks: tensor cores that make 
 several times faster than fp32, and kernels whose speed depends on the memory layout. On a CPU
 without bf16/f16 instructions the 16-bit rows can only save memory traffic, and FSDP on one
 machine buys memory at the price of more communication. The same ablation for ViT-H/16 on a GPU
-is `tools/gpu-check` (not run yet: the CUDA compute ops are still to come).
+is `tools/gpu-check` (bench/README.md has its first H200 numbers).
 """)
 print(f"ablation.sh: wrote {md_path} and {os.path.join(os.path.dirname(md_path), 'ablation-cpu.svg')}")
 PY

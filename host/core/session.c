@@ -255,6 +255,12 @@ static vh_status batch_to_device(vh_session *s, const vh_batch *in, vh_batch *ou
     if (st == VH_STATUS_OK)
         st = dev->copy(dev->device, s->dev_labels, in->labels.data, lbl_bytes,
                        VH_COPY_KIND_HOST_TO_DEVICE, NULL);
+    /* From pinned memory (the prefetcher's slots on a GPU) a copy is
+     * asynchronous; the data plugin may refill the buffer once it is asked
+     * for the next batch, so the copy ends here, as one from pageable memory
+     * does by itself. */
+    if (st == VH_STATUS_OK && dev->stream_synchronize)
+        st = dev->stream_synchronize(dev->device, NULL);
     if (st != VH_STATUS_OK) return diag_set(d, st, "copying a batch to %s failed", dev->name);
     out->images.data = s->dev_images;
     out->images.device = dev->kind;

@@ -10,6 +10,12 @@
  * (i < freed + depth). A fill runs without the lock: during it the slot
  * belongs to its worker alone, and the consumer reads it only after seeing,
  * under the lock, that its state is READY or FAILED.
+ *
+ * On a GPU the slots' images are pinned host memory (the device's
+ * host_alloc): the batch's copy to the device then runs at the bus's speed,
+ * where from pageable memory the driver stages it (ViT-B/16 on an H200: 12
+ * ms a step for 77 MB). The host finishes that copy before it asks for the
+ * next batch (session.c), so a slot is never refilled under it.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "vithost/vh_prefetch.h"
@@ -24,6 +30,7 @@ enum { SLOT_EMPTY = 0, SLOT_FILLING, SLOT_READY, SLOT_FAILED };
 
 typedef struct slot_rec {
     vh_prefetch_slot pub;
+    int pinned; /* pub.images came from the device's host_alloc */
     int state;
     vh_status status;
     char err[ERR_LEN];
@@ -141,6 +148,31 @@ static const char *init_sync(vh_prefetch *p) {
     return NULL;
 }
 
+/* The device whose host_alloc gives the slots' images (pinned memory), or
+ * NULL: the CPU's memory is the device's already. */
+static const vh_device_ops *pinning_device(vh_host *host) {
+    const vh_device_ops *dev = host->api->device ? host->api->device(host) : NULL;
+    if (!dev || dev->kind == VH_DEVICE_KIND_CPU || !VH_STRUCT_HAS(dev, vh_device_ops, host_free) ||
+        !dev->host_alloc || !dev->host_free)
+        return NULL;
+    return dev;
+}
+
+/* Room for n floats: pinned where the device pins, else (or when pinning
+ * fails: it is an optimisation) the host's memory. */
+static float *alloc_images(vh_host *host, size_t n, int *pinned) {
+    const vh_device_ops *dev = pinning_device(host);
+    void *p = NULL;
+    *pinned = dev && dev->host_alloc(dev->device, n * sizeof(float), &p) == VH_STATUS_OK && p;
+    return *pinned ? p : host->api->alloc(host, n * sizeof(float));
+}
+
+static void free_images(vh_host *host, float *images, int pinned) {
+    const vh_device_ops *dev = pinned ? pinning_device(host) : NULL;
+    if (dev) dev->host_free(dev->device, images);
+    else host->api->free(host, images);
+}
+
 /* depth slots, each with room for a whole batch. */
 static vh_status alloc_slots(vh_prefetch *p, const vh_prefetch_setup *setup) {
     vh_host *host = p->host;
@@ -149,7 +181,7 @@ static vh_status alloc_slots(vh_prefetch *p, const vh_prefetch_setup *setup) {
     memset(p->slots, 0, (size_t)p->depth * sizeof *p->slots);
     for (int32_t k = 0; k < p->depth; k++) {
         p->slots[k].pub.images =
-            host->api->alloc(host, (size_t)setup->image_floats * sizeof(float));
+            alloc_images(host, (size_t)setup->image_floats, &p->slots[k].pinned);
         p->slots[k].pub.labels = host->api->alloc(host, (size_t)setup->max_batch * sizeof(int32_t));
         if (!p->slots[k].pub.images || !p->slots[k].pub.labels)
             return host->api->fail(host, VH_STATUS_ERR_NOMEM,
@@ -238,7 +270,7 @@ void vh_prefetch_free(vh_prefetch *p) {
     }
     if (p->slots) {
         for (int32_t k = 0; k < p->depth; k++) {
-            host->api->free(host, p->slots[k].pub.images);
+            free_images(host, p->slots[k].pub.images, p->slots[k].pinned);
             host->api->free(host, p->slots[k].pub.labels);
         }
         host->api->free(host, p->slots);

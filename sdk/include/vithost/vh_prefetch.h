@@ -36,7 +36,10 @@
  * host->api->fail, and the pass stops (later calls return the same error
  * until the next start).
  *
- * Memory: slots come from host->api->alloc, 64-byte aligned. free joins the
+ * Memory: slots come from host->api->alloc, 64-byte aligned; on a device
+ * that is not the CPU the images come from its host_alloc (pinned memory,
+ * so the host's copy to the device runs at the bus's speed), falling back to
+ * host->api->alloc where that fails. free joins the
  * workers, also in the middle of a pass (it waits for fills in progress).
  * One consumer thread only: init, start, next, stop and free are not meant
  * to be called concurrently with each other.

@@ -190,7 +190,8 @@ vh_status run_open_comm(vh_run *run, vh_diag *d) {
     if (strcmp(name, "self") == 0) {
         /* On a GPU its copies must go through the device (memmove would
          * read device memory from the host). A test's own communicator stays. */
-        if (run->comm.ops && strcmp(run->comm.backend, "self") == 0 && !run->comm.impl)
+        if (run->comm.ops && run->comm.backend && strcmp(run->comm.backend, "self") == 0 &&
+            !run->comm.impl)
             vh_comm_self_init_device(&run->comm, run->device);
         return VH_STATUS_OK;
     }

@@ -299,7 +299,7 @@ vh_status vh_cuda_attention_forward(vh_device *dev, const vh_attention_args *arg
     const vh_status st = check(&a, args, 0);
     if (st != VH_STATUS_OK || empty(&a)) return st;
     const cudaStream_t s = vh_cuda_stream(dev, a.stream);
-    if (vh_cuda_attention_gemm_applies(&a)) return vh_cuda_attention_forward_gemm(dev, &a, s);
+    if (vh_cuda_attention_gemm_applies()) return vh_cuda_attention_forward_gemm(dev, &a, s);
     if (vh_cuda_attn_fused_dim(a.head_dim) == 0) return forward_tiled(dev, &a, s);
     forward_fused(&a, s);
     return vh_cuda_launched();
@@ -313,7 +313,7 @@ vh_status vh_cuda_attention_backward(vh_device *dev, const vh_attention_args *ar
     vh_status st = check(&a, args, 1);
     if (st != VH_STATUS_OK || empty(&a)) return st;
     const cudaStream_t s = vh_cuda_stream(dev, a.stream);
-    if (vh_cuda_attention_gemm_applies(&a)) return vh_cuda_attention_backward_gemm(dev, &a, s);
+    if (vh_cuda_attention_gemm_applies()) return vh_cuda_attention_backward_gemm(dev, &a, s);
     const int64_t B = a.batch, H = a.heads, N = a.tokens, Dh = a.head_dim, rows = B * H * N;
     float *ds = NULL;
     st = vh_cuda_alloc_temp(dev, (size_t)(rows * N) * sizeof(float), (void **)&ds);

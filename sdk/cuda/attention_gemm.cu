@@ -11,19 +11,21 @@
  *
  *   forward:  S = scale Q K^T (fp32), P = softmax(S) -> probs,
  *             O = P V (in dtype) -> out
- * P and dS are GEMM operands beside V, K and Q, so they take the operands'
- * dtype: where probs has another (the ViT keeps fp32 probs under AMP), P is
- * also written in the operands' dtype, rounded from the value as stored.
  *   backward: dV = P^T dO, dP = dO V^T (fp32), dS = P * (dP - rowsum(dP * P))
  *             (in dtype), dQ = scale dS K, dK = scale dS^T Q (fp32),
  *             dqkv += [dQ dK dV], each element read, summed and rounded once.
  *
+ * P and dS are GEMM operands beside V, K and Q, so they take the operands'
+ * dtype: where probs has another (the ViT keeps fp32 probs under AMP), P is
+ * also written in the operands' dtype, rounded from the value as stored.
+ *
  * Numbers are the CPU's 16-bit kernels' (sdk/src/cpu/attention16.c) and
  * autocast's (softmax in fp32, then bmm in bf16): logits and softmax in
  * fp32, P and dS rounded to the operand dtype as GEMM operands, fp32
- * accumulation, every output element rounded once. With f32 operands nothing is rounded on the way (gemm.cu
- * computes f32 without TF32). Deterministic: cuBLASLt's algorithm for a
- * shape is fixed by the plan cache, and the kernels here have no atomics.
+ * accumulation, every output element rounded once. With f32 operands
+ * nothing is rounded on the way (gemm.cu computes f32 without TF32).
+ * Deterministic: cuBLASLt's algorithm for a shape is fixed by the plan
+ * cache, and the kernels here have no atomics.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -32,8 +34,7 @@
 #include "cuda_internal.h"
 #include "reduce.cuh"
 
-int vh_cuda_attention_gemm_applies(const vh_attention_args *a) {
-    (void)a;
+int vh_cuda_attention_gemm_applies(void) {
     const char *v = getenv("VITHOST_CUDA_ATTENTION");
     return !(v && strcmp(v, "tiled") == 0);
 }
@@ -222,7 +223,8 @@ vh_status vh_cuda_attention_backward_gemm(vh_device *dev, const vh_attention_arg
     float *grads = NULL, *dp = NULL; /* grads: [dQ dK dV] in fp32, as dqkv's parts */
     vh_status st = temp(dev, s, &t, 3 * (size_t)head * es, &qkvp);
     if (st == VH_STATUS_OK) st = temp(dev, s, &t, (size_t)head * es, &dop);
-    if (st == VH_STATUS_OK) st = temp(dev, s, &t, 3 * (size_t)head * sizeof(float), (void **)&grads);
+    if (st == VH_STATUS_OK)
+        st = temp(dev, s, &t, 3 * (size_t)head * sizeof(float), (void **)&grads);
     if (st == VH_STATUS_OK) st = temp(dev, s, &t, (size_t)(rows * N) * sizeof(float), (void **)&dp);
     /* dS in the operand dtype: in place of dP when that is f32 (each element
      * is read and written by one thread), else beside it. */

@@ -132,7 +132,8 @@ vh_status vh_cuda_softmax(vh_device *dev, const vh_rows_args *args);
 vh_status vh_cuda_attention_forward(vh_device *dev, const vh_attention_args *args);
 vh_status vh_cuda_attention_backward(vh_device *dev, const vh_attention_args *args);
 /* attention_gemm.cu, for attention.cu's entry points (arguments checked). */
-int vh_cuda_attention_gemm_applies(const vh_attention_args *a);
+/* 0 where VITHOST_CUDA_ATTENTION=tiled asks for the simple path. */
+int vh_cuda_attention_gemm_applies(void);
 vh_status vh_cuda_attention_forward_gemm(vh_device *dev, const vh_attention_args *a,
                                          cudaStream_t s);
 vh_status vh_cuda_attention_backward_gemm(vh_device *dev, const vh_attention_args *a,

@@ -6,10 +6,10 @@
  * warps), lanes striding along the row, warp shuffle trees for the sums
  * (reduce.cuh): no block barrier, eight rows in flight per block. (A block
  * per row spent more time in its two barriers per sum than in the row:
- * 110 us for ViT-B/16's 25216 x 768 rows on an H200.) The parameter gradients are sums over
- * rows, made deterministic in two passes: each chunk of LN_CHUNK_ROWS rows
- * writes its partial sums to a temporary buffer, then one thread per column
- * adds the chunks in order. */
+ * 110 us for ViT-B/16's 25216 x 768 rows on an H200.) The parameter
+ * gradients are sums over rows, made deterministic in two passes: each chunk
+ * of LN_CHUNK_ROWS rows writes its partial sums to a temporary buffer, then
+ * one thread per column adds the chunks in order. */
 #include "cuda_internal.h"
 #include "reduce.cuh"
 
@@ -20,9 +20,6 @@
 #define LN_LANES 8
 #define GRID_Y_MAX 65535
 
-/* Rows [blockIdx.x, +gridDim.x, ...): mean over x - x[0] (exact for a row
- * far from 0, as the CPU), then the variance in a second pass (no
- * cancellation), then out = (x - mean) * rstd * weight + bias. */
 /* The rows of a warp-per-row kernel: this warp's first, and the stride. */
 #define LN_WARP_ROWS(r, rows)                                                              \
     for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < (rows); \
@@ -33,6 +30,9 @@ static unsigned ln_row_blocks(int64_t rows) {
     return vh_cuda_blocks(rows, VH_CUDA_THREADS / 32, VH_CUDA_MAX_BLOCKS);
 }
 
+/* Per row (one warp): mean over x - x[0] (exact for a row far from 0, as
+ * the CPU), then the variance in a second pass (no cancellation), then
+ * out = (x - mean) * rstd * weight + bias. */
 __global__ static void layernorm_forward_kernel(void *out, float *mean, float *rstd,
                                                 const void *x, const void *weight,
                                                 const void *bias, int32_t dt, int32_t pdt,

@@ -24,7 +24,8 @@ static vh_status self_copy(vh_comm *c, void *recv, const void *send, size_t byte
                            vh_stream *stream) {
     const vh_device_ops *dev = c->impl;
     if (send == recv || bytes == 0) return VH_STATUS_OK;
-    if (dev) return dev->copy(dev->device, recv, send, bytes, VH_COPY_KIND_DEVICE_TO_DEVICE, stream);
+    if (dev)
+        return dev->copy(dev->device, recv, send, bytes, VH_COPY_KIND_DEVICE_TO_DEVICE, stream);
     memmove(recv, send, bytes);
     return VH_STATUS_OK;
 }

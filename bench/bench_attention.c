@@ -17,9 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "vithost/vh_runtime.h"
+
+#include "bench_common.h"
 
 typedef struct attn_case {
     const char *name;
@@ -32,23 +33,6 @@ static const attn_case cases[] = {
     {"T3", 8, 197, 6, 64},
     {"main", 128, 16, 8, 16},
 };
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void fill(void *p, vh_dtype t, size_t n, uint32_t seed) {
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        float x = (float)(seed >> 8) * 0x1p-24f - 0.5f;
-        if (t == VH_DTYPE_BF16)
-            ((uint16_t *)p)[i] = vh_f32_to_bf16(x);
-        else
-            ((float *)p)[i] = x;
-    }
-}
 
 static void *alloc_or_die(const vh_device_ops *d, size_t bytes) {
     void *p = NULL;
@@ -67,9 +51,9 @@ static double time_op(const vh_device_ops *d, const vh_attention_args *a, int ba
     if (op(d->device, a) != VH_STATUS_OK) return -1.0;
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         op(d->device, a);
-        double dt = now() - t0;
+        double dt = bench_now() - t0;
         if (dt < best) best = dt;
     }
     return best * 1e3;
@@ -81,9 +65,9 @@ static void run_case(const vh_device_ops *d, const attn_case *c, vh_dtype t, int
     void *qkv = alloc_or_die(d, (size_t)nqkv * es), *dqkv = alloc_or_die(d, (size_t)nqkv * es);
     void *out = alloc_or_die(d, (size_t)nout * es), *dout = alloc_or_die(d, (size_t)nout * es);
     void *probs = alloc_or_die(d, (size_t)(c->b * c->h * c->n * c->n) * sizeof(float));
-    fill(qkv, t, (size_t)nqkv, 1);
-    fill(dout, t, (size_t)nout, 2);
-    fill(dqkv, t, (size_t)nqkv, 3);
+    bench_fill(qkv, t, (size_t)nqkv, 1);
+    bench_fill(dout, t, (size_t)nout, 2);
+    bench_fill(dqkv, t, (size_t)nqkv, 3);
     vh_attention_args a;
     memset(&a, 0, sizeof a);
     a.struct_size = sizeof a;

@@ -30,9 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "vithost/vh_runtime.h"
+
+#include "bench_common.h"
 
 /* Written between the cold calls: twice the largest L3 of the CPUs in
  * MACHINE-NOTES.md (32 MiB). */
@@ -71,23 +72,6 @@ static const gemm_shape vit_s16_shapes[] = {
     {"T3 fc2 dW 384x1536x1576 A^T", 384, 1536, 1576, 1, 1, 0},
 };
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void fill(void *p, vh_dtype t, size_t n, uint32_t seed) {
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        float x = (float)(seed >> 8) * 0x1p-24f - 0.5f;
-        if (t == VH_DTYPE_BF16)
-            ((uint16_t *)p)[i] = vh_f32_to_bf16(x);
-        else
-            ((float *)p)[i] = x;
-    }
-}
-
 static char *cold_buf; /* COLD_BYTES, or NULL: no cold timings */
 
 /* GFLOP/s of `reps` calls: the best and the mean with the operands in
@@ -104,8 +88,8 @@ static void time_shape(const vh_device_ops *d, const gemm_shape *s, vh_dtype ab,
         fprintf(stderr, "bench_gemm: out of memory\n");
         exit(1);
     }
-    fill(a, ab, na, 1);
-    fill(b, ab, nb, 2);
+    bench_fill(a, ab, na, 1);
+    bench_fill(b, ab, nb, 2);
     vh_gemm_args g;
     memset(&g, 0, sizeof g);
     g.struct_size = sizeof g;
@@ -124,16 +108,16 @@ static void time_shape(const vh_device_ops *d, const gemm_shape *s, vh_dtype ab,
     if (d->gemm(d->device, &g) == VH_STATUS_OK) { /* warm-up: primitive creation */
         double best_hot = 0.0, best_cold = 0.0, total = 0.0;
         for (int r = 0; r < reps; r++) {
-            double t0 = now();
+            double t0 = bench_now();
             d->gemm(d->device, &g);
-            double dt = now() - t0;
+            double dt = bench_now() - t0;
             total += dt;
             if (flop / dt > best_hot) best_hot = flop / dt;
             if (!cold_buf) continue;
             memset(cold_buf, r + 1, COLD_BYTES);
-            t0 = now();
+            t0 = bench_now();
             d->gemm(d->device, &g);
-            dt = now() - t0;
+            dt = bench_now() - t0;
             if (flop / dt > best_cold) best_cold = flop / dt;
         }
         *hot = best_hot * 1e-9, *mean = flop * reps / total * 1e-9, *cold = best_cold * 1e-9;

@@ -10,7 +10,7 @@
  * Each is timed best-of-reps after one warm-up call; the line gives ms a
  * call and GFLOP/s of the products (forward 4 B H N^2 Dh, backward twice
  * that). A benchmark for A/B runs of kernel changes: run the two builds in
- * turn (a shared machine drifts); ctest never runs it.
+ * turn (bench/ab_libs.sh; a shared machine drifts); ctest never runs it.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>

@@ -19,6 +19,7 @@
  *
  *   build/bench/bench_gemm [reps (5)] [--cold] [--vit-s16]
  *
+ * The PEAK line bench_step.py reads:
  *
  *   PEAK {"dtype": "f32", "gflops": 352.1, "shape": "2048x2048x2048"}
  *

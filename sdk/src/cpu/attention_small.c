@@ -371,7 +371,7 @@ static vh_status run_blocks(const vh_attention_args *a, const kernels *k, int ba
     }
     const block_fn fn = backward ? k->backward : k->forward;
     const int64_t es = vh_dtype_size(g.t), ps = vh_dtype_size(g.pt), nblocks = B * H;
-    const int head_chunk = H > 0 && H < 4096 ? (int)H : 1;
+    const int head_chunk = vh_cpu_attention_head_chunk(H);
     int failed = 0;
 #pragma omp parallel if (nblocks > 1 && nblocks * N * N * Dh > VH_CPU_PAR_ELEMS) \
     reduction(| : failed)
@@ -379,13 +379,7 @@ static vh_status run_blocks(const vh_attention_args *a, const kernels *k, int ba
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
         float *w = vh_cpu_scratch_alloc((size_t)block_scratch(&g) * sizeof(float));
         if (!w) failed = 1;
-        /* A sample's H blocks at a time: a block's sums do not depend on
-         * its thread, and a thread held up (a shared machine's vCPU) leaves
-         * the rest to the others. Not one block at a time: a sample's heads
-         * write neighbouring parts of the same rows (16-wide bf16 heads
-         * share cache lines), which two threads taking alternate heads
-         * bounce between their caches; the main job's AMP attention ran
-         * 25-30% slower so. */
+        /* a sample's H blocks at a time (vh_cpu_attention_head_chunk says why) */
 #pragma omp for schedule(dynamic, head_chunk)
         for (int64_t bh = 0; bh < nblocks; bh++) {
             if (!w) continue;

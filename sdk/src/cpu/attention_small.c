@@ -243,6 +243,29 @@ ALWAYS_INLINE void scatter(char *dst, int64_t ts, const float *src, const geom *
         store_row(dst + t * ts, g->t, src + t * g->dp, g->dh, accumulate);
 }
 
+/* A forward block's q and v rows (n rows of row_bytes, ts bytes apart)
+ * asked into L1 as the block starts, so that their misses overlap the K
+ * transpose instead of stalling each score tile's first product. The
+ * hardware's stride prefetcher does not get ahead on so few rows: in T1
+ * (50 rows of 64 bytes, 768 apart) a quarter of the f32 forward's samples
+ * sat on a tile's first FMA. Zen 4, 2 threads, `vithost bench --ops` on
+ * bench_step.py's T1 fp32, two sets of 6 interleaved pairs: attention
+ * forward 6.35 / 6.96 and 6.39 / 7.39 ms a step (every pair faster,
+ * 5-19%). Not in attention_dot16.c: T1 AMP's bf16 blocks (32-byte rows)
+ * ran even, 4.70 / 4.67. Only where both fit well within L1 (T1 and the
+ * main job; T2's and T3's rows would evict each other). */
+#define PREFETCH_MAX_BYTES 16384
+
+ALWAYS_INLINE void prefetch_rows(const char *q, const char *v, int64_t ts, int64_t n,
+                                 int64_t row_bytes) {
+    if (2 * n * row_bytes > PREFETCH_MAX_BYTES) return;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t c = 0; c < row_bytes; c += 64) {
+            __builtin_prefetch(q + t * ts + c);
+            __builtin_prefetch(v + t * ts + c);
+        }
+}
+
 /* AVX-512: scores in tiles of 4 rows x 64 columns (16 zmm accumulators),
  * products with the head's rows in tiles of 8 rows x 32 (a head_dim-16 row
  * is one register). AVX2: tiles of 4 x 16 both (8 ymm accumulators).

@@ -447,6 +447,7 @@ ALWAYS_INLINE void VN(forward_t)(const block *b, const geom *g, float *w, int bf
     const int64_t n = g->n, np = g->np, dp = g->dp, pes = vh_dtype_size(g->pt);
     const int direct = bf || g->direct;
     float *qb = w, *vb = qb + n * dp, *o = vb + n * dp, *kt = o + n * dp, *s = kt + g->dh * np;
+    prefetch_rows(b->q, b->v, b->ts, n, g->dh * vh_dtype_size(g->t));
     const mview q = VN(rows)(qb, b->q, b->ts, g, direct, bf);
     const mview k = VN(rows)(o, b->k, b->ts, g, direct, bf); /* o: not used yet */
     VN(transpose)(kt, &k, g);

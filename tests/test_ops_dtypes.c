@@ -612,6 +612,35 @@ static void gelu_backward_16(vh_dtype t, int64_t n) {
     free(x), free(g), free(d), free(x16), free(g16), free(d16), free(xw), free(gw), free(dw);
 }
 
+/* bf16 gelu_backward reads gelu'(x) from a table of all 65536 x (activations.c): every
+ * bit pattern of x (Inf, subnormals, both zeros; NaN: any NaN), twice over with other douts,
+ * against the fp32 op on the widened values rounded once; adding and overwriting, from a
+ * word boundary (the gathered pairs) and one element off it (the unpaired loop). */
+static void gelu_backward_every_bf16(int overwrite, int64_t skew) {
+    const int64_t n = 2 * 65536 + 37;
+    float *g = frand(n + skew, -2, 2), *d = frand(n + skew, -1, 1);
+    uint16_t *x16 = malloc((size_t)(n + skew) * 2);
+    assert_non_null(x16);
+    for (int64_t i = 0; i < n + skew; i++)
+        x16[i] = (uint16_t)(i < 65536 + skew ? i - skew : (i * 40503) & 0xffff);
+    uint16_t *g16 = to16(VH_DTYPE_BF16, g, n + skew), *d16 = to16(VH_DTYPE_BF16, d, n + skew);
+    float *xw = widened(VH_DTYPE_BF16, x16 + skew, n), *gw = widened(VH_DTYPE_BF16, g16 + skew, n);
+    float *dw = widened(VH_DTYPE_BF16, d16 + skew, n);
+    vh_eltwise_args e = {.struct_size = sizeof e, .n = n, .dtype = VH_DTYPE_BF16, .x = x16 + skew,
+                         .dout = g16 + skew, .dx = d16 + skew, .overwrite = overwrite};
+    assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+    e.dtype = VH_DTYPE_F32, e.x = xw, e.dout = gw, e.dx = dw;
+    assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+    for (int64_t i = 0; i < n; i++) { /* a NaN x gives a NaN, whichever */
+        const uint16_t got = d16[skew + i], want = vh_f32_to_bf16(dw[i]);
+        const int nan = (got & 0x7fff) > 0x7f80 && (want & 0x7fff) > 0x7f80;
+        if (got != want && !nan)
+            fail_msg("gelu_backward, bf16 x 0x%04x (overwrite %d, skew %lld): 0x%04x, want 0x%04x",
+                     x16[skew + i], overwrite, (long long)skew, got, want);
+    }
+    free(g), free(d), free(x16), free(g16), free(d16), free(xw), free(gw), free(dw);
+}
+
 static void layernorm_16(vh_dtype t, int64_t rows, int64_t dim) {
     const int64_t n = rows * dim;
     float *x = frand(n, -2, 2), *g = frand(n, -1, 1), *d = frand(n, -1, 1);
@@ -660,6 +689,8 @@ static void test_16bit_is_rounded_f32(void **state) {
         bias_backward_16(kTypes[t], 300, 37);
         bias_backward_16(kTypes[t], 4160, 192); /* T2's rows, threaded */
     }
+    for (int overwrite = 0; overwrite < 2; overwrite++)
+        for (int64_t skew = 0; skew < 2; skew++) gelu_backward_every_bf16(overwrite, skew);
 }
 
 /* ---- writing a gradient instead of adding (ABI 2.4) ----------------------------------- */

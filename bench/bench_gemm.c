@@ -150,10 +150,12 @@ int main(int argc, char **argv) {
             cold_buf = malloc(COLD_BYTES); /* NULL: the hot rates alone */
         else if (strcmp(argv[i], "--vit-s16") == 0)
             vit_s16 = 1;
-        else
-            reps = atoi(argv[i]);
+        else if ((reps = atoi(argv[i])) < 1) {
+            fprintf(stderr, "bench_gemm: '%s' is not a flag or a count of calls; usage: "
+                            "bench_gemm [reps (5)] [--cold] [--vit-s16]\n", argv[i]);
+            return 2;
+        }
     }
-    if (reps < 1) reps = 1;
     const vh_device_ops *d = vh_cpu_device_ops();
     const vh_dtype dtypes[] = {VH_DTYPE_F32, VH_DTYPE_BF16};
     for (size_t t = 0; t < sizeof dtypes / sizeof dtypes[0]; t++) {

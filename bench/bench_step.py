@@ -19,8 +19,8 @@ What one run prints (a benchmark, not a test: ctest never runs it):
    the warm-up) and PyTorch through bench/torch/train_step.py (fp32, and bf16 autocast), each
    PyTorch case run with libgomp's default wait policy and with OMP_WAIT_POLICY=PASSIVE, the
    faster counted;
-4. one table with the ratios, a column per peer, each with issue 20's goal (MISSED where it
-   fails): vithost fp32 / torch fp32 (2.0x, 1.4x, 1.15x); vithost AMP-bf16 / torch bf16 autocast
+4. one table with the ratios (paired by round, see below), a column per peer, each with
+   issue 20's goal (MISSED where it fails): vithost fp32 / torch fp32 (2.0x, 1.4x, 1.15x); vithost AMP-bf16 / torch bf16 autocast
    (1.3x); vithost AMP-bf16 / vithost fp32 (1.5x where the engine's bf16 GEMM peak is at least
    1.8x its f32 one, else 0.95x: the line above the table names the machine's kind); the f32
    GEMM peak share of vithost (85% on T3), twice: the median step over the best peak of all
@@ -44,10 +44,13 @@ Configurations (DESIGN.md's letters):
   T1  D64  L4  H4 P4,  28x28x1,  B128, 10 classes
   T2  D192 L12 H3 P4,  32x32x3,  B64,  10 classes
   T3  ViT-S/16 (D384 L12 H6 P16), 224x224x3, B8, 1000 classes
-Timings drift +-30% between runs on shared machines: compare ratios within one run. Each case
-runs --repeat rounds (default 3), every vithost case and then every peer's in each round, so a
-neighbour's load lands on both sides of a ratio; the medians count, and the cases whose rounds
-spread over 10% are named under the table.
+Timings drift +-30% between runs on shared machines, and a neighbour's load comes and goes over
+minutes: compare ratios within one run. Each case runs --repeat rounds (default 3); in a round
+each configuration in turn, each vithost case followed at once by the peers' same case (vithost
+fp32, torch fp32, vithost AMP, torch bf16), so that a ratio's two sides share their minute. A
+ratio, and its goal, is the median over rounds of each round's own ratio (paired, as
+bench/ab_libs.sh pairs two builds); the ratio of the two sides' medians stands beside it in
+brackets. The cases whose rounds spread over 10% are named under the table.
 """
 
 import argparse
@@ -265,6 +268,8 @@ def linear_flops_per_image(cfg):
 
 
 PRECISIONS = {"fp32": "fp32", "amp": "AMP-bf16", "fp16": "FP16"}
+# The peers' case beside each vithost precision (FP16 has none).
+PEER_KIND = {"fp32": "fp32", "amp": "bf16"}
 
 
 def median_of(values):
@@ -454,6 +459,11 @@ def main():
     # sides of a ratio, not on one (the median of the rounds counts).
     rounds = 1 if args.quick else args.repeat
     vruns = {p: {n: [] for n in names} for p in precisions}
+    # Each configuration in turn, and each of its cases followed at once by the peers' same
+    # case (vithost fp32, torch fp32, vithost AMP, torch bf16, ...): a ratio's two sides run
+    # within the same minute, as a shared machine's load comes and goes over minutes. A
+    # peer's kind that no vithost precision asked for still runs, after the config's cases.
+    peer_keys = [("fp32", "none")] + ([("bf16", "bf16")] if want_bf16 else [])
     for r in range(rounds):
         if rounds > 1:
             print(f"round {r + 1} of {rounds}", flush=True)
@@ -463,22 +473,23 @@ def main():
             print("  GEMM peak again: " + ", ".join(f"{k} {v:.1f}" for k, v in more.items())
                   + " GFLOP/s", flush=True)
         for n in names:
-            for p in precisions:
-                run = run_vithost(args.build, n, CONFIGS[n], p, env, args.quick)
-                if run:
-                    run["round"] = r
-                    vruns[p][n].append(run)
-        for t in peers:
-            for key, autocast in (("fp32", "none"), ("bf16", "bf16")):
-                if key == "bf16" and not want_bf16:
-                    continue
-                # the peer of record's GEMM time in its step, in the last round only
-                profile = t is peers[0] and r == rounds - 1
-                rates, gemms = run_torch(t["python"], names, args.threads, autocast,
-                                         args.quick, profile)
-                for n, v in rates.items():
-                    t["rounds"][key][n].append(v)
-                t.setdefault("gemms", {}).setdefault(key, {}).update(gemms)
+            order = [(p, next((k for k in peer_keys if k[0] == PEER_KIND.get(p)), None))
+                     for p in precisions]
+            order += [(None, k) for k in peer_keys if k not in [o[1] for o in order]]
+            for p, key in order:
+                if p:
+                    run = run_vithost(args.build, n, CONFIGS[n], p, env, args.quick)
+                    if run:
+                        run["round"] = r
+                        vruns[p][n].append(run)
+                for t in peers if key else []:
+                    # the peer of record's GEMM time in its step, in the last round only
+                    profile = t is peers[0] and r == rounds - 1
+                    rates, gemms = run_torch(t["python"], [n], args.threads, key[1],
+                                             args.quick, profile)
+                    for m, v in rates.items():
+                        t["rounds"][key[0]][m].append((r, v))
+                    t.setdefault("gemms", {}).setdefault(key[0], {}).update(gemms)
     ours, runs, spreads = {p: {} for p in precisions}, {p: {} for p in precisions}, {}
     for p in precisions:
         for n in names:
@@ -488,17 +499,28 @@ def main():
             spreads[f"vithost {PRECISIONS[p]} {n}"] = spread_of([x["img_per_s"] for x in ordered])
     for t in peers:
         for key in ("fp32", "bf16"):
-            t[key] = {n: median_of(v) for n, v in t["rounds"][key].items() if v}
-            for n, v in t["rounds"][key].items():
-                spreads[f"{t['label']} {key} {n}"] = spread_of(v)
+            t[key] = {n: median_of([v for _, v in rv]) for n, rv in t["rounds"][key].items()
+                      if rv}
+            for n, rv in t["rounds"][key].items():
+                spreads[f"{t['label']} {key} {n}"] = spread_of([v for _, v in rv])
+
+    def by_round(p, n):
+        return {x["round"]: x["img_per_s"] for x in vruns.get(p, {}).get(n, [])}
+
+    def paired_ratio(a, b):
+        """The median over rounds of a / b, both of the same round (dicts round -> img/s)."""
+        return median_of([a[r] / b[r] for r in a if r in b and b[r]])
 
     def fmt(x, spec=".1f"):
         return format(x, spec) if x is not None else "-"
 
-    def ratio(a, b, goal=None):
-        if not a or not b:
+    def ratio(a, b, pair, goal=None):
+        """The paired ratio (the median of the rounds' own) with its goal, and beside it the
+        ratio of the two medians."""
+        if not a or not b or not pair:
             return "-"
-        return f"{a / b:.2f}x" + (goal_mark(a / b, goal) if goal else "")
+        return (f"{pair:.2f}x" + (goal_mark(pair, goal) if goal else "") +
+                f" [medians {a / b:.2f}x]")
 
     peaks = best_peaks(round_peaks)
     vs_fp32_goal, kind = amp_goal(peaks)
@@ -526,22 +548,28 @@ def main():
     rule += "---|---|"
     print(head)
     print(rule)
+    pairs = {}
     for n in names:
         v32, goal = ours.get("fp32", {}).get(n), CONFIGS[n][11]
         line = f"| {n} | {fmt(v32)} |"
         for t in peers:
             t32 = t["fp32"].get(n)
-            r32 = ratio(v32, t32, goal)
-            line += f" {fmt(t32)} | {r32} |"
+            pr = paired_ratio(by_round("fp32", n), dict(t["rounds"]["fp32"][n]))
+            line += f" {fmt(t32)} | {ratio(v32, t32, pr, goal)} |"
+            pairs[f"vithost fp32 / {t['label']} fp32 {n}"] = pr
         for p in precisions:
             if p == "fp32":
                 continue
             v = ours[p].get(n)
-            line += f" {fmt(v)} | {ratio(v, v32, vs_fp32_goal if p == 'amp' else None)} |"
+            pr = paired_ratio(by_round(p, n), by_round("fp32", n))
+            line += f" {fmt(v)} | {ratio(v, v32, pr, vs_fp32_goal if p == 'amp' else None)} |"
+            pairs[f"vithost {PRECISIONS[p]} / vithost fp32 {n}"] = pr
             if p == "amp":
                 for t in peers:
                     tbf = t["bf16"].get(n)
-                    line += f" {fmt(tbf)} | {ratio(v, tbf, GOAL_AMP_VS_TORCH)} |"
+                    pr = paired_ratio(by_round(p, n), dict(t["rounds"]["bf16"][n]))
+                    line += f" {fmt(tbf)} | {ratio(v, tbf, pr, GOAL_AMP_VS_TORCH)} |"
+                    pairs[f"vithost AMP-bf16 / {t['label']} bf16 {n}"] = pr
         gf = v32 * flops_per_image(CONFIGS[n]) / 1e9 if v32 else None
         pk, share_goal = peaks.get("f32"), GOAL_PEAK_SHARE.get(n)
         share = f"{gf:.0f} ({100 * gf / pk:.0f}%)" if gf and pk else ""
@@ -556,6 +584,8 @@ def main():
     if bf16_note:
         print(f"({bf16_note})")
     wide = {k: v for k, v in spreads.items() if v is not None and v > 0.10}
+    print("a ratio: the median over rounds of the ratio of that round's two runs (its goal), and "
+          "in brackets the ratio of the two columns' medians")
     if rounds > 1:
         print(f"medians of {rounds} rounds; spread (max - min) / median over 10%: " +
               (", ".join(f"{k} {100 * v:.0f}%" for k, v in wide.items()) or "none"))
@@ -572,7 +602,7 @@ def main():
                                                                  "matmul_gflops", "fp32", "bf16",
                                                                  "gemms")}
                                           for t in peers],
-                                "rounds": rounds,
+                                "rounds": rounds, "paired_ratios": pairs,
                                 "spread": {k: v for k, v in spreads.items() if v is not None},
                                 "quick": args.quick}))
 

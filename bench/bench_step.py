@@ -603,6 +603,12 @@ def main():
                                                                  "gemms")}
                                           for t in peers],
                                 "rounds": rounds, "paired_ratios": pairs,
+                                # each case's img/s round by round ([round, img/s]), both sides
+                                "rounds_img_s": {
+                                    "vithost": {p: {n: [[x["round"], x["img_per_s"]]
+                                                        for x in vruns[p][n]] for n in names}
+                                                for p in precisions},
+                                    **{t["label"]: t["rounds"] for t in peers}},
                                 "spread": {k: v for k, v in spreads.items() if v is not None},
                                 "quick": args.quick}))
 

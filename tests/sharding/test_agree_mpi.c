@@ -44,6 +44,17 @@ static char tmp_dir[256];
 
 static char *tmp_text(const char *name) { return harness_read(tmp_dir, name); }
 
+/* fail_msg for a message whose last argument is a malloc'd text (from
+ * tmp_text): printed, freed, then the test fails (cmocka's longjmp would
+ * leak it). */
+#define fail_free(text, fmt, ...)                \
+    do {                                         \
+        char *text_ = (text);                    \
+        print_error(fmt "\n", __VA_ARGS__, text_); \
+        free(text_);                             \
+        fail();                                  \
+    } while (0)
+
 /* A small ViT on synthetic data; line 5 is optim. */
 static const char recipe[] =
     "run: {steps: 4, log_every: 1, eval_every: 0, seed: 3, batch_size: 4}\n"
@@ -98,7 +109,7 @@ static void assert_refused(int code, const char *dir, const char *expect) {
     char *err = tmp_text("err");
     if (code != 3 || !strstr(err, expect) || count(err, "do not run the same thing") != 1 ||
         strstr(err, "MPI_ERR") || exists(dir))
-        fail_msg("exit %d (want 3), want once: %s\n%s", code, expect, err);
+        fail_free(err, "exit %d (want 3), want once: %s\n%s", code, expect);
     free(err);
 }
 
@@ -117,7 +128,7 @@ static void test_mpmd_with_another_lr_is_refused(void **state) {
     code = sh(MPIRUN_60 " -np 1 %s run a.yaml --out same : -np 1 %s run c.yaml --out same "
                      "--set run.comm=mpi",
               VH_TEST_VITHOST, VH_TEST_VITHOST);
-    if (code != 0) fail_msg("equal recipes refused (exit %d):\n%s", code, tmp_text("err"));
+    if (code != 0) fail_free(tmp_text("err"), "equal recipes refused (exit %d):\n%s", code);
 }
 
 static void test_another_sharding_on_one_rank_is_refused(void **state) {
@@ -173,9 +184,10 @@ static pid_t start_long_run(const char *dir) {
             waitpid(pid, NULL, 0);
             char err[300];
             snprintf(err, sizeof err, "%s.err", dir);
-            char *out_text = tmp_text(out), *err_text = tmp_text(err);
-            fail_msg("%s: no train step line within 120 s; it printed:\n%s\n%s", dir, out_text,
-                     err_text);
+            char *out_text = tmp_text(out);
+            print_error("%s: no train step line within 120 s; it printed:\n%s\n", dir, out_text);
+            free(out_text);
+            fail_free(tmp_text(err), "%s%s", "");
         }
     }
 }
@@ -192,19 +204,20 @@ static int wait_mpirun(pid_t pid) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* The stop line in `err_name`: its step, its continue command (malloc'd)
- * with `vithost` as the test's and mpirun's test flags. */
-static char *stopped_line(const char *err_name, long *step) {
+/* The stop line in `err_name`: its step, its continue command (in a static
+ * buffer, so that a failed check after it leaks nothing) with `vithost` as
+ * the test's and mpirun's test flags. */
+static const char *stopped_line(const char *err_name, long *step) {
     char *err = tmp_text(err_name);
     const char *line = strstr(err, "vithost: stopped at step ");
-    if (!line) fail_msg("no stop line:\n%s", err);
+    if (!line) fail_free(err, "%s%s", "no stop line:\n");
     *step = strtol(line + strlen("vithost: stopped at step "), NULL, 10);
     const char *again = strstr(line, "continue with: mpirun -np 2 vithost run a.yaml ");
-    if (!again) fail_msg("the continue line does not keep mpirun -np 2:\n%s", line);
+    if (!again) fail_free(err, "%s%s", "the continue line does not keep mpirun -np 2:\n");
     again += strlen("continue with: mpirun -np 2 vithost");
     const char *end = strchr(again, '\n');
-    char *cmd = malloc(4096);
-    snprintf(cmd, 4096, MPIRUN " -np 2 %s%.*s", VH_TEST_VITHOST,
+    static char cmd[4096];
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s%.*s", VH_TEST_VITHOST,
              (int)(end ? end - again : (long)strlen(again)), again);
     free(err);
     return cmd;
@@ -222,11 +235,11 @@ static void test_sigterm_to_mpirun_stops_with_a_checkpoint(void **state) {
     assert_int_equal(kill(mpirun, SIGTERM), 0);
     int code = wait_mpirun(mpirun);
     long step = 0;
-    char *again = stopped_line("term.err", &step);
+    const char *again = stopped_line("term.err", &step);
     char *err = tmp_text("term.err");
     /* OpenMPI's mpirun exits 1 after its own SIGTERM; the line says so */
     if (code != 1 || !strstr(err, "(signal) with a checkpoint (mpirun itself exits 1"))
-        fail_msg("exit %d:\n%s", code, err);
+        fail_free(err, "exit %d:\n%s", code);
     free(err);
     assert_checkpoint("term", step);
     /* the printed command continues the run */
@@ -235,9 +248,8 @@ static void test_sigterm_to_mpirun_stops_with_a_checkpoint(void **state) {
     char expect[64];
     snprintf(expect, sizeof expect, "stopped at step %ld (--stop-after)", step + 3);
     if (code != 5 || !strstr(err, expect))
-        fail_msg("resume: exit %d, want 5 and '%s':\n%s", code, expect, err);
+        fail_free(err, "resume: exit %d, want 5 and '%s':\n%s", code, expect);
     free(err);
-    free(again);
     assert_checkpoint("term", step + 3);
 }
 
@@ -247,9 +259,9 @@ static void test_sigusr1_to_mpirun_stops_with_exit_5(void **state) {
     assert_int_equal(kill(mpirun, SIGUSR1), 0);
     int code = wait_mpirun(mpirun);
     long step = 0;
-    free(stopped_line("usr1.err", &step));
+    stopped_line("usr1.err", &step);
     char *err = tmp_text("usr1.err");
-    if (code != 5 || strstr(err, "mpirun itself exits 1")) fail_msg("exit %d:\n%s", code, err);
+    if (code != 5 || strstr(err, "mpirun itself exits 1")) fail_free(err, "exit %d:\n%s", code);
     free(err);
     assert_checkpoint("usr1", step);
 }
@@ -263,7 +275,7 @@ static void test_config_error_exits_3_in_one_process_and_many(void **state) {
     int many = sh(MPIRUN_60 " -np 2 %s run a.yaml --out h2 --set model.heads=3", VH_TEST_VITHOST);
     char *err = tmp_text("err");
     if (one != 3 || many != 3 || !strstr(err, "3 heads do not divide dim 16"))
-        fail_msg("one process %d, mpirun %d (want 3 and 3):\n%s", one, many, err);
+        fail_free(err, "one process %d, mpirun %d (want 3 and 3):\n%s", one, many);
     free(err);
 }
 

@@ -44,15 +44,15 @@ static char tmp_dir[256];
 
 static char *tmp_text(const char *name) { return harness_read(tmp_dir, name); }
 
-/* fail_msg for a message whose last argument is a malloc'd text (from
- * tmp_text): printed, freed, then the test fails (cmocka's longjmp would
- * leak it). */
-#define fail_free(text, fmt, ...)                \
-    do {                                         \
-        char *text_ = (text);                    \
-        print_error(fmt "\n", __VA_ARGS__, text_); \
-        free(text_);                             \
-        fail();                                  \
+/* fail_msg with a malloc'd text (from tmp_text) printed under the message:
+ * the text is freed before the test fails (cmocka's longjmp would leak it). */
+#define fail_free(text, ...)                \
+    do {                                    \
+        char *text_ = (text);               \
+        print_error(__VA_ARGS__);           \
+        print_error("\n%s\n", text_);        \
+        free(text_);                        \
+        fail();                             \
     } while (0)
 
 /* A small ViT on synthetic data; line 5 is optim. */
@@ -109,7 +109,7 @@ static void assert_refused(int code, const char *dir, const char *expect) {
     char *err = tmp_text("err");
     if (code != 3 || !strstr(err, expect) || count(err, "do not run the same thing") != 1 ||
         strstr(err, "MPI_ERR") || exists(dir))
-        fail_free(err, "exit %d (want 3), want once: %s\n%s", code, expect);
+        fail_free(err, "exit %d (want 3), want once: %s", code, expect);
     free(err);
 }
 
@@ -128,7 +128,7 @@ static void test_mpmd_with_another_lr_is_refused(void **state) {
     code = sh(MPIRUN_60 " -np 1 %s run a.yaml --out same : -np 1 %s run c.yaml --out same "
                      "--set run.comm=mpi",
               VH_TEST_VITHOST, VH_TEST_VITHOST);
-    if (code != 0) fail_free(tmp_text("err"), "equal recipes refused (exit %d):\n%s", code);
+    if (code != 0) fail_free(tmp_text("err"), "equal recipes refused (exit %d):", code);
 }
 
 static void test_another_sharding_on_one_rank_is_refused(void **state) {
@@ -187,7 +187,7 @@ static pid_t start_long_run(const char *dir) {
             char *out_text = tmp_text(out);
             print_error("%s: no train step line within 120 s; it printed:\n%s\n", dir, out_text);
             free(out_text);
-            fail_free(tmp_text(err), "%s%s", "");
+            fail_free(tmp_text(err), "%s:", err);
         }
     }
 }
@@ -210,10 +210,10 @@ static int wait_mpirun(pid_t pid) {
 static const char *stopped_line(const char *err_name, long *step) {
     char *err = tmp_text(err_name);
     const char *line = strstr(err, "vithost: stopped at step ");
-    if (!line) fail_free(err, "%s%s", "no stop line:\n");
+    if (!line) fail_free(err, "no stop line:");
     *step = strtol(line + strlen("vithost: stopped at step "), NULL, 10);
     const char *again = strstr(line, "continue with: mpirun -np 2 vithost run a.yaml ");
-    if (!again) fail_free(err, "%s%s", "the continue line does not keep mpirun -np 2:\n");
+    if (!again) fail_free(err, "the continue line does not keep mpirun -np 2:");
     again += strlen("continue with: mpirun -np 2 vithost");
     const char *end = strchr(again, '\n');
     static char cmd[4096];
@@ -239,7 +239,7 @@ static void test_sigterm_to_mpirun_stops_with_a_checkpoint(void **state) {
     char *err = tmp_text("term.err");
     /* OpenMPI's mpirun exits 1 after its own SIGTERM; the line says so */
     if (code != 1 || !strstr(err, "(signal) with a checkpoint (mpirun itself exits 1"))
-        fail_free(err, "exit %d:\n%s", code);
+        fail_free(err, "exit %d:", code);
     free(err);
     assert_checkpoint("term", step);
     /* the printed command continues the run */
@@ -248,7 +248,7 @@ static void test_sigterm_to_mpirun_stops_with_a_checkpoint(void **state) {
     char expect[64];
     snprintf(expect, sizeof expect, "stopped at step %ld (--stop-after)", step + 3);
     if (code != 5 || !strstr(err, expect))
-        fail_free(err, "resume: exit %d, want 5 and '%s':\n%s", code, expect);
+        fail_free(err, "resume: exit %d, want 5 and '%s':", code, expect);
     free(err);
     assert_checkpoint("term", step + 3);
 }
@@ -261,7 +261,7 @@ static void test_sigusr1_to_mpirun_stops_with_exit_5(void **state) {
     long step = 0;
     stopped_line("usr1.err", &step);
     char *err = tmp_text("usr1.err");
-    if (code != 5 || strstr(err, "mpirun itself exits 1")) fail_free(err, "exit %d:\n%s", code);
+    if (code != 5 || strstr(err, "mpirun itself exits 1")) fail_free(err, "exit %d:", code);
     free(err);
     assert_checkpoint("usr1", step);
 }
@@ -275,7 +275,7 @@ static void test_config_error_exits_3_in_one_process_and_many(void **state) {
     int many = sh(MPIRUN_60 " -np 2 %s run a.yaml --out h2 --set model.heads=3", VH_TEST_VITHOST);
     char *err = tmp_text("err");
     if (one != 3 || many != 3 || !strstr(err, "3 heads do not divide dim 16"))
-        fail_free(err, "one process %d, mpirun %d (want 3 and 3):\n%s", one, many);
+        fail_free(err, "one process %d, mpirun %d (want 3 and 3):", one, many);
     free(err);
 }
 

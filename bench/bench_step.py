@@ -20,13 +20,14 @@ What one run prints (a benchmark, not a test: ctest never runs it):
    PyTorch case run with libgomp's default wait policy and with OMP_WAIT_POLICY=PASSIVE, the
    faster counted;
 4. one table with the ratios (paired by round, see below), a column per peer, each with
-   issue 20's goal (MISSED where it fails): vithost fp32 / torch fp32 (2.0x, 1.4x, 1.15x); vithost AMP-bf16 / torch bf16 autocast
-   (1.3x); vithost AMP-bf16 / vithost fp32 (1.5x where the engine's bf16 GEMM peak is at least
-   1.8x its f32 one, else 0.95x: the line above the table names the machine's kind); the f32
-   GEMM peak share of vithost (85% on T3), twice: the median step over the best peak of all
-   rounds, and the median of each round's step over that round's own peak (the goal's: on a
-   shared machine the probe and the step of one round see the same load, while the best peak
-   of three rounds against their median step counts every slow minute against the step);
+   issue 20's goal (MISSED where it fails): vithost fp32 / torch fp32 (2.0x, 1.4x, 1.15x);
+   vithost AMP-bf16 / torch bf16 autocast (1.3x); vithost AMP-bf16 / vithost fp32 (1.5x where
+   the engine's bf16 GEMM peak is at least 1.8x its f32 one, else 0.95x: the line above the
+   table names the machine's kind); the f32 GEMM peak share of vithost (85% on T3), twice:
+   the median step over the best peak of all rounds, and the median of each round's step over
+   that round's own peak (the goal's: on a shared machine the probe and the step of one round
+   see the same load, while the best peak of three rounds against their median step counts
+   every slow minute against the step);
 5. where each vithost step went (the same runs, `--ops`): GEMMs (share, GFLOP/s), attention
    and the rest, and per configuration the ceiling of AMP-bf16 / fp32 on this CPU: the fp32
    step over (the AMP step's other ops + the fp32 GEMMs sped up by the bf16/f32 GEMM peak

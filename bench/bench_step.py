@@ -464,7 +464,7 @@ def main():
     # case (vithost fp32, torch fp32, vithost AMP, torch bf16, ...): a ratio's two sides run
     # within the same minute, as a shared machine's load comes and goes over minutes. A
     # peer's kind that no vithost precision asked for still runs, after the config's cases.
-    peer_keys = [("fp32", "none")] + ([("bf16", "bf16")] if want_bf16 else [])
+    autocast_of = {"fp32": "none", **({"bf16": "bf16"} if want_bf16 else {})}
     for r in range(rounds):
         if rounds > 1:
             print(f"round {r + 1} of {rounds}", flush=True)
@@ -474,9 +474,9 @@ def main():
             print("  GEMM peak again: " + ", ".join(f"{k} {v:.1f}" for k, v in more.items())
                   + " GFLOP/s", flush=True)
         for n in names:
-            order = [(p, next((k for k in peer_keys if k[0] == PEER_KIND.get(p)), None))
+            order = [(p, PEER_KIND.get(p) if PEER_KIND.get(p) in autocast_of else None)
                      for p in precisions]
-            order += [(None, k) for k in peer_keys if k not in [o[1] for o in order]]
+            order += [(None, k) for k in autocast_of if k not in {key for _, key in order}]
             for p, key in order:
                 if p:
                     run = run_vithost(args.build, n, CONFIGS[n], p, env, args.quick)
@@ -486,11 +486,11 @@ def main():
                 for t in peers if key else []:
                     # the peer of record's GEMM time in its step, in the last round only
                     profile = t is peers[0] and r == rounds - 1
-                    rates, gemms = run_torch(t["python"], [n], args.threads, key[1],
+                    rates, gemms = run_torch(t["python"], [n], args.threads, autocast_of[key],
                                              args.quick, profile)
                     for m, v in rates.items():
-                        t["rounds"][key[0]][m].append((r, v))
-                    t.setdefault("gemms", {}).setdefault(key[0], {}).update(gemms)
+                        t["rounds"][key][m].append((r, v))
+                    t.setdefault("gemms", {}).setdefault(key, {}).update(gemms)
     ours, runs, spreads = {p: {} for p in precisions}, {p: {} for p in precisions}, {}
     for p in precisions:
         for n in names:

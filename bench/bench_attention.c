@@ -95,15 +95,16 @@ int main(int argc, char **argv) {
     const vh_device_ops *d = vh_cpu_device_ops();
     const vh_dtype dtypes[] = {VH_DTYPE_F32, VH_DTYPE_BF16};
     int any_case = 0, any_dtype = 0; /* no case (dtype) named: all of them */
+    int usage = reps < 1;            /* a bad count, or a word that is neither */
     for (int j = 2; j < argc; j++) {
         const int is_dtype = strcmp(argv[j], "f32") == 0 || strcmp(argv[j], "bf16") == 0;
         int is_case = 0;
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             is_case |= strcmp(argv[j], cases[i].name) == 0;
-        if (!is_dtype && !is_case) reps = 0; /* the usage line below */
+        usage |= !is_dtype && !is_case;
         any_dtype |= is_dtype, any_case |= is_case;
     }
-    if (reps < 1) {
+    if (usage) {
         fprintf(stderr, "usage: bench_attention [reps (10)] [T1|T2|T3|main ...] [f32|bf16]\n");
         return 2;
     }

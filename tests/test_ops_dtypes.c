@@ -685,6 +685,7 @@ static void test_16bit_is_rounded_f32(void **state) {
         gelu_backward_16(kTypes[t], 100003); /* 13 pieces, a tail, threaded */
         gelu_backward_16(kTypes[t], 5000);   /* one piece, serial */
         layernorm_16(kTypes[t], 37, 48);     /* under one chunk */
+        layernorm_16(kTypes[t], 53, 50);     /* rows past their whole 16-lane sums */
         layernorm_16(kTypes[t], 1001, 192);  /* 16 chunks, a tail, threaded */
         bias_backward_16(kTypes[t], 300, 37);
         bias_backward_16(kTypes[t], 4160, 192); /* T2's rows, threaded */

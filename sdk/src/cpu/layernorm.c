@@ -19,12 +19,13 @@
 /* Rows per task of the forward pass. */
 #define LN_ROW_BLOCK 16
 
-/* A value of a row as stored (bf16 when `bf`, else f32), and back: the
- * backward pass widens and rounds bf16 rows in registers instead of in
- * scratch copies (measured: 0.10 against 0.16-0.21 ms per call, rows not in
- * cache, at widths 64 and 384; the constant `bf` is folded per caller). The
- * forward pass keeps the scratch copies: it reads each row three times, and
- * widening in each of those loops was slower at width 64. */
+/* A value of a row as stored (bf16 when `bf`, else f32), and back: bf16
+ * rows are widened and rounded in registers instead of in scratch copies
+ * (the constant `bf` is folded per caller). Backward: 0.10 against
+ * 0.16-0.21 ms per call, rows not in cache, at widths 64 and 384. Forward
+ * (it reads each row three times), in the step on Zen 4, 2 threads, 3-4
+ * interleaved pairs of `vithost bench --ops`: T3 AMP (width 384) 2.68-2.77
+ * against 3.38-3.47 ms a step, T1 AMP (64) even; f16 keeps the copies. */
 __attribute__((always_inline)) static inline float ln_load(const void *p, int64_t i, int bf) {
     return bf ? vh_cpu_bf16_widen(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
@@ -36,32 +37,85 @@ __attribute__((always_inline)) static inline void ln_store(void *p, int64_t i, f
         ((float *)p)[i] = v;
 }
 
-/* `rows` rows of the forward pass (the pointers at the block's first row). */
-VH_CPU_CLONES static void layernorm_rows(float *out, float *mean, float *rstd, const float *x,
-                                         const float *weight, const float *bias, int64_t rows,
-                                         int64_t dim, float eps) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * dim;
-        float *yr = out + r * dim;
-        /* Sum x - x[0]: exact for a row far from 0 (x = 1000 + small), where
-         * a plain float sum would lose the small part. */
-        const float shift = xr[0];
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < dim; j++) sum += xr[j] - shift;
-        const float m = shift + sum / (float)dim;
-        float var = 0.0f; /* two passes: no cancellation */
-#pragma omp simd reduction(+ : var)
-        for (int64_t j = 0; j < dim; j++) {
-            float d = xr[j] - m;
-            var += d * d;
-        }
-        const float s = 1.0f / sqrtf(var / (float)dim + eps);
+/* A row's sums in LN_LANES partial sums (element j in lane j % LN_LANES),
+ * the lanes then added in a tree. Why not `omp simd reduction`: GCC folds
+ * the vector of partial sums into one float in lane order, a chain of 16
+ * dependent scalar adds, and a row of the forward waits on two such chains
+ * (three in the backward): at width 64 (T1) that latency, not the loads,
+ * set the time of a row. */
+#define LN_LANES 16
+
+__attribute__((always_inline)) static inline float ln_fold(float *acc) {
 #pragma omp simd
-        for (int64_t j = 0; j < dim; j++) yr[j] = (xr[j] - m) * s * weight[j] + bias[j];
-        mean[r] = m;
-        rstd[r] = s;
+    for (int l = 0; l < 8; l++) acc[l] += acc[l + 8];
+#pragma omp simd
+    for (int l = 0; l < 4; l++) acc[l] += acc[l + 4];
+    return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
+/* sum over j of (x[j] - c), and with `square` of (x[j] - c)^2; x as stored
+ * (ln_load). */
+__attribute__((always_inline)) static inline float ln_row_sum(const void *x, int64_t dim,
+                                                              float c, int square, int bf) {
+    float acc[LN_LANES] = {0};
+    int64_t j = 0;
+    for (; j + LN_LANES <= dim; j += LN_LANES)
+#pragma omp simd
+        for (int l = 0; l < LN_LANES; l++) {
+            const float d = ln_load(x, j + l, bf) - c;
+            acc[l] += square ? d * d : d;
+        }
+    for (int l = 0; j + l < dim; l++) {
+        const float d = ln_load(x, j + l, bf) - c;
+        acc[l] += square ? d * d : d;
     }
+    return ln_fold(acc);
+}
+
+/* `rows` rows of the forward pass (the pointers at the block's first row;
+ * x and out f32, or both bf16 when `bf`): the means of all its rows, then
+ * their variances, then the outputs, so that each row's short chain of
+ * sums overlaps the next row's instead of waiting on its own (one row at a
+ * time, a T1 row of 64 waited on its fold, then its square root and
+ * division, then its outputs). */
+__attribute__((always_inline)) static inline void layernorm_rows(
+    void *out, float *mean, float *rstd, const void *x, const float *weight, const float *bias,
+    int64_t rows, int64_t dim, float eps, int bf) {
+    const size_t esz = bf ? sizeof(uint16_t) : sizeof(float);
+    /* Sum x - x[0]: exact for a row far from 0 (x = 1000 + small), where
+     * a plain float sum would lose the small part. */
+    for (int64_t r = 0; r < rows; r++) {
+        const void *xr = (const char *)x + (size_t)(r * dim) * esz;
+        const float shift = ln_load(xr, 0, bf);
+        mean[r] = shift + ln_row_sum(xr, dim, shift, 0, bf) / (float)dim;
+    }
+    /* two passes: no cancellation */
+    for (int64_t r = 0; r < rows; r++) {
+        const void *xr = (const char *)x + (size_t)(r * dim) * esz;
+        rstd[r] = 1.0f / sqrtf(ln_row_sum(xr, dim, mean[r], 1, bf) / (float)dim + eps);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const void *xr = (const char *)x + (size_t)(r * dim) * esz;
+        void *yr = (char *)out + (size_t)(r * dim) * esz;
+        const float m = mean[r], s = rstd[r];
+#pragma omp simd
+        for (int64_t j = 0; j < dim; j++)
+            ln_store(yr, j, (ln_load(xr, j, bf) - m) * s * weight[j] + bias[j], bf);
+    }
+}
+
+VH_CPU_CLONES static void layernorm_rows_f32(float *out, float *mean, float *rstd,
+                                             const float *x, const float *weight,
+                                             const float *bias, int64_t rows, int64_t dim,
+                                             float eps) {
+    layernorm_rows(out, mean, rstd, x, weight, bias, rows, dim, eps, 0);
+}
+
+VH_CPU_CLONES static void layernorm_rows_bf16(uint16_t *out, float *mean, float *rstd,
+                                              const uint16_t *x, const float *weight,
+                                              const float *bias, int64_t rows, int64_t dim,
+                                              float eps) {
+    layernorm_rows(out, mean, rstd, x, weight, bias, rows, dim, eps, 1);
 }
 
 int vh_cpu_k_layernorm_forward(vh_cpu_rows out, float *mean, float *rstd, vh_cpu_rows x,
@@ -72,11 +126,16 @@ int vh_cpu_k_layernorm_forward(vh_cpu_rows out, float *mean, float *rstd, vh_cpu
 #pragma omp parallel for schedule(static) reduction(| : failed) if (rows * dim > VH_CPU_PAR_ELEMS)
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r0 = b * LN_ROW_BLOCK, n = rows - r0 < LN_ROW_BLOCK ? rows - r0 : LN_ROW_BLOCK;
+        if (x.dtype == VH_DTYPE_BF16 && out.dtype == VH_DTYPE_BF16 && x.p && out.p) {
+            layernorm_rows_bf16((uint16_t *)out.p + r0 * dim, mean + r0, rstd + r0,
+                                (const uint16_t *)x.p + r0 * dim, weight, bias, n, dim, eps);
+            continue;
+        }
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
         const float *xb = vh_cpu_rows_load(x, r0, n, dim, 1);
         float *ob = vh_cpu_rows_load(out, r0, n, dim, 0);
         if (xb && ob) {
-            layernorm_rows(ob, mean + r0, rstd + r0, xb, weight, bias, n, dim, eps);
+            layernorm_rows_f32(ob, mean + r0, rstd + r0, xb, weight, bias, n, dim, eps);
             vh_cpu_rows_store(out, r0, n, dim, ob);
         } else {
             failed = 1;
@@ -84,6 +143,19 @@ int vh_cpu_k_layernorm_forward(vh_cpu_rows out, float *mean, float *rstd, vh_cpu
         vh_cpu_scratch_end(mark);
     }
     return failed ? -1 : 0;
+}
+
+/* Element j of a backward row, into lane l of its two sums (g and g xhat,
+ * g = dout weight) and into the row's dweight and dbias terms. */
+__attribute__((always_inline)) static inline void ln_backward_terms(
+    float *acc_g, float *acc_gx, int l, int64_t j, float *pw, float *pb, const void *xr,
+    const void *gr, const float *weight, float m, float s, int bf) {
+    const float xhat = (ln_load(xr, j, bf) - m) * s, gj = ln_load(gr, j, bf);
+    const float g = gj * weight[j];
+    acc_g[l] += g;
+    acc_gx[l] += g * xhat;
+    pw[j] += gj * xhat;
+    pb[j] += gj;
 }
 
 /* `rows` rows of the backward pass (the pointers at the first; dx, dout and
@@ -98,17 +170,15 @@ __attribute__((always_inline)) static inline void layernorm_backward_rows(
         const void *xr = (const char *)x + off, *gr = (const char *)dout + off;
         void *dr = (char *)dx + off;
         const float m = mean[r], s = rstd[r];
-        float sum_g = 0.0f, sum_gx = 0.0f;
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-        for (int64_t j = 0; j < dim; j++) {
-            const float xhat = (ln_load(xr, j, bf) - m) * s, gj = ln_load(gr, j, bf);
-            const float g = gj * weight[j];
-            sum_g += g;
-            sum_gx += g * xhat;
-            pw[j] += gj * xhat;
-            pb[j] += gj;
-        }
-        const float mg = sum_g / (float)dim, mgx = sum_gx / (float)dim;
+        float acc_g[LN_LANES] = {0}, acc_gx[LN_LANES] = {0}; /* lanes: see ln_fold */
+        int64_t j0 = 0;
+        for (; j0 + LN_LANES <= dim; j0 += LN_LANES)
+#pragma omp simd
+            for (int l = 0; l < LN_LANES; l++)
+                ln_backward_terms(acc_g, acc_gx, l, j0 + l, pw, pb, xr, gr, weight, m, s, bf);
+        for (int l = 0; j0 + l < dim; l++)
+            ln_backward_terms(acc_g, acc_gx, l, j0 + l, pw, pb, xr, gr, weight, m, s, bf);
+        const float mg = ln_fold(acc_g) / (float)dim, mgx = ln_fold(acc_gx) / (float)dim;
 #pragma omp simd
         for (int64_t j = 0; j < dim; j++) {
             const float xhat = (ln_load(xr, j, bf) - m) * s;

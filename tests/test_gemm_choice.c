@@ -52,15 +52,22 @@ static double scripted(void *ctx, int path, const vh_gemm16_shape *proxy) {
 /* A shape class of its own per case (the classes are cached per process),
  * large enough to be timed: an unbatched layout, m x 1024 x 1024. */
 static vh_gemm16_shape shape(int trans_a, int64_t m) {
-    vh_gemm16_shape sh = {VH_DTYPE_BF16, trans_a, 0, 1, m, 1024, 1024};
+    vh_gemm16_shape sh = {VH_DTYPE_BF16, trans_a, 0, 1, m, 1024, 1024, 0};
     return sh;
 }
 
 static int setup(void **state) {
     (void)state;
     setenv("VITHOST_CPU_GEMM16", "auto", 1);
+    setenv("VITHOST_CPU_GEMM32", "auto", 1);
     vh_cpu_gemm16_reset();
     return 0;
+}
+
+/* An f32 shape: A^T.B (a weight gradient), or A.B with or without T * aux. */
+static vh_gemm16_shape shape32(int trans_a, int mul_aux, int64_t m) {
+    vh_gemm16_shape sh = {VH_DTYPE_F32, trans_a, 0, 1, m, 1024, 1024, mul_aux};
+    return sh;
 }
 
 /* Native twice as fast; widen's runs clean. */
@@ -130,12 +137,87 @@ static void test_kernel_race(void **state) {
     assert_int_equal(vh_gemm16_choose(&sh, scripted, &g), VH_GEMM16_NATIVE_GEMM);
 }
 
+/* f32: the weight gradients and T * aux race the two kernels (widen is not
+ * a path: never timed); a plain A.B runs the default untimed; the margin and
+ * the confirming race as for bf16; VITHOST_CPU_GEMM32 forces the raced
+ * classes only. */
+static void test_f32_kernels(void **state) {
+    (void)state;
+    script g = {.t = {9e-3, 1.5e-3, 1e-3}, .slowed = -1};
+    vh_gemm16_shape sh = shape32(1, 0, 64);
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &g), VH_GEMM16_NATIVE_GEMM);
+    assert_int_equal(g.calls[VH_GEMM16_WIDEN], 0);
+    sh = shape32(0, 1, 64);
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &g), VH_GEMM16_NATIVE_GEMM);
+    script d = {.t = {9e-3, 1e-3, 1.5e-3}, .slowed = -1};
+    sh = shape32(1, 0, 4096);
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &d), VH_GEMM16_NATIVE);
+    script near = {.t = {9e-3, 1e-3, 0.98e-3}, .slowed = -1}; /* 2%: under the margin */
+    sh = shape32(1, 0, 1 << 14);
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &near), VH_GEMM16_NATIVE);
+    script plain = {.t = {9e-3, 9e-3, 1e-3}, .slowed = -1};
+    sh = shape32(0, 0, 64);
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &plain), VH_GEMM16_NATIVE);
+    assert_int_equal(plain.calls[0] + plain.calls[1] + plain.calls[2], 0);
+    /* the lines say what was timed */
+    static char line[256], classes[4096];
+    assert_non_null(strstr(vh_cpu_gemm16_summary(VH_DTYPE_F32, line, sizeof line),
+                           "gemm kernel on 2 of 4 timed shape classes"));
+    vh_cpu_gemm16_classes(classes, sizeof classes);
+    assert_non_null(strstr(classes, "f32 A.B     *aux single "));
+    assert_non_null(strstr(classes, "gemm kernel (kernels: default 1.500 ms, gemm 1.000 ms"));
+
+    setenv("VITHOST_CPU_GEMM32", "default", 1);
+    vh_cpu_gemm16_reset();
+    sh = shape32(1, 0, 64);
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &g), VH_GEMM16_NATIVE);
+    setenv("VITHOST_CPU_GEMM32", "gemm", 1);
+    vh_cpu_gemm16_reset();
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &d), VH_GEMM16_NATIVE_GEMM);
+    sh = shape32(0, 0, 64); /* not a raced class: the default, forced or not */
+    assert_int_equal(vh_gemm16_choose(&sh, scripted, &g), VH_GEMM16_NATIVE);
+    setenv("VITHOST_CPU_GEMM32", "fast", 1);
+    vh_cpu_gemm16_reset();
+    assert_non_null(strstr(vh_cpu_gemm16_summary(VH_DTYPE_F32, line, sizeof line),
+                           "VITHOST_CPU_GEMM32=fast ignored"));
+}
+
+/* The choices saved with a checkpoint come back in another process (here:
+ * after a reset) without a timing, overriding what that process decided;
+ * lines it does not know are skipped. */
+static void test_choices_saved_and_loaded(void **state) {
+    (void)state;
+    script g = {.t = {9e-3, 1.5e-3, 1e-3}, .slowed = -1};
+    script w = {.t = {1e-3, 2e-3, 2e-3}, .slowed = -1};
+    vh_gemm16_shape f32_dw = shape32(1, 0, 64), bf16_big = shape(0, 4096);
+    assert_int_equal(vh_gemm16_choose(&f32_dw, scripted, &g), VH_GEMM16_NATIVE_GEMM);
+    assert_int_equal(vh_gemm16_choose(&bf16_big, scripted, &w), VH_GEMM16_WIDEN);
+    static char saved[4096];
+    vh_cpu_gemm_choices_save(saved, sizeof saved);
+
+    vh_cpu_gemm16_reset();
+    script other = {.t = {1e-3, 1e-3, 9e-3}, .slowed = -1}; /* would choose the opposite */
+    assert_int_equal(vh_gemm16_choose(&f32_dw, scripted, &other), VH_GEMM16_NATIVE);
+    static char text[4200];
+    snprintf(text, sizeof text, "gemm-choice nonsense\n%sgemm-choice 99 0 0 0 1 0 1 0", saved);
+    assert_int_equal(vh_cpu_gemm_choices_load(text), 2);
+    memset(other.calls, 0, sizeof other.calls);
+    assert_int_equal(vh_gemm16_choose(&f32_dw, scripted, &other), VH_GEMM16_NATIVE_GEMM);
+    assert_int_equal(vh_gemm16_choose(&bf16_big, scripted, &other), VH_GEMM16_WIDEN);
+    assert_int_equal(other.calls[0] + other.calls[1] + other.calls[2], 0);
+    static char classes[4096];
+    vh_cpu_gemm16_classes(classes, sizeof classes);
+    assert_non_null(strstr(classes, "as the run chose it before its checkpoint"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_clean_race_takes_the_faster, setup),
         cmocka_unit_test_setup(test_burst_on_native_keeps_native, setup),
         cmocka_unit_test_setup(test_burst_on_widen_keeps_widen, setup),
         cmocka_unit_test_setup(test_kernel_race, setup),
+        cmocka_unit_test_setup(test_f32_kernels, setup),
+        cmocka_unit_test_setup(test_choices_saved_and_loaded, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

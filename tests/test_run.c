@@ -189,6 +189,10 @@ static void test_resume_repeats_the_run_bit_for_bit(void **state) {
     assert_non_null(strstr(err, "stopped at step 13"));
     assert_non_null(strstr(err, "--resume"));
     free(err);
+    /* the GEMM choices that the resumed process takes (vh_cpu_gemm_choices_load) */
+    char *choices = tmp_text("split/checkpoints/step-00000013/cpu-gemm-choices.txt");
+    assert_non_null(choices);
+    free(choices);
     assert_int_equal(vithost("run recipe.yaml --out split --resume"), 0);
     char *out = tmp_text("out");
     assert_non_null(strstr(out, "resuming from split/checkpoints/step-00000013 (step 13, epoch 1)"));

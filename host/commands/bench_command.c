@@ -366,8 +366,9 @@ void bench_print(const vh_run *run, const vh_bench_result *r, FILE *out) {
             run->recipe.file, run->device->name, (int)r->world_size,
             (long long)r->global_batch, accum, (long long)r->steps, (long long)r->warmup,
             vh_dtype_name(r->compute_dtype));
-    if (run->device->kind == VH_DEVICE_KIND_CPU && vh_dtype_size(r->compute_dtype) == 2) {
-        /* which path the 16-bit GEMMs took, per shape class (gemm_choice.c) */
+    if (run->device->kind == VH_DEVICE_KIND_CPU) {
+        /* which path the 16-bit GEMMs took, or which kernel the f32 ones,
+         * per shape class (gemm_choice.c) */
         char line[256], classes[4096];
         fprintf(out, "  gemm        %s\n",
                 vh_cpu_gemm16_summary(r->compute_dtype, line, sizeof line));

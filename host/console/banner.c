@@ -91,8 +91,10 @@ vh_status banner_print(vh_session *s, const vh_banner *b, vh_diag *d) {
     else fprintf(s->out, "FLOPs per image unknown (the model does not count them)");
     if (b->peak_tflops > 0) fprintf(s->out, "; device peak %.1f GFLOP/s", b->peak_tflops * 1e3);
     fputc('\n', s->out);
-    if (s->run->device->kind == VH_DEVICE_KIND_CPU && vh_dtype_size(s->policy.compute_dtype) == 2) {
-        char line[256]; /* the 16-bit GEMMs' path, decided per shape class at first use */
+    if (s->run->device->kind == VH_DEVICE_KIND_CPU) {
+        /* the 16-bit GEMMs' path, or the f32 ones' kernel, decided per shape
+         * class at first use */
+        char line[256];
         fprintf(s->out, "vithost: %s\n",
                 vh_cpu_gemm16_summary(s->policy.compute_dtype, line, sizeof line));
     }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "optim_state.h"
+#include "vithost/vh_cpu_engine.h"
 #include "weights.h"
 
 #define STATE_FORMAT 1
@@ -90,6 +91,32 @@ static int write_file_sync(const char *path, const char *text) {
     }
     int ok = fsync(fd) == 0;
     return close(fd) == 0 && ok;
+}
+
+/* The CPU engine's GEMM choices (vh_cpu_engine.h), beside state.json: a
+ * resumed run takes them, so its GEMMs run the kernels this run chose and
+ * it continues bit for bit. Not a checked file: a checkpoint without it
+ * (an older one, another device) resumes with the new process's own. */
+#define GEMM_CHOICES_FILE "cpu-gemm-choices.txt"
+
+static vh_status write_gemm_choices(vh_session *s, const char *dir, vh_diag *d) {
+    if (s->run->device->kind != VH_DEVICE_KIND_CPU) return VH_STATUS_OK;
+    char text[8192], path[4700];
+    vh_cpu_gemm_choices_save(text, sizeof text);
+    snprintf(path, sizeof path, "%s/" GEMM_CHOICES_FILE, dir);
+    if (!write_file_sync(path, text))
+        return diag_set(d, VH_STATUS_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    return VH_STATUS_OK;
+}
+
+static void load_gemm_choices(vh_session *s, const char *dir) {
+    if (s->run->device->kind != VH_DEVICE_KIND_CPU) return;
+    char path[4700];
+    snprintf(path, sizeof path, "%s/" GEMM_CHOICES_FILE, dir);
+    char *text = weights_read_state(path);
+    if (!text) return;
+    vh_cpu_gemm_choices_load(text);
+    free(text);
 }
 
 static vh_status write_state_json(vh_session *s, const char *path, blob *blobs, int n,
@@ -365,6 +392,7 @@ static vh_status checkpoint_write(vh_session *s, const char *run_dir, int64_t ke
      * every rank, except the data position, which the sampler maps to each
      * rank's share when it is loaded (vh_sampler.h). */
     for (int i = 0; st == VH_STATUS_OK && i < 4; i++) st = take_blob(s, blob_roles[i], &blobs[i], d);
+    if (st == VH_STATUS_OK) st = write_gemm_choices(s, p.tmp, d);
     if (st == VH_STATUS_OK) {
         snprintf(path, sizeof path, "%s/state.json", p.tmp);
         st = write_state_json(s, path, blobs, 4, d);
@@ -800,6 +828,7 @@ static vh_status load_files(vh_session *s, const char *ckpt_dir, vh_diag *d) {
         st = optim_state_load(s, path, d);
     }
     st = load_extra(s, ckpt_dir, st, d);
+    if (st == VH_STATUS_OK) load_gemm_choices(s, ckpt_dir);
     if (st == VH_STATUS_ERR_FORMAT || st == VH_STATUS_ERR_IO || st == VH_STATUS_ERR_NUMERIC) {
         char offer[9000];
         previous_offer(ckpt_dir, offer, sizeof offer);

@@ -41,19 +41,36 @@ typedef struct vh_cpu_engine_info {
  * environment variable VITHOST_CPU_GEMM16=native|native_gemm|widen|auto
  * (default auto) forces it (native_gemm: oneDNN's gemm kernel). An
  * invalid value is reported once on stderr and auto is used. native on a CPU
- * without the kernels (no avx512_bf16; f16 on oneDNN 2.x) widens. Auto may
- * choose differently in another process on a near tie: force a path to
- * compare runs bit for bit across processes. */
+ * without the kernels (no avx512_bf16; f16 on oneDNN 2.x) widens. GEMMs
+ * with f32 operands have the same two kernels: the weight gradients (A^T.B)
+ * and T * aux (VH_EPILOGUE_MUL_AUX) take the faster, timed the same way
+ * (VITHOST_CPU_GEMM32=default|gemm|auto); the others run the default. Auto
+ * may choose differently in another process on a near tie: force a path to
+ * compare runs bit for bit across processes (a resumed run takes its
+ * checkpoint's choices, below). */
 
 /* One line into buf (truncated to len), returned: how this process runs
  * GEMMs with dtype operands (VH_DTYPE_BF16 or VH_DTYPE_F16), e.g.
  * "bf16 GEMM: auto: native on 9 shape classes (1.92x widen), widen on 1
- * (1.15x native)" or "bf16 GEMM: widen to f32 (VITHOST_CPU_GEMM16=widen)". */
+ * (1.15x native)" or "bf16 GEMM: widen to f32 (VITHOST_CPU_GEMM16=widen)";
+ * with VH_DTYPE_F32, which kernels its f32 GEMMs run ("f32 GEMM: auto:
+ * oneDNN's gemm kernel on 3 of 4 timed shape classes (1.14x the default)"). */
+
 VH_SDK_API const char *vh_cpu_gemm16_summary(int32_t dtype, char *buf, size_t len);
 
 /* One line per shape class auto has decided: the class, its first shape
  * (batch x m x n x k), the choice and both timings. "" when none. */
 VH_SDK_API const char *vh_cpu_gemm16_classes(char *buf, size_t len);
+
+/* The choices this process has made (16-bit paths, f32 kernels), as text to
+ * keep beside a checkpoint, and back: a resumed run loads them before its
+ * first step, so that its GEMMs run the kernels the run chose, not this
+ * process's own timing (the kernels differ in the order of their f32
+ * sums, so --resume continues bit for bit). _save returns buf; _load
+ * returns the number of classes taken (lines it does not know are
+ * skipped) and overrides a class this process already decided. */
+VH_SDK_API const char *vh_cpu_gemm_choices_save(char *buf, size_t len);
+VH_SDK_API int vh_cpu_gemm_choices_load(const char *text);
 
 /* Forgets every choice and reads VITHOST_CPU_GEMM16 again (tests, benchmarks).
  * Call it while no GEMM runs. */

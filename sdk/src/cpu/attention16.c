@@ -98,7 +98,7 @@ static int applies(const vh_attention_args *a) {
     if (a->dtype != VH_DTYPE_BF16) return 0;
     if (a->probs_dtype != VH_DTYPE_BF16 && a->probs_dtype != VH_DTYPE_F32) return 0;
     const vh_gemm16_shape s = {VH_DTYPE_BF16, 0, 1, a->batch * a->heads, a->tokens, a->tokens,
-                               a->head_dim};
+                               a->head_dim, 0};
     return vh_gemm16_native(&s, time_scores, NULL);
 }
 

@@ -56,7 +56,7 @@ _Static_assert(sizeof(vh_dnnl_matmul) == 17 * 8 + 10 * 4, "vh_dnnl_matmul has no
  * first choice on AVX-512: B copied into blocks, A read in place where it
  * can) and gemm (the BLAS-style driver: both operands packed into panels).
  * Which is faster depends on the shape (gemm_choice.c measures it for
- * 16-bit operands). A description whose kernel oneDNN does not have runs on
+ * 16-bit operands, and for f32 weight gradients and T * aux). A description whose kernel oneDNN does not have runs on
  * the default. */
 typedef enum vh_dnnl_kernel {
     VH_DNNL_KERNEL_DEFAULT = 0,
@@ -102,12 +102,14 @@ VH_CPU_HIDDEN uint64_t vh_dnnl_primitives_created(void);
 /* "oneDNN 2.6.3": the library this process runs on. */
 VH_CPU_HIDDEN const char *vh_dnnl_version_name(void);
 
-/* ---- 16-bit operands: native kernels or widened to f32 (gemm_choice.c) ---- */
+/* ---- 16-bit operands: native kernels or widened to f32 (gemm_choice.c) ----
+ * and, for f32 weight gradients and T * aux, which of oneDNN's two kernels. */
 
 typedef struct vh_gemm16_shape {
-    vh_dtype dtype; /* of A and B: bf16 or f16 */
+    vh_dtype dtype; /* of A and B: bf16 or f16; f32 for the kernel choice alone */
     int trans_a, trans_b;
     int64_t batch, m, n, k;
+    int mul_aux; /* f32: the call's VH_EPILOGUE_MUL_AUX, timed with it (a class of its own) */
 } vh_gemm16_shape;
 
 /* The paths of a GEMM with 16-bit operands. */
@@ -119,12 +121,15 @@ typedef enum vh_gemm16_path {
 
 /* Seconds one run of the call's matmul takes on a path (vh_gemm16_path),
  * restricted to the first proxy->batch x m x n x k of its operands, the
- * widening counted; negative when the path cannot run it. A timer is only
- * asked for VH_GEMM16_NATIVE_GEMM on an unbatched shape. */
+ * widening counted; negative when the path cannot run it. A timer is asked
+ * for VH_GEMM16_NATIVE_GEMM on an unbatched 16-bit shape, and on f32 ones
+ * (NATIVE: the default kernel), batched as a call in halves of k. */
 typedef double (*vh_gemm16_timer)(void *ctx, int path, const vh_gemm16_shape *proxy);
 
 /* The path of this GEMM. Forced by VITHOST_CPU_GEMM16, else decided once
- * per shape class by timing the paths with `timer` (gemm_choice.c). */
+ * per shape class by timing the paths with `timer` (gemm_choice.c). For
+ * f32 operands NATIVE or NATIVE_GEMM: forced by VITHOST_CPU_GEMM32, else
+ * timed for the classes that gemm_choice.c names. */
 VH_CPU_HIDDEN vh_gemm16_path vh_gemm16_choose(const vh_gemm16_shape *s, vh_gemm16_timer timer,
                                               void *ctx);
 

@@ -359,17 +359,23 @@ static double seconds(void) {
 /* vh_gemm16_timer on the call's own operands (ctx: its vh_gemm_args): the
  * plain matmul of the proxy's leading block (for an unbatched call asked
  * with a batch of 2, its two halves of k) into scratch; the epilogue
- * costs both paths the same and is left out. Widening converts both
- * operands first, as view_inputs does. */
+ * costs both paths the same and is left out, but for an f32 T * aux, whose
+ * multiply (oneDNN's binary post-op, reading the call's aux where it is
+ * dense) is timed with it. Widening converts both operands first, as
+ * view_inputs does. */
 static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
     const vh_gemm_args *g = ctx;
     vh_gemm_args pg = *g;
     pg.m = p->m, pg.n = p->n, pg.k = p->k, pg.alpha = 1.0f;
     vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
     double t = -1.0;
-    out_view c = {vh_cpu_scratch_alloc((size_t)(p->batch * p->m * p->n) * sizeof(float)),
-                  p->m * p->n, p->n};
+    const size_t c_bytes = (size_t)(p->batch * p->m * p->n) * sizeof(float);
+    out_view c = {vh_cpu_scratch_alloc(c_bytes), p->m * p->n, p->n};
     if (c.p) {
+        /* Touched before the clock: in a first step the arena serves each
+         * run's C from a fresh block, and its page faults (about 1.2 ms of
+         * a 1.4 ms T1 fc2 data gradient) would be timed as the kernel's. */
+        memset(c.p, 0, c_bytes);
         const double t0 = seconds();
         operand a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
         operand b = operand_of(g->b, g->ab_dtype, g->trans_b, g->ldb, g->stride_b);
@@ -383,7 +389,10 @@ static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
             st = densify(&b, p->batch, p->k, p->n);
         vh_dnnl_matmul mm;
         describe(&mm, &pg, p->batch, &a, &b, &c);
-        if (st == VH_STATUS_OK) st = vh_dnnl_matmul_run(&mm, a.p, b.p, NULL, c.p);
+        mm.mul_aux = p->mul_aux && g->ldc == g->n;
+        if (st == VH_STATUS_OK)
+            st = vh_dnnl_matmul_run_binary(&mm, a.p, b.p, NULL, mm.mul_aux ? g->aux : NULL,
+                                           NULL, c.p);
         if (st == VH_STATUS_OK) t = seconds() - t0;
     }
     vh_cpu_scratch_end(mark);
@@ -412,8 +421,20 @@ static vh_gemm16_path path16(const vh_gemm_args *g, int64_t batch) {
     const int halves = ksplit_fits(g, batch);
     const vh_gemm16_shape s = {g->ab_dtype,         g->trans_a, g->trans_b,
                                halves ? 2 : batch,  g->m,       g->n,
-                               halves ? g->k / 2 : g->k};
+                               halves ? g->k / 2 : g->k, 0};
     return vh_gemm16_choose(&s, time_path, (void *)(uintptr_t)g);
+}
+
+/* The kernel of an f32 GEMM (gemm_choice.c: the weight gradients and T *
+ * aux are timed on both of oneDNN's kernels; the rest run the default). */
+static vh_dnnl_kernel kernel32(const vh_gemm_args *g, int64_t batch) {
+    const int halves = ksplit_fits(g, batch), mul = g->epilogue == VH_EPILOGUE_MUL_AUX;
+    if (!mul && !(g->trans_a && !g->trans_b)) return VH_DNNL_KERNEL_DEFAULT;
+    const vh_gemm16_shape s = {VH_DTYPE_F32, g->trans_a, g->trans_b,
+                               halves ? 2 : batch, g->m, g->n, halves ? g->k / 2 : g->k, mul};
+    return vh_gemm16_choose(&s, time_path, (void *)(uintptr_t)g) == VH_GEMM16_NATIVE_GEMM
+               ? VH_DNNL_KERNEL_GEMM
+               : VH_DNNL_KERNEL_DEFAULT;
 }
 
 /* Operands: f32, or 16-bit where the native kernels run them (above), as
@@ -430,6 +451,7 @@ static vh_status view_inputs(const vh_gemm_args *g, int64_t batch, int multiply,
              (st = densify(&v->b, batch, g->k, g->n)) != VH_STATUS_OK))
             return st;
     }
+    if (multiply && g->ab_dtype == VH_DTYPE_F32) v->a.kernel = kernel32(g, batch);
     v->bias = vh_cpu_f32_view(g->bias, g->bias_dtype, g->n, 1);
     if (g->bias && !v->bias) return VH_STATUS_ERR_NOMEM;
     return VH_STATUS_OK;

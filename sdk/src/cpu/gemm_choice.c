@@ -54,6 +54,25 @@
  * used: a tuning knob must not stop a run.
  * Native on a CPU without bf16 hardware (or f16 on oneDNN 2.x, which has no
  * f16 CPU kernels) falls back to widen, and the summary says so.
+ *
+ * f32 operands have one path and the same two kernels. The classes raced
+ * are the weight gradients (A^T.B, unbatched or in halves of k) and fc2's
+ * data gradient with its T * aux (MUL_AUX, timed with the multiply: a class
+ * of its own, apart from the plain A.B of the same size, which prefers the
+ * default). In the T1 fp32 step on Zen 4 (2 threads, interleaved runs of
+ * `vithost bench --ops`, ms a step, default against gemm forced): the
+ * weight gradients 256x64x6400 4.64-4.76 / 4.25-4.26, 64x256x6400
+ * 4.36-4.39 / 3.94-3.99, 192x64x6400 3.59-3.68 / 3.26, fc2's data gradient
+ * 6400x256x64 * aux 5.46-5.56 / 4.68-4.76; forced on every f32 GEMM, the
+ * gemm kernel lost on fc1's (6.65 / 7.11), fc2's forward (4.67 / 4.93) and
+ * fc1's data gradient (3.77 / 4.06). A raced class takes gemm only when
+ * faster by KERNEL_MARGIN, confirmed by a second race, on the kernel proxy.
+ * Classes under MIN_TIMED_MACS32 keep the default: the gains there are a
+ * few microseconds (T1's 64x64 weight gradient raced 4-6%, on either side
+ * of the margin from one process to the next), and runs of the models the
+ * tests train (all under it) stay the same bits from process to process.
+ * VITHOST_CPU_GEMM32=default|gemm|auto (default auto) forces it on the
+ * raced classes (the others always run the default); read as GEMM16 is.
  */
 #include <math.h>
 #include <pthread.h>
@@ -75,17 +94,20 @@
 #define KERNEL_PROXY_MACS (1LL << 30)
 #define KERNEL_MARGIN 1.05
 #define KERNEL_TIMED_RUNS 4
+#define MIN_TIMED_MACS32 (1LL << 25)
 
 typedef enum { MODE_AUTO, MODE_NATIVE, MODE_NATIVE_GEMM, MODE_WIDEN } gemm16_mode;
+typedef enum { MODE32_AUTO, MODE32_DEFAULT, MODE32_GEMM } gemm32_mode;
 
 typedef struct shape_class {
     vh_dtype dtype;
-    int trans_a, trans_b, batched, bucket;
+    int trans_a, trans_b, batched, bucket, mul_aux;
     int native;               /* the choice */
     int timed;                /* 0: too small, or one path could not run */
     double t_native, t_widen; /* seconds, best of the races' runs, on the proxy */
     int gemm_kernel;          /* native on VH_DNNL_KERNEL_GEMM */
     int kernel_timed;         /* the kernels were compared */
+    int restored;             /* taken from vh_cpu_gemm_choices_load, not timed here */
     double t_default, t_gemm; /* seconds, best of the races' runs, on kproxy */
     vh_gemm16_shape first;    /* the shape that decided */
     vh_gemm16_shape proxy, kproxy;
@@ -95,12 +117,31 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_mode_read;
 static gemm16_mode g_mode;
 static char g_bad[40]; /* an invalid value of the variable, for the summary */
+static gemm32_mode g_mode32;
+static char g_bad32[40]; /* the same for VITHOST_CPU_GEMM32 */
 static shape_class g_classes[MAX_CLASSES];
 static int g_count;
+
+static void read_mode32_locked(void) {
+    g_mode32 = MODE32_AUTO;
+    g_bad32[0] = '\0';
+    const char *v = getenv("VITHOST_CPU_GEMM32");
+    if (!v || !*v || strcmp(v, "auto") == 0) return;
+    if (strcmp(v, "default") == 0) {
+        g_mode32 = MODE32_DEFAULT;
+    } else if (strcmp(v, "gemm") == 0) {
+        g_mode32 = MODE32_GEMM;
+    } else {
+        snprintf(g_bad32, sizeof g_bad32, "%s", v);
+        fprintf(stderr, "vithost: VITHOST_CPU_GEMM32=%s is not default, gemm or auto; using "
+                        "auto\n", g_bad32);
+    }
+}
 
 static void read_mode_locked(void) {
     if (g_mode_read) return;
     g_mode_read = 1;
+    read_mode32_locked();
     g_mode = MODE_AUTO;
     g_bad[0] = '\0';
     const char *v = getenv("VITHOST_CPU_GEMM16");
@@ -128,12 +169,12 @@ static double macs(const vh_gemm16_shape *s) {
 
 static int same_class(const shape_class *a, const shape_class *b) {
     return a->dtype == b->dtype && a->trans_a == b->trans_a && a->trans_b == b->trans_b &&
-           a->batched == b->batched && a->bucket == b->bucket;
+           a->batched == b->batched && a->bucket == b->bucket && a->mul_aux == b->mul_aux;
 }
 
 static shape_class class_of(const vh_gemm16_shape *s) {
     shape_class c = {.dtype = s->dtype, .trans_a = !!s->trans_a, .trans_b = !!s->trans_b,
-                     .batched = s->batch > 1, .first = *s};
+                     .batched = s->batch > 1, .mul_aux = !!s->mul_aux, .first = *s};
     const double w = macs(s);
     c.bucket = w >= 1.0 ? (int)floor(log2(w)) / 2 : 0;
     return c;
@@ -212,10 +253,20 @@ static void measure_kernel(shape_class *c, vh_gemm16_timer timer, void *ctx) {
     c->gemm_kernel = gemm;
 }
 
-/* Times the paths on the class's first shape and decides. */
+/* The f32 classes whose kernel is raced (the header says why these). */
+static int kernel_raced32(const vh_gemm16_shape *s) {
+    return s->mul_aux || (s->trans_a && !s->trans_b);
+}
+
+/* Times the paths on the class's first shape and decides; f32: the kernels
+ * alone. */
 static void measure(shape_class *c, vh_gemm16_timer timer, void *ctx) {
     c->proxy = proxy_of(&c->first, PROXY_MACS);
     c->native = 1;
+    if (c->dtype == VH_DTYPE_F32) {
+        if (macs(&c->first) >= (double)MIN_TIMED_MACS32) measure_kernel(c, timer, ctx);
+        return;
+    }
     if (macs(&c->first) < (double)MIN_TIMED_MACS) return;
     double tn, tw;
     const int widen = challenger_wins(timer, ctx, VH_GEMM16_NATIVE, VH_GEMM16_WIDEN, &c->proxy,
@@ -240,10 +291,16 @@ vh_gemm16_path vh_gemm16_choose(const vh_gemm16_shape *s, vh_gemm16_timer timer,
     pthread_mutex_lock(&g_lock);
     read_mode_locked();
     const gemm16_mode mode = g_mode;
+    const gemm32_mode mode32 = g_mode32;
     pthread_mutex_unlock(&g_lock);
-    if (!hardware(s->dtype) || mode == MODE_WIDEN) return VH_GEMM16_WIDEN;
-    if (mode == MODE_NATIVE) return VH_GEMM16_NATIVE;
-    if (mode == MODE_NATIVE_GEMM) return VH_GEMM16_NATIVE_GEMM;
+    if (s->dtype == VH_DTYPE_F32) {
+        if (!kernel_raced32(s) || mode32 == MODE32_DEFAULT) return VH_GEMM16_NATIVE;
+        if (mode32 == MODE32_GEMM) return VH_GEMM16_NATIVE_GEMM;
+    } else if (!hardware(s->dtype) || mode == MODE_WIDEN) {
+        return VH_GEMM16_WIDEN;
+    }
+    if (s->dtype != VH_DTYPE_F32 && mode == MODE_NATIVE) return VH_GEMM16_NATIVE;
+    if (s->dtype != VH_DTYPE_F32 && mode == MODE_NATIVE_GEMM) return VH_GEMM16_NATIVE_GEMM;
     shape_class key = class_of(s);
     pthread_mutex_lock(&g_lock);
     const shape_class *found = find_locked(&key);
@@ -320,8 +377,44 @@ static size_t auto_counts_locked(char *buf, size_t len, size_t at, vh_dtype t) {
     return at;
 }
 
+/* "f32 GEMM: ..." (vh_cpu_gemm16_summary with VH_DTYPE_F32). */
+static const char *summary32(char *buf, size_t len) {
+    pthread_mutex_lock(&g_lock);
+    read_mode_locked();
+    size_t at = append(buf, len, 0, "f32 GEMM: ");
+    int raced = 0, on_gemm = 0;
+    double logsum = 0.0;
+    for (int i = 0; i < g_count; i++) {
+        const shape_class *c = &g_classes[i];
+        if (c->dtype != VH_DTYPE_F32 || !c->kernel_timed) continue;
+        raced++;
+        on_gemm += c->gemm_kernel;
+        if (c->gemm_kernel) logsum += log(c->t_default / c->t_gemm);
+    }
+    if (g_mode32 == MODE32_DEFAULT)
+        at = append(buf, len, at, "oneDNN's default kernel (VITHOST_CPU_GEMM32=default)");
+    else if (g_mode32 == MODE32_GEMM)
+        at = append(buf, len, at, "oneDNN's gemm kernel on the weight gradients and T * aux "
+                                  "(VITHOST_CPU_GEMM32=gemm)");
+    else if (raced == 0)
+        at = append(buf, len, at, "oneDNN's default kernel; for the weight gradients and T * "
+                                  "aux, the faster of it and the gemm kernel, timed per shape "
+                                  "class at its first GEMM");
+    else if (on_gemm == 0)
+        at = append(buf, len, at, "auto: the default kernel on all %d timed shape class%s",
+                    raced, raced == 1 ? "" : "es");
+    else
+        at = append(buf, len, at, "auto: oneDNN's gemm kernel on %d of %d timed shape class%s "
+                                  "(%.2fx the default)", on_gemm, raced,
+                    raced == 1 ? "" : "es", exp(logsum / on_gemm));
+    if (g_bad32[0]) append(buf, len, at, "; VITHOST_CPU_GEMM32=%s ignored", g_bad32);
+    pthread_mutex_unlock(&g_lock);
+    return buf;
+}
+
 const char *vh_cpu_gemm16_summary(int32_t dtype, char *buf, size_t len) {
     if (!buf || len == 0) return buf;
+    if (dtype == VH_DTYPE_F32) return summary32(buf, len);
     const vh_dtype t = dtype == VH_DTYPE_F16 ? VH_DTYPE_F16 : VH_DTYPE_BF16;
     const int hw = hardware(t);
     pthread_mutex_lock(&g_lock);
@@ -360,12 +453,26 @@ const char *vh_cpu_gemm16_classes(char *buf, size_t len) {
     for (int i = 0; i < g_count; i++) {
         const shape_class *c = &g_classes[i];
         const vh_gemm16_shape *f = &c->first, *p = &c->proxy;
-        at = append(buf, len, at, "%s %-7s %s 2^%d-2^%d MACs, e.g. %lldx%lldx%lldx%lld: %s",
-                    c->dtype == VH_DTYPE_F16 ? "f16" : "bf16", layout(c),
-                    c->batched ? "batched" : "single ", 2 * c->bucket, 2 * c->bucket + 2,
-                    (long long)f->batch, (long long)f->m, (long long)f->n, (long long)f->k,
-                    !c->native ? "widen" : c->gemm_kernel ? "native, gemm kernel" : "native");
-        if (c->timed)
+        const int f32 = c->dtype == VH_DTYPE_F32;
+        at = append(buf, len, at, "%s %-7s%s %s 2^%d-2^%d MACs",
+                    f32 ? "f32" : c->dtype == VH_DTYPE_F16 ? "f16" : "bf16", layout(c),
+                    c->mul_aux ? " *aux" : "", c->batched ? "batched" : "single ",
+                    2 * c->bucket, 2 * c->bucket + 2);
+        if (!c->restored)
+            at = append(buf, len, at, ", e.g. %lldx%lldx%lldx%lld", (long long)f->batch,
+                        (long long)f->m, (long long)f->n, (long long)f->k);
+        at = append(buf, len, at, ": %s",
+                    f32 ? (c->gemm_kernel ? "gemm kernel" : "default kernel")
+                    : !c->native     ? "widen"
+                    : c->gemm_kernel ? "native, gemm kernel"
+                                     : "native");
+        if (c->restored) {
+            at = append(buf, len, at, " (as the run chose it before its checkpoint)\n");
+            continue;
+        }
+        if (f32 && c->kernel_timed)
+            at = append(buf, len, at, " (");
+        else if (c->timed)
             at = append(buf, len, at, " (native %.3f ms, widen %.3f ms on %lldx%lldx%lldx%lld",
                         1e3 * c->t_native, 1e3 * c->t_widen, (long long)p->batch,
                         (long long)p->m, (long long)p->n, (long long)p->k);
@@ -374,7 +481,8 @@ const char *vh_cpu_gemm16_classes(char *buf, size_t len) {
         if (c->kernel_timed) {
             const vh_gemm16_shape *q = &c->kproxy;
             at = append(buf, len, at,
-                        "; kernels: default %.3f ms, gemm %.3f ms on %lldx%lldx%lldx%lld",
+                        "%skernels: default %.3f ms, gemm %.3f ms on %lldx%lldx%lldx%lld",
+                        f32 ? "" : "; ",
                         1e3 * c->t_default, 1e3 * c->t_gemm, (long long)q->batch,
                         (long long)q->m, (long long)q->n, (long long)q->k);
         }
@@ -383,4 +491,55 @@ const char *vh_cpu_gemm16_classes(char *buf, size_t len) {
     }
     pthread_mutex_unlock(&g_lock);
     return buf;
+}
+
+/* ---- the choices kept with a checkpoint ----------------------------------------
+ * One line per decided class: "gemm-choice <dtype> <trans_a> <trans_b> <batched>
+ * <bucket> <mul_aux> <native> <gemm_kernel>". */
+
+#define CHOICE_TAG "gemm-choice"
+
+const char *vh_cpu_gemm_choices_save(char *buf, size_t len) {
+    if (!buf || len == 0) return buf;
+    buf[0] = '\0';
+    size_t at = 0;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < g_count; i++) {
+        const shape_class *c = &g_classes[i];
+        at = append(buf, len, at, CHOICE_TAG " %d %d %d %d %d %d %d %d\n", (int)c->dtype,
+                    c->trans_a, c->trans_b, c->batched, c->bucket, c->mul_aux, c->native,
+                    c->gemm_kernel);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return buf;
+}
+
+int vh_cpu_gemm_choices_load(const char *text) {
+    int taken = 0;
+    if (!text) return 0;
+    pthread_mutex_lock(&g_lock);
+    for (const char *line = text; *line;) {
+        const char *end = strchr(line, '\n');
+        shape_class c = {0};
+        int dtype, n = 0;
+        if (sscanf(line, CHOICE_TAG " %d %d %d %d %d %d %d %d%n", &dtype, &c.trans_a,
+                   &c.trans_b, &c.batched, &c.bucket, &c.mul_aux, &c.native, &c.gemm_kernel,
+                   &n) == 8 &&
+            (dtype == VH_DTYPE_F32 || dtype == VH_DTYPE_BF16 || dtype == VH_DTYPE_F16)) {
+            c.dtype = (vh_dtype)dtype;
+            c.native = c.native != 0;
+            c.gemm_kernel = c.gemm_kernel != 0;
+            c.restored = 1;
+            shape_class *found = find_locked(&c);
+            if (!found && g_count < MAX_CLASSES) found = &g_classes[g_count++];
+            if (found) {
+                *found = c; /* what the run decided wins over this process's own */
+                taken++;
+            }
+        }
+        if (!end) break;
+        line = end + 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return taken;
 }

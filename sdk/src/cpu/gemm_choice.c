@@ -122,41 +122,32 @@ static char g_bad32[40]; /* the same for VITHOST_CPU_GEMM32 */
 static shape_class g_classes[MAX_CLASSES];
 static int g_count;
 
-static void read_mode32_locked(void) {
-    g_mode32 = MODE32_AUTO;
-    g_bad32[0] = '\0';
-    const char *v = getenv("VITHOST_CPU_GEMM32");
-    if (!v || !*v || strcmp(v, "auto") == 0) return;
-    if (strcmp(v, "default") == 0) {
-        g_mode32 = MODE32_DEFAULT;
-    } else if (strcmp(v, "gemm") == 0) {
-        g_mode32 = MODE32_GEMM;
-    } else {
-        snprintf(g_bad32, sizeof g_bad32, "%s", v);
-        fprintf(stderr, "vithost: VITHOST_CPU_GEMM32=%s is not default, gemm or auto; using "
-                        "auto\n", g_bad32);
-    }
+/* The value of environment variable `var` as an index into names (names[0]
+ * is "auto", also for unset or empty); an unknown value is reported once
+ * on stderr, kept in bad for the summary, and read as auto. */
+static int read_mode_var(const char *var, const char *const *names, int count, char *bad,
+                         size_t bad_len) {
+    bad[0] = '\0';
+    const char *v = getenv(var);
+    if (!v || !*v) return 0;
+    for (int i = 0; i < count; i++)
+        if (strcmp(v, names[i]) == 0) return i;
+    snprintf(bad, bad_len, "%s", v);
+    fprintf(stderr, "vithost: %s=%s is not ", var, bad);
+    for (int i = 1; i < count; i++) fprintf(stderr, "%s, ", names[i]);
+    fprintf(stderr, "or auto; using auto\n");
+    return 0;
 }
 
 static void read_mode_locked(void) {
     if (g_mode_read) return;
     g_mode_read = 1;
-    read_mode32_locked();
-    g_mode = MODE_AUTO;
-    g_bad[0] = '\0';
-    const char *v = getenv("VITHOST_CPU_GEMM16");
-    if (!v || !*v || strcmp(v, "auto") == 0) return;
-    if (strcmp(v, "native") == 0) {
-        g_mode = MODE_NATIVE;
-    } else if (strcmp(v, "native_gemm") == 0) {
-        g_mode = MODE_NATIVE_GEMM;
-    } else if (strcmp(v, "widen") == 0) {
-        g_mode = MODE_WIDEN;
-    } else {
-        snprintf(g_bad, sizeof g_bad, "%s", v);
-        fprintf(stderr, "vithost: VITHOST_CPU_GEMM16=%s is not native, native_gemm, widen or "
-                        "auto; using auto\n", g_bad);
-    }
+    /* in the order of the enums */
+    static const char *const names16[] = {"auto", "native", "native_gemm", "widen"};
+    static const char *const names32[] = {"auto", "default", "gemm"};
+    g_mode = (gemm16_mode)read_mode_var("VITHOST_CPU_GEMM16", names16, 4, g_bad, sizeof g_bad);
+    g_mode32 =
+        (gemm32_mode)read_mode_var("VITHOST_CPU_GEMM32", names32, 3, g_bad32, sizeof g_bad32);
 }
 
 static int hardware(vh_dtype t) {

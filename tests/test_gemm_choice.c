@@ -208,6 +208,11 @@ static void test_choices_saved_and_loaded(void **state) {
     static char classes[4096];
     vh_cpu_gemm16_classes(classes, sizeof classes);
     assert_non_null(strstr(classes, "as the run chose it before its checkpoint"));
+    static char line[256];
+    assert_non_null(strstr(vh_cpu_gemm16_summary(VH_DTYPE_F32, line, sizeof line),
+                           "1 shape class as the checkpoint chose them"));
+    assert_non_null(strstr(vh_cpu_gemm16_summary(VH_DTYPE_BF16, line, sizeof line),
+                           "1 shape class as the checkpoint chose them"));
 }
 
 int main(void) {

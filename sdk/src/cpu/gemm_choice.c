@@ -343,7 +343,7 @@ static size_t auto_counts_locked(char *buf, size_t len, size_t at, vh_dtype t) {
     int timed[2] = {0, 0};
     for (int i = 0; i < g_count; i++) {
         const shape_class *c = &g_classes[i];
-        if (c->dtype != t) continue;
+        if (c->dtype != t || c->restored) continue;
         n[c->native]++;
         on_gemm += c->native && c->gemm_kernel;
         if (!c->timed) {
@@ -366,6 +366,16 @@ static size_t auto_counts_locked(char *buf, size_t len, size_t at, vh_dtype t) {
     at = append(buf, len, at, ", widen on %d", n[0]);
     if (timed[0]) at = append(buf, len, at, " (%.2fx native)", exp(logsum[0] / timed[0]));
     return at;
+}
+
+/* "; 3 shape classes as the checkpoint chose them" where a resumed run took
+ * some (vh_cpu_gemm_choices_load); the summaries' counts leave them out. */
+static size_t restored_locked(char *buf, size_t len, size_t at, vh_dtype t) {
+    int n = 0;
+    for (int i = 0; i < g_count; i++) n += g_classes[i].dtype == t && g_classes[i].restored;
+    if (n == 0) return at;
+    return append(buf, len, at, "; %d shape class%s as the checkpoint chose them", n,
+                  n == 1 ? "" : "es");
 }
 
 /* "f32 GEMM: ..." (vh_cpu_gemm16_summary with VH_DTYPE_F32). */
@@ -398,6 +408,7 @@ static const char *summary32(char *buf, size_t len) {
         at = append(buf, len, at, "auto: oneDNN's gemm kernel on %d of %d timed shape class%s "
                                   "(%.2fx the default)", on_gemm, raced,
                     raced == 1 ? "" : "es", exp(logsum / on_gemm));
+    if (g_mode32 == MODE32_AUTO) at = restored_locked(buf, len, at, VH_DTYPE_F32);
     if (g_bad32[0]) append(buf, len, at, "; VITHOST_CPU_GEMM32=%s ignored", g_bad32);
     pthread_mutex_unlock(&g_lock);
     return buf;
@@ -425,7 +436,7 @@ const char *vh_cpu_gemm16_summary(int32_t dtype, char *buf, size_t len) {
     else if (g_mode == MODE_WIDEN)
         at = append(buf, len, at, "widen to f32 (VITHOST_CPU_GEMM16=widen)");
     else
-        at = auto_counts_locked(buf, len, at, t);
+        at = restored_locked(buf, len, auto_counts_locked(buf, len, at, t), t);
     if (g_bad[0]) append(buf, len, at, "; VITHOST_CPU_GEMM16=%s ignored", g_bad);
     pthread_mutex_unlock(&g_lock);
     return buf;

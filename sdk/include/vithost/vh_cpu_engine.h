@@ -55,7 +55,6 @@ typedef struct vh_cpu_engine_info {
  * (1.15x native)" or "bf16 GEMM: widen to f32 (VITHOST_CPU_GEMM16=widen)";
  * with VH_DTYPE_F32, which kernels its f32 GEMMs run ("f32 GEMM: auto:
  * oneDNN's gemm kernel on 3 of 4 timed shape classes (1.14x the default)"). */
-
 VH_SDK_API const char *vh_cpu_gemm16_summary(int32_t dtype, char *buf, size_t len);
 
 /* One line per shape class auto has decided: the class, its first shape
@@ -72,8 +71,8 @@ VH_SDK_API const char *vh_cpu_gemm16_classes(char *buf, size_t len);
 VH_SDK_API const char *vh_cpu_gemm_choices_save(char *buf, size_t len);
 VH_SDK_API int vh_cpu_gemm_choices_load(const char *text);
 
-/* Forgets every choice and reads VITHOST_CPU_GEMM16 again (tests, benchmarks).
- * Call it while no GEMM runs. */
+/* Forgets every choice and reads VITHOST_CPU_GEMM16 and VITHOST_CPU_GEMM32
+ * again (tests, benchmarks). Call it while no GEMM runs. */
 VH_SDK_API void vh_cpu_gemm16_reset(void);
 
 /* One line into buf (truncated to len), returned: the routes this process's

@@ -523,10 +523,9 @@ int vh_cpu_gemm_choices_load(const char *text) {
     for (const char *line = text; *line;) {
         const char *end = strchr(line, '\n');
         shape_class c = {0};
-        int dtype, n = 0;
-        if (sscanf(line, CHOICE_TAG " %d %d %d %d %d %d %d %d%n", &dtype, &c.trans_a,
-                   &c.trans_b, &c.batched, &c.bucket, &c.mul_aux, &c.native, &c.gemm_kernel,
-                   &n) == 8 &&
+        int dtype;
+        if (sscanf(line, CHOICE_TAG " %d %d %d %d %d %d %d %d", &dtype, &c.trans_a, &c.trans_b,
+                   &c.batched, &c.bucket, &c.mul_aux, &c.native, &c.gemm_kernel) == 8 &&
             (dtype == VH_DTYPE_F32 || dtype == VH_DTYPE_BF16 || dtype == VH_DTYPE_F16)) {
             c.dtype = (vh_dtype)dtype;
             c.native = c.native != 0;

@@ -415,26 +415,29 @@ static int ksplit_fits(const vh_gemm_args *g, int64_t batch) {
            g->k >= 8 * (g->m > g->n ? g->m : g->n);
 }
 
-/* The path of a 16-bit GEMM, chosen for the matmul that will run: a call
- * that runs in halves of k is timed as those two products (batched). */
-static vh_gemm16_path path16(const vh_gemm_args *g, int64_t batch) {
+/* gemm_choice.c's choice for the matmul that will run: a call that runs in
+ * halves of k is timed as those two products (batched). mul_aux: an f32
+ * T * aux, a class of its own. */
+static vh_gemm16_path choose(const vh_gemm_args *g, int64_t batch, int mul_aux) {
     const int halves = ksplit_fits(g, batch);
     const vh_gemm16_shape s = {g->ab_dtype,         g->trans_a, g->trans_b,
                                halves ? 2 : batch,  g->m,       g->n,
-                               halves ? g->k / 2 : g->k, 0};
+                               halves ? g->k / 2 : g->k, mul_aux};
     return vh_gemm16_choose(&s, time_path, (void *)(uintptr_t)g);
+}
+
+/* The path of a 16-bit GEMM. */
+static vh_gemm16_path path16(const vh_gemm_args *g, int64_t batch) {
+    return choose(g, batch, 0);
 }
 
 /* The kernel of an f32 GEMM (gemm_choice.c: the weight gradients and T *
  * aux are timed on both of oneDNN's kernels; the rest run the default). */
 static vh_dnnl_kernel kernel32(const vh_gemm_args *g, int64_t batch) {
-    const int halves = ksplit_fits(g, batch), mul = g->epilogue == VH_EPILOGUE_MUL_AUX;
+    const int mul = g->epilogue == VH_EPILOGUE_MUL_AUX;
     if (!mul && !(g->trans_a && !g->trans_b)) return VH_DNNL_KERNEL_DEFAULT;
-    const vh_gemm16_shape s = {VH_DTYPE_F32, g->trans_a, g->trans_b,
-                               halves ? 2 : batch, g->m, g->n, halves ? g->k / 2 : g->k, mul};
-    return vh_gemm16_choose(&s, time_path, (void *)(uintptr_t)g) == VH_GEMM16_NATIVE_GEMM
-               ? VH_DNNL_KERNEL_GEMM
-               : VH_DNNL_KERNEL_DEFAULT;
+    return choose(g, batch, mul) == VH_GEMM16_NATIVE_GEMM ? VH_DNNL_KERNEL_GEMM
+                                                          : VH_DNNL_KERNEL_DEFAULT;
 }
 
 /* Operands: f32, or 16-bit where the native kernels run them (above), as

@@ -284,14 +284,14 @@ vh_gemm16_path vh_gemm16_choose(const vh_gemm16_shape *s, vh_gemm16_timer timer,
     const gemm16_mode mode = g_mode;
     const gemm32_mode mode32 = g_mode32;
     pthread_mutex_unlock(&g_lock);
-    if (s->dtype == VH_DTYPE_F32) {
+    if (s->dtype == VH_DTYPE_F32) { /* the kernels alone */
         if (!kernel_raced32(s) || mode32 == MODE32_DEFAULT) return VH_GEMM16_NATIVE;
         if (mode32 == MODE32_GEMM) return VH_GEMM16_NATIVE_GEMM;
-    } else if (!hardware(s->dtype) || mode == MODE_WIDEN) {
-        return VH_GEMM16_WIDEN;
+    } else {
+        if (!hardware(s->dtype) || mode == MODE_WIDEN) return VH_GEMM16_WIDEN;
+        if (mode == MODE_NATIVE) return VH_GEMM16_NATIVE;
+        if (mode == MODE_NATIVE_GEMM) return VH_GEMM16_NATIVE_GEMM;
     }
-    if (s->dtype != VH_DTYPE_F32 && mode == MODE_NATIVE) return VH_GEMM16_NATIVE;
-    if (s->dtype != VH_DTYPE_F32 && mode == MODE_NATIVE_GEMM) return VH_GEMM16_NATIVE_GEMM;
     shape_class key = class_of(s);
     pthread_mutex_lock(&g_lock);
     const shape_class *found = find_locked(&key);

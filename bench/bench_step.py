@@ -443,7 +443,9 @@ def main():
     want_bf16 = args.torch_bf16 == "yes" or (args.torch_bf16 == "auto" and "avx512_bf16" in isa)
     bf16_note = ""
     if not want_bf16:
-        bf16_note = ("PyTorch bf16 autocast: not timed, this CPU has no avx512_bf16 "
+        bf16_note = ("PyTorch bf16 autocast: not timed (--torch-bf16 no)"
+                     if args.torch_bf16 == "no" else
+                     "PyTorch bf16 autocast: not timed, this CPU has no avx512_bf16 "
                      "(--torch-bf16 yes times it anyway)")
         print("  " + bf16_note)
     peers = []
@@ -456,8 +458,7 @@ def main():
         peers.append({"python": py, "version": version, "label": label, "matmul_gflops": rates,
                       "rounds": {"fp32": {n: [] for n in names}, "bf16": {n: [] for n in names}}})
 
-    # Rounds, each every vithost case then every peer's: a neighbour's load lands on both
-    # sides of a ratio, not on one (the median of the rounds counts).
+    # Rounds (the median of the rounds counts), the cases of each ordered as below.
     rounds = 1 if args.quick else args.repeat
     vruns = {p: {n: [] for n in names} for p in precisions}
     # Each configuration in turn, and each of its cases followed at once by the peers' same

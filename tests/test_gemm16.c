@@ -13,7 +13,7 @@
  * ONEDNN_MAX_CPU_ISA=AVX2) native falls back to widen, which the summary
  * says and the test prints: not a failure.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* POSIX 2008 and MAP_ANONYMOUS */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -274,6 +276,119 @@ static void test_fc1_gelu(void **state) {
     set_mode("auto");
 }
 
+/* A buffer of `bytes` that ends where an unreadable page begins: touching
+ * past its end faults. *base and *len: the mapping, for munmap. */
+static void *guarded(size_t bytes, void **base, size_t *len) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t pages = (bytes + page - 1) / page;
+    *len = (pages + 1) * page;
+    char *m = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    assert_int_equal(mprotect(m + pages * page, page, PROT_NONE), 0);
+    *base = m;
+    return m + pages * page - bytes;
+}
+
+/* The f32 classes that race oneDNN's two kernels for real (2^25 MACs and
+ * up): the race flushes the operand forward wrote (a weight gradient's A,
+ * fc2's aux) before each timed run, over its extent. Here each of those
+ * ends near an unreadable page, A with a padded lda (its k rows whole and
+ * 1 KiB more: oneDNN's kernels read a little past a matrix's last row),
+ * and aux right at it, in f32 (the multiply timed in the matmul, aux
+ * flushed) and in a bf16 C with f32 operands (the multiply a pass of its
+ * own after the matmul, not timed: the race once read that aux as f32,
+ * past its end), so a flush or a read over the wrong extent faults; and
+ * the results are the products (within the k-term f32 bound; T * aux into
+ * bf16 within its rounding). */
+static void test_f32_race_flushes_its_operands(void **state) {
+    (void)state;
+    vh_cpu_gemm16_reset();
+    /* dW = A^T B: A stored k x m with lda m + 3 */
+    const int64_t m = 256, n = 256, k = 512, lda = m + 3;
+    void *base_a, *base_aux;
+    size_t len_a, len_aux;
+    /* k rows of lda and a slack of 1 KiB: oneDNN's kernels read past the
+     * last row's padding (a guard right after it faults in them) */
+    float *a = guarded((size_t)(k * lda + 256) * sizeof(float), &base_a, &len_a);
+    float *b = malloc((size_t)(k * n) * sizeof(float)), *c = malloc((size_t)(m * n) * sizeof(float));
+    assert_true(b && c);
+    for (int64_t i = 0; i < k * lda + 256; i++) a[i] = (float)rnd();
+    for (int64_t i = 0; i < k * n; i++) b[i] = (float)rnd();
+    vh_gemm_args g = {.struct_size = sizeof g, .trans_a = 1, .m = m, .n = n, .k = k,
+                      .alpha = 1.0f, .a = a, .lda = lda, .b = b, .ldb = n, .c = c, .ldc = n,
+                      .ab_dtype = VH_DTYPE_F32, .c_dtype = VH_DTYPE_F32};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    for (int64_t i = 0; i < m; i += 17)
+        for (int64_t j = 0; j < n; j += 13) {
+            double want = 0, mag = 0;
+            for (int64_t l = 0; l < k; l++)
+                want += (double)a[l * lda + i] * b[l * n + j],
+                    mag += fabs((double)a[l * lda + i] * b[l * n + j]);
+            if (fabs(c[i * n + j] - want) > (double)k * 0x1p-24 * mag)
+                fail_msg("f32 A^T.B %lldx%lldx%lld: C[%lld][%lld] %g, want %g", (long long)m,
+                         (long long)n, (long long)k, (long long)i, (long long)j,
+                         (double)c[i * n + j], want);
+        }
+    /* fc2's data gradient: C = (A B) * aux, f32 operands, C and aux bf16 */
+    const int64_t m2 = 1024, n2 = 256, k2 = 128;
+    uint16_t *aux = guarded((size_t)(m2 * n2) * 2, &base_aux, &len_aux);
+    float *a2 = malloc((size_t)(m2 * k2) * sizeof(float));
+    uint16_t *c2 = malloc((size_t)(m2 * n2) * 2);
+    assert_true(a2 && c2);
+    for (int64_t i = 0; i < m2 * k2; i++) a2[i] = (float)rnd();
+    for (int64_t i = 0; i < m2 * n2; i++) aux[i] = vh_f32_to_bf16((float)rnd());
+    vh_gemm_args g2 = {.struct_size = sizeof g2, .m = m2, .n = n2, .k = k2, .alpha = 1.0f,
+                       .a = a2, .lda = k2, .b = b, .ldb = n2, .c = c2, .ldc = n2,
+                       .ab_dtype = VH_DTYPE_F32, .c_dtype = VH_DTYPE_BF16,
+                       .epilogue = VH_EPILOGUE_MUL_AUX, .aux = aux};
+    assert_int_equal(ops->gemm(ops->device, &g2), VH_STATUS_OK);
+    for (int64_t i = 0; i < m2; i += 31)
+        for (int64_t j = 0; j < n2; j += 7) {
+            double t = 0;
+            for (int64_t l = 0; l < k2; l++) t += (double)a2[i * k2 + l] * b[l * n2 + j];
+            const double want = t * vh_bf16_to_f32(aux[i * n2 + j]);
+            const double got = vh_bf16_to_f32(c2[i * n2 + j]);
+            if (fabs(got - want) > 0x1p-8 * fabs(want) + 1e-4)
+                fail_msg("f32 A.B * aux into bf16: C[%lld][%lld] %g, want %g", (long long)i,
+                         (long long)j, got, want);
+        }
+    /* the same into f32 C and aux (a class of its own: 4x the work): the
+     * multiply timed in the matmul's post-op, aux flushed, f32 elements */
+    const int64_t m3 = 4 * m2;
+    void *base_aux3;
+    size_t len_aux3;
+    float *aux3 = guarded((size_t)(m3 * n2) * sizeof(float), &base_aux3, &len_aux3);
+    float *a3 = malloc((size_t)(m3 * k2) * sizeof(float)), *c3 = malloc((size_t)(m3 * n2) * 4);
+    assert_true(a3 && c3);
+    for (int64_t i = 0; i < m3 * k2; i++) a3[i] = (float)rnd();
+    for (int64_t i = 0; i < m3 * n2; i++) aux3[i] = (float)rnd();
+    g2.m = m3, g2.a = a3, g2.c = c3, g2.c_dtype = VH_DTYPE_F32, g2.aux = aux3;
+    assert_int_equal(ops->gemm(ops->device, &g2), VH_STATUS_OK);
+    for (int64_t i = 0; i < m3; i += 97)
+        for (int64_t j = 0; j < n2; j += 5) {
+            double t = 0, mag = 0;
+            for (int64_t l = 0; l < k2; l++)
+                t += (double)a3[i * k2 + l] * b[l * n2 + j],
+                    mag += fabs((double)a3[i * k2 + l] * b[l * n2 + j]);
+            const double want = t * aux3[i * n2 + j];
+            if (fabs(c3[i * n2 + j] - want) >
+                ((double)k2 * 0x1p-24 * mag + 0x1p-24 * fabs(t)) * fabs(aux3[i * n2 + j]))
+                fail_msg("f32 A.B * aux: C[%lld][%lld] %g, want %g", (long long)i,
+                         (long long)j, (double)c3[i * n2 + j], want);
+        }
+    /* all three were raced (timed), not left to the default untimed */
+    static char classes[8192];
+    vh_cpu_gemm16_classes(classes, sizeof classes);
+    printf("%s", classes);
+    int timed = 0;
+    for (const char *q = classes; (q = strstr(q, "kernels: default")); q++) timed++;
+    assert_true(timed >= 3);
+    free(b), free(c), free(a2), free(c2), free(a3), free(c3);
+    munmap(base_a, len_a);
+    munmap(base_aux, len_aux);
+    munmap(base_aux3, len_aux3);
+}
+
 /* An invalid value: reported (stderr and the summary), auto used. */
 static void test_invalid_value(void **state) {
     (void)state;
@@ -308,6 +423,7 @@ int main(void) {
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_fc1_gelu),
         cmocka_unit_test(test_invalid_value),
+        cmocka_unit_test(test_f32_race_flushes_its_operands),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -356,13 +356,40 @@ static double seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The f32 kernel race (gemm_choice.c) times the call's own operands, which
+ * its warm-up run leaves in cache, while in the step the operand that
+ * forward wrote long before comes from memory: a weight gradient's A (the
+ * layer's input) and fc2's data gradient's aux (fc1's T). Those two are
+ * flushed before each timed run. T1 fp32 on Zen 4, fc2's data gradient
+ * (6400x256x64 * aux), ms a call, default / gemm kernel: in cache 1.16-1.19
+ * / 1.11-1.12 (4-7%: each side of the 5% margin from one process to the
+ * next), aux flushed 1.41-1.44 / 1.13-1.16, in the step 1.37 / 1.18. */
+static void flush_lines(const void *p, size_t bytes) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    const char *end = (const char *)p + bytes;
+    for (const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)63); c < end; c += 64)
+        __builtin_ia32_clflush(c);
+    __builtin_ia32_mfence();
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
+static void flush_from_forward(const vh_gemm_args *g, int timed_aux) {
+    if (timed_aux) /* m x n, dense, f32 (time_path times the multiply only so) */
+        flush_lines(g->aux, (size_t)(g->m * g->n) * sizeof(float));
+    if (g->trans_a && !g->trans_b && g->batch <= 1) /* unbatched A^T.B: A stored k x m */
+        flush_lines(g->a, (size_t)((g->k - 1) * g->lda + g->m) *
+                              vh_dtype_size((vh_dtype)g->ab_dtype));
+}
+
 /* vh_gemm16_timer on the call's own operands (ctx: its vh_gemm_args): the
  * plain matmul of the proxy's leading block (for an unbatched call asked
  * with a batch of 2, its two halves of k) into scratch; the epilogue
  * costs both paths the same and is left out, but for an f32 T * aux, whose
- * multiply (oneDNN's binary post-op, reading the call's aux where it is
- * dense) is timed with it. Widening converts both operands first, as
- * view_inputs does. */
+ * multiply (oneDNN's binary post-op, reading the call's aux where C and aux
+ * are f32 and dense) is timed with it. Widening converts both operands
+ * first, as view_inputs does. */
 static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
     const vh_gemm_args *g = ctx;
     vh_gemm_args pg = *g;
@@ -376,6 +403,11 @@ static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
          * run's C from a fresh block, and its page faults (about 1.2 ms of
          * a 1.4 ms T1 fc2 data gradient) would be timed as the kernel's. */
         memset(c.p, 0, c_bytes);
+        /* T * aux as the call will run it: in the matmul's post-op only
+         * where C and aux are f32 and dense (route 1, the bands), else the
+         * multiply is a pass after either kernel */
+        const int mul = p->mul_aux && g->ldc == g->n && g->c_dtype == VH_DTYPE_F32;
+        if (p->dtype == VH_DTYPE_F32) flush_from_forward(g, mul);
         const double t0 = seconds();
         operand a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
         operand b = operand_of(g->b, g->ab_dtype, g->trans_b, g->ldb, g->stride_b);
@@ -389,7 +421,7 @@ static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
             st = densify(&b, p->batch, p->k, p->n);
         vh_dnnl_matmul mm;
         describe(&mm, &pg, p->batch, &a, &b, &c);
-        mm.mul_aux = p->mul_aux && g->ldc == g->n;
+        mm.mul_aux = mul;
         if (st == VH_STATUS_OK)
             st = vh_dnnl_matmul_run_binary(&mm, a.p, b.p, NULL, mm.mul_aux ? g->aux : NULL,
                                            NULL, c.p);

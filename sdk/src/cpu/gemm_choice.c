@@ -65,8 +65,18 @@
  * 4.36-4.39 / 3.94-3.99, 192x64x6400 3.59-3.68 / 3.26, fc2's data gradient
  * 6400x256x64 * aux 5.46-5.56 / 4.68-4.76; forced on every f32 GEMM, the
  * gemm kernel lost on fc1's (6.65 / 7.11), fc2's forward (4.67 / 4.93) and
- * fc1's data gradient (3.77 / 4.06). A raced class takes gemm only when
- * faster by KERNEL_MARGIN, confirmed by a second race, on the kernel proxy.
+ * fc1's data gradient (3.77 / 4.06). A raced class takes gemm when faster
+ * by KERNEL_MARGIN32 (2%), confirmed by a second race, on the kernel proxy,
+ * with the operand forward wrote flushed from the caches before each timed
+ * run (gemm.c: a weight gradient's A, fc2's aux), as the step reads it from
+ * memory. Timed in cache the race understated what the step gains: T1's
+ * T * aux raced 4-7% (either side of a 5% margin from one process to the
+ * next) for 14% in the step; T3's 384x1536x1576 weight gradient 3-8% for
+ * 8-10%, and 2 of 3 processes kept it on the default. Flushed and at 2%,
+ * both go to gemm in every process tried (4 of 4 on T1, T3 and the main
+ * job; T2's largest 3 of 4); interleaved `vithost bench --ops` against the
+ * 5% race in cache, Zen 4, the step's medians: T3 fp32 0.978-0.991 (4
+ * pairs), T1 fp32 0.983-1.000 (4), T2 fp32 and the main job even.
  * Classes under MIN_TIMED_MACS32 keep the default: the gains there are a
  * few microseconds (T1's 64x64 weight gradient raced 4-6%, on either side
  * of the margin from one process to the next), and runs of the models the
@@ -93,6 +103,7 @@
 #define TIMED_RUNS 4
 #define KERNEL_PROXY_MACS (1LL << 30)
 #define KERNEL_MARGIN 1.05
+#define KERNEL_MARGIN32 1.02 /* f32: its race flushes (see the top of the file) */
 #define KERNEL_TIMED_RUNS 4
 #define MIN_TIMED_MACS32 (1LL << 25)
 
@@ -235,8 +246,9 @@ static int challenger_wins(vh_gemm16_timer timer, void *ctx, int x, int y,
 static void measure_kernel(shape_class *c, vh_gemm16_timer timer, void *ctx) {
     c->kproxy = proxy_of(&c->first, KERNEL_PROXY_MACS);
     double td, tg;
+    const double margin = c->dtype == VH_DTYPE_F32 ? KERNEL_MARGIN32 : KERNEL_MARGIN;
     const int gemm = challenger_wins(timer, ctx, VH_GEMM16_NATIVE, VH_GEMM16_NATIVE_GEMM,
-                                     &c->kproxy, KERNEL_TIMED_RUNS, KERNEL_MARGIN, &td, &tg);
+                                     &c->kproxy, KERNEL_TIMED_RUNS, margin, &td, &tg);
     if (td < 0.0 || tg < 0.0) return;
     c->kernel_timed = 1;
     c->t_default = td;

@@ -71,7 +71,7 @@
  * run (gemm.c: a weight gradient's A, fc2's aux), as the step reads it from
  * memory. Timed in cache the race understated what the step gains: T1's
  * T * aux raced 4-7% (either side of a 5% margin from one process to the
- * next) for 14% in the step; T3's 384x1536x1576 weight gradient 3-8% for
+ * next) for 14% in the step; T3's 384x1536x1576 weight gradient 2-8% for
  * 8-10%, and 2 of 3 processes kept it on the default. Flushed and at 2%,
  * both go to gemm in every process tried (4 of 4 on T1, T3 and the main
  * job; T2's largest 3 of 4); interleaved `vithost bench --ops` against the

@@ -289,12 +289,11 @@ static void *guarded(size_t bytes, void **base, size_t *len) {
     return m + pages * page - bytes;
 }
 
-/* An f32 weight gradient, m x n from k, its A near a guard page. */
+/* An f32 weight gradient, m x n from k, its A right before a guard page. */
 static void check_weight_gradient_guarded(void) {
-    /* dW = A^T B: A stored k x m with lda m + 3, its k rows whole and a slack
-     * of 1 KiB (oneDNN's kernels read past the last row's padding: a guard
-     * right after it faults in them) */
-    const int64_t m = 256, n = 256, k = 512, lda = m + 3, na = k * lda + 256;
+    /* dW = A^T B: A stored k x m with lda m + 3, its last row ending at the
+     * guard (no padding after it) */
+    const int64_t m = 256, n = 256, k = 512, lda = m + 3, na = (k - 1) * lda + m;
     void *base;
     size_t len;
     float *a = guarded((size_t)na * sizeof(float), &base, &len);
@@ -370,9 +369,8 @@ static void check_mul_aux_guarded(int64_t m, vh_dtype c_dtype) {
 /* The f32 classes that race oneDNN's two kernels for real (2^25 MACs and
  * up): the race flushes the operand forward wrote (a weight gradient's A,
  * fc2's aux) before each timed run, over its extent. Here each of those
- * ends near an unreadable page, A with a padded lda (its k rows whole and
- * 1 KiB more: oneDNN's kernels read a little past a matrix's last row),
- * and aux right at it, in f32 (the multiply timed in the matmul, aux
+ * ends at an unreadable page, A with a padded lda (its last row without
+ * the padding), and aux, in f32 (the multiply timed in the matmul, aux
  * flushed) and in a bf16 C with f32 operands (the multiply a pass of its
  * own after the matmul, not timed: the race once read that aux as f32,
  * past its end), so a flush or a read over the wrong extent faults; and

@@ -289,6 +289,18 @@ static void *guarded(size_t bytes, void **base, size_t *len) {
     return m + pages * page - bytes;
 }
 
+/* sum over l < k of x[l xs] y[l ys], in double; *mag: the sum of |terms| */
+static double dot_ref(const float *x, int64_t xs, const float *y, int64_t ys, int64_t k,
+                      double *mag) {
+    double sum = 0;
+    *mag = 0;
+    for (int64_t l = 0; l < k; l++) {
+        const double t = (double)x[l * xs] * y[l * ys];
+        sum += t, *mag += fabs(t);
+    }
+    return sum;
+}
+
 /* An f32 weight gradient, m x n from k, its A right before a guard page. */
 static void check_weight_gradient_guarded(void) {
     /* dW = A^T B: A stored k x m with lda m + 3, its last row ending at the
@@ -307,11 +319,8 @@ static void check_weight_gradient_guarded(void) {
     assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
     for (int64_t i = 0; i < m; i += 17)
         for (int64_t j = 0; j < n; j += 13) {
-            double want = 0, mag = 0;
-            for (int64_t l = 0; l < k; l++) {
-                const double t = (double)a[l * lda + i] * b[l * n + j];
-                want += t, mag += fabs(t);
-            }
+            double mag;
+            const double want = dot_ref(a + i, lda, b + j, n, k, &mag);
             if (fabs(c[i * n + j] - want) > (double)k * 0x1p-24 * mag)
                 fail_msg("f32 A^T.B: C[%lld][%lld] %g, want %g", (long long)i, (long long)j,
                          (double)c[i * n + j], want);
@@ -347,11 +356,8 @@ static void check_mul_aux_guarded(int64_t m, vh_dtype c_dtype) {
     const int f32 = c_dtype == VH_DTYPE_F32;
     for (int64_t i = 0; i < m; i += 31)
         for (int64_t j = 0; j < n; j += 7) {
-            double t = 0, mag = 0;
-            for (int64_t l = 0; l < k; l++) {
-                const double p = (double)a[i * k + l] * b[l * n + j];
-                t += p, mag += fabs(p);
-            }
+            double mag;
+            const double t = dot_ref(a + i * k, 1, b + j, n, k, &mag);
             const int64_t e = i * n + j;
             const double x = f32 ? ((float *)aux)[e] : vh_bf16_to_f32(((uint16_t *)aux)[e]);
             const double got = f32 ? ((float *)c)[e] : vh_bf16_to_f32(((uint16_t *)c)[e]);

@@ -12,6 +12,9 @@
  * run time through the engine extension; ctest also runs this binary with
  * ONEDNN_MAX_CPU_ISA=AVX2) native falls back to widen, which the summary
  * says and the test prints: not a failure.
+ *
+ * Also the race of the f32 GEMMs' two oneDNN kernels on real timings, its
+ * operands at guard pages (test_f32_race_flushes_its_operands).
  */
 #define _DEFAULT_SOURCE /* POSIX 2008 and MAP_ANONYMOUS */
 #include <math.h>

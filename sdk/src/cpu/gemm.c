@@ -356,6 +356,17 @@ static double seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* A weight gradient's layout, A^T.B (k the tokens): the f32 GEMMs whose
+ * kernel is raced, with T * aux (gemm_choice.c says why these). */
+static int weight_gradient(const vh_gemm_args *g) { return g->trans_a && !g->trans_b; }
+
+/* T * aux applied with the matmul: one member, C and aux f32 (route 1's
+ * binary post-op; the bands, dense, multiply each band while it is in L2).
+ * Otherwise route 2 multiplies in a pass of its own after the matmul. */
+static int mul_in_matmul(const vh_gemm_args *g, int64_t batch) {
+    return g->epilogue == VH_EPILOGUE_MUL_AUX && batch == 1 && g->c_dtype == VH_DTYPE_F32;
+}
+
 /* The f32 kernel race (gemm_choice.c) times the call's own operands, which
  * its warm-up run leaves in cache, while in the step the operand that
  * forward wrote long before comes from memory: a weight gradient's A (the
@@ -378,7 +389,7 @@ static void flush_lines(const void *p, size_t bytes) {
 static void flush_from_forward(const vh_gemm_args *g, int timed_aux) {
     if (timed_aux) /* m x n, dense, f32 (time_path times the multiply only so) */
         flush_lines(g->aux, (size_t)(g->m * g->n) * sizeof(float));
-    if (g->trans_a && !g->trans_b && g->batch <= 1) /* unbatched A^T.B: A stored k x m */
+    if (weight_gradient(g) && g->batch <= 1) /* unbatched: A stored k x m */
         flush_lines(g->a, (size_t)((g->k - 1) * g->lda + g->m) *
                               vh_dtype_size((vh_dtype)g->ab_dtype));
 }
@@ -403,10 +414,10 @@ static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
          * run's C from a fresh block, and its page faults (about 1.2 ms of
          * a 1.4 ms T1 fc2 data gradient) would be timed as the kernel's. */
         memset(c.p, 0, c_bytes);
-        /* T * aux as the call will run it: in the matmul's post-op only
-         * where C and aux are f32 and dense (route 1, the bands), else the
-         * multiply is a pass after either kernel */
-        const int mul = p->mul_aux && g->ldc == g->n && g->c_dtype == VH_DTYPE_F32;
+        /* T * aux where the call applies it with the matmul (timed as the
+         * post-op; aux dense, as this scratch C); else the multiply is a
+         * pass after either kernel, left out */
+        const int mul = p->mul_aux && mul_in_matmul(g, max1(g->batch)) && g->ldc == g->n;
         if (p->dtype == VH_DTYPE_F32) flush_from_forward(g, mul);
         const double t0 = seconds();
         operand a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
@@ -467,7 +478,7 @@ static vh_gemm16_path path16(const vh_gemm_args *g, int64_t batch) {
  * aux are timed on both of oneDNN's kernels; the rest run the default). */
 static vh_dnnl_kernel kernel32(const vh_gemm_args *g, int64_t batch) {
     const int mul = g->epilogue == VH_EPILOGUE_MUL_AUX;
-    if (!mul && !(g->trans_a && !g->trans_b)) return VH_DNNL_KERNEL_DEFAULT;
+    if (!mul && !weight_gradient(g)) return VH_DNNL_KERNEL_DEFAULT;
     return choose(g, batch, mul) == VH_GEMM16_NATIVE_GEMM ? VH_DNNL_KERNEL_GEMM
                                                           : VH_DNNL_KERNEL_DEFAULT;
 }
@@ -804,8 +815,7 @@ static vh_status run(const vh_gemm_args *g, int64_t batch) {
     /* one oneDNN matmul with its post-ops can do it (a bias only with alpha
      * 1; T * aux on f32 C and aux, one member: oneDNN 2.6's binary post-op
      * misreads some batched operands, see run_fused) */
-    const int mul_fusable = g->epilogue != VH_EPILOGUE_MUL_AUX ||
-                            (batch == 1 && g->c_dtype == VH_DTYPE_F32);
+    const int mul_fusable = g->epilogue != VH_EPILOGUE_MUL_AUX || mul_in_matmul(g, batch);
     const int fusable =
         multiply && !writes_aux(g) && mul_fusable && !(v.bias && g->alpha != 1.0f);
     if (multiply && ksplit_fits(g, batch)) {

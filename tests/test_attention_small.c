@@ -14,6 +14,7 @@
  * zeros, the old values never read).
  * The bf16 heads of a multiple of 16 also take N 197 (rows past one score
  * tile's 6-row tail, an odd count of token pairs).
+ * The softmax's exponentials are vh_expf's, bit for bit, on every route.
  * ctest runs it again with ONEDNN_MAX_CPU_ISA=AVX2 (the AVX2 kernels), and
  * with the native bf16 route forced, through the dot-product blocks and
  * through oneDNN's matmuls. */
@@ -31,6 +32,8 @@
 #include "vithost/vh_cpu_engine.h"
 #include "vithost/vh_runtime.h"
 
+#include "cpu_ops.h" /* vh_expf: the exponential every softmax of the engine computes */
+
 #define TOL_F32_MATH 1e-5 /* normalised error of f32 sums of <= 65 terms */
 #define SENTINEL 4096.0f /* in the gaps; exact in every dtype */
 
@@ -47,6 +50,20 @@ static int cpu_has_dot16(void) {
     return 0;
 #endif
 }
+/* vh_expf as the engine's kernels compute it: with FMAs where the CPU runs
+ * the AVX2 or AVX-512 clones (their contractions are one and the same; this
+ * file is built with -ffp-contract=fast, as the SDK is), else without. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(VH_CPU_NO_CLONES)
+__attribute__((target("arch=x86-64-v3"))) static float expf_fma(float x) { return vh_expf(x); }
+static float expf_as_engine(float x) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("x86-64-v3") ? expf_fma(x) : vh_expf(x);
+}
+#else
+static float expf_as_engine(float x) { return vh_expf(x); }
+#endif
+
 static uint64_t rng_state = 7;
 
 static double rnd(void) { /* splitmix64, uniform in [0, 1) */
@@ -326,6 +343,55 @@ static void test_large_scores(void **state) {
     free(qkv), free(out), free(p);
 }
 
+/* The softmax's e^(s - max) has vh_expf's bits on every route and ISA,
+ * down to the lanes that underflow to 0 (below e^-86.5), -inf and the
+ * padding of the last vector. Scores are exact (q = e_0, k_j = (v_j, 0..),
+ * scale 1; bf16 values for bf16 tensors); the row's maximum, 0, sits in
+ * its last column and the others lie 21 or more below it, so the row sums
+ * to exactly 1 and each probability is the exponential itself. */
+static void test_softmax_exponentials(void **state) {
+    (void)state;
+    static const float below[] = {-21.0f, -21.5f, -22.75f, -25.0f, -30.5f, -33.25f, -40.0f,
+                                  -47.5f, -55.0f, -63.0f, -70.5f, -80.0f, -84.5f, -86.0f,
+                                  -86.5f, -87.0f, -88.0f, -90.0f, -100.0f, -128.0f, -255.0f,
+                                  -1e30f, -INFINITY};
+    const int nbelow = (int)(sizeof below / sizeof below[0]);
+    const vh_dtype dtypes[] = {VH_DTYPE_F32, VH_DTYPE_BF16};
+    const int64_t tokens[] = {16, 50, 65};
+    for (int di = 0; di < 2; di++)
+        for (int ni = 0; ni < 3; ni++) {
+            const int64_t N = tokens[ni];
+            const shape s = {1, N, 1, 16, dtypes[di], VH_DTYPE_F32, 0, 0};
+            vh_attention_args a = args_of(&s);
+            a.scale = 1.0f;
+            const int64_t ts = a.qkv_token_stride;
+            void *qkv = calloc((size_t)(N * ts), vh_dtype_size(s.t));
+            void *out = calloc((size_t)(N * a.out_token_stride), vh_dtype_size(s.t));
+            float *p = calloc((size_t)(N * N), sizeof(float)), *v = calloc((size_t)N, sizeof(float));
+            assert_true(qkv && out && p && v);
+            for (int64_t j = 0; j < N; j++) {
+                /* the listed values, then bf16 values between them and e^-87 */
+                const float x = j == N - 1 ? 0.0f
+                                : j < nbelow ? below[j]
+                                             : -21.0f - 66.0f * (float)rnd();
+                v[j] = s.t == VH_DTYPE_BF16 ? vh_bf16_to_f32(vh_f32_to_bf16(x)) : x;
+                put(qkv, s.t, j * ts, 1.0f);        /* q_j = e_0 */
+                put(qkv, s.t, j * ts + 16, v[j]); /* k_j = (v_j, 0, ...) */
+            }
+            a.qkv = qkv, a.out = out, a.probs = p;
+            assert_int_equal(ops->attention_forward(ops->device, &a), VH_STATUS_OK);
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    const float want = expf_as_engine(v[j]), got = p[i * N + j];
+                    if (memcmp(&want, &got, sizeof got) != 0)
+                        fail_msg("%s N %lld: probs[%lld][%lld] = %a, e^%g is %a",
+                                 vh_dtype_name(s.t), (long long)N, (long long)i, (long long)j,
+                                 (double)got, (double)v[j], (double)want);
+                }
+            free(qkv), free(out), free(p), free(v);
+        }
+}
+
 /* A caller built before ABI 2.6 hands a struct that ends before `overwrite`:
  * whatever lies past its struct_size, backward adds to dqkv. */
 static void test_overwrite_past_struct_size(void **state) {
@@ -367,6 +433,7 @@ int main(void) {
         cmocka_unit_test(test_small_heads),
         cmocka_unit_test(test_bf16_wide_heads),
         cmocka_unit_test(test_large_scores),
+        cmocka_unit_test(test_softmax_exponentials),
         cmocka_unit_test(test_overwrite_past_struct_size),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

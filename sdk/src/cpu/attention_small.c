@@ -307,10 +307,11 @@ ALWAYS_INLINE void prefetch_rows(const char *q, const char *v, int64_t ts, int64
 #pragma GCC pop_options
 
 __attribute__((target("arch=x86-64-v4"))) void vh_cpu_attention_softmax_v4(float *s, int64_t rows,
-                                                                         int64_t ld, int64_t n) {
+                                                                         int64_t ld, int64_t n,
+                                                                         float *inv) {
     int64_t i = 0;
-    for (; i + 4 <= rows; i += 4) softmax_rows_v4(4, s + i * ld, ld, n, ld);
-    for (; i < rows; i++) softmax_rows_v4(1, s + i * ld, ld, n, ld);
+    for (; i + 4 <= rows; i += 4) softmax_rows_v4(4, s + i * ld, ld, n, ld, inv ? inv + i : NULL);
+    for (; i < rows; i++) softmax_rows_v4(1, s + i * ld, ld, n, ld, inv ? inv + i : NULL);
 }
 
 /* The kernels for this call and CPU (forward NULL: none). */
@@ -347,7 +348,7 @@ void vh_cpu_attention_softmax_padded(float *s, int64_t rows, int64_t ld, int64_t
         __atomic_store_n(&known, avx512, __ATOMIC_RELAXED);
     }
     if (avx512) {
-        vh_cpu_attention_softmax_v4(s, rows, ld, n);
+        vh_cpu_attention_softmax_v4(s, rows, ld, n, NULL);
         return;
     }
 #endif

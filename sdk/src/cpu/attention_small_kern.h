@@ -206,8 +206,11 @@ ALWAYS_INLINE void VN(mm)(int RM, int VM, int64_t m, int64_t n, int64_t K, float
  * (the padding becomes 0); NaN in, NaN out. R rows at a time: each row is a
  * chain of two horizontal reductions and a division, and interleaving rows
  * overlaps the chains (one row at a time, the softmax was 45% of the
- * forward). */
-ALWAYS_INLINE void VN(softmax_rows)(int R, float *s, int64_t ld, int64_t n, int64_t np) {
+ * forward). inv not NULL: the rows are left as their exponentials, each
+ * row's 1 / sum in inv[r], for a caller whose next pass over the rows
+ * multiplies (the same product, one pass fewer). */
+ALWAYS_INLINE void VN(softmax_rows)(int R, float *s, int64_t ld, int64_t n, int64_t np,
+                                    float *inv) {
     const VI lane = LANES;
     const VF ninf = (VF){0} - INFINITY;
     VF acc[4];
@@ -234,6 +237,10 @@ ALWAYS_INLINE void VN(softmax_rows)(int R, float *s, int64_t ld, int64_t n, int6
             acc[r] += x;
         }
     for (int r = 0; r < R; r++) m[r] = 1.0f / VN(hsum)(&acc[r]);
+    if (inv) {
+        for (int r = 0; r < R; r++) inv[r] = m[r];
+        return;
+    }
     for (int64_t c = 0; c < np; c += VW)
         for (int r = 0; r < R; r++) {
             VF x;
@@ -492,8 +499,8 @@ ALWAYS_INLINE void VN(forward_t)(const block *b, const geom *g, float *w, int bf
             for (i = 0; i < n; i++) store_probs((char *)b->p + i * n * pes, g->pt, s + i * np, n);
     } else {
         VN(mm)(SCORE_R, SCORE_V, n, np, g->dh, g->scale, q, ktv, sv, 0);
-        for (; i + 4 <= n; i += 4) VN(softmax_rows)(4, s + i * np, np, n, np);
-        for (; i < n; i++) VN(softmax_rows)(1, s + i * np, np, n, np);
+        for (; i + 4 <= n; i += 4) VN(softmax_rows)(4, s + i * np, np, n, np, NULL);
+        for (; i < n; i++) VN(softmax_rows)(1, s + i * np, np, n, np, NULL);
         for (i = 0; i < n; i++) store_probs((char *)b->p + i * n * pes, g->pt, s + i * np, n);
     }
     if (direct) { /* straight into out */

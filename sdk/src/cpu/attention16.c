@@ -337,7 +337,7 @@ vh_status vh_cpu_attention16_forward(const vh_attention_args *a) {
 vh_status vh_cpu_attention16_dot_backward(const vh_attention_args *a) {
     /* the blocks' own test first: the engine's choice may time a shape class */
     if (!vh_cpu_attention_dot16_applies(a) || !applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
-    if (a->overwrite) vh_cpu_attention_zero_dqkv(a); /* the blocks add */
+    /* with overwrite the blocks write dqkv's rows (no zeroing first) */
     const vh_status st = vh_cpu_attention_dot16_backward(a);
     if (st != VH_STATUS_ERR_UNSUPPORTED) vh_cpu_attention_count(VH_CPU_ATTENTION_ROUTE_DOT16);
     return st;

@@ -77,9 +77,13 @@ typedef struct dgeom {
     int64_t dh;
     vh_dtype pt;
     float scale;
+    int overwrite; /* backward: dqkv written (2.6 overwrite), not added to */
 } dgeom;
 
-enum { OUT_F32, OUT_BF16, OUT_BF16_ADD };
+/* C's modes: f32 stored; bf16 stored, added to, or written as added to
+ * zeros (y + 0: a -0 product gives +0, the bits of zeroing and adding,
+ * without reading C) */
+enum { OUT_F32, OUT_BF16, OUT_BF16_ADD, OUT_BF16_ADD0 };
 
 /* The 32-bit word (a bf16 pair) at p, in every lane. */
 ALWAYS_INLINE __m512i bcast_pair(const char *p) {
@@ -141,6 +145,7 @@ ALWAYS_INLINE void tile(int R, int V, int mode, int64_t K, const char *A, int64_
             } else {
                 char *c = C + r * ldc + 32 * v;
                 if (mode == OUT_BF16_ADD) y = _mm512_add_ps(y, widen16(c));
+                if (mode == OUT_BF16_ADD0) y = _mm512_add_ps(y, _mm512_setzero_ps());
                 _mm256_storeu_si256((__m256i *)c, round16(y));
             }
         }
@@ -188,11 +193,10 @@ ALWAYS_INLINE void mm_scores(int64_t m, int64_t nv, int64_t K, const char *A, in
     mm(6, 4, OUT_F32, m, nv, K, A, ars, aks, B, ldb, C, ldc, alpha);
 }
 
-/* The products with a head's rows: C bf16, all head_dim/16 vectors in one
- * tile of as many rows as 24 accumulators allow. */
-ALWAYS_INLINE void mm_prod(int add, const dgeom *g, const char *A, int64_t ars, int64_t aks,
+/* The products with a head's rows: C bf16 (mode OUT_BF16*), all
+ * head_dim/16 vectors in one tile of as many rows as 24 accumulators allow. */
+ALWAYS_INLINE void mm_prod(int mode, const dgeom *g, const char *A, int64_t ars, int64_t aks,
                            const char *B, char *C, int64_t ldc, float alpha) {
-    const int mode = add ? OUT_BF16_ADD : OUT_BF16;
     const int64_t m = g->n, K = g->n2, ldb = g->dh * 4;
     switch (g->dh / 16) {
     case 1: mm(8, 1, mode, m, 1, K, A, ars, aks, B, ldb, C, ldc, alpha); break;
@@ -329,7 +333,7 @@ __attribute__((noinline)) static void block_forward(const dblock *b, const dgeom
         store_probs_row(b->p + i * n * pes, g->pt, s + i * np, inv[i], p16 + i * np, n, np);
     }
     pairs_of_rows(vr, b->v, b->ts, n, dh);
-    mm_prod(0, g, (const char *)p16, np * 2, 4, (const char *)vr, b->o, b->ots, 1.0f);
+    mm_prod(OUT_BF16, g, (const char *)p16, np * 2, 4, (const char *)vr, b->o, b->ots, 1.0f);
 }
 
 /* Rows of dS = P * (dP - rowsum(dP * P)) rounded into ds16, and P16 (P as
@@ -388,9 +392,10 @@ __attribute__((noinline)) static void block_backward(const dblock *b, const dgeo
     pairs_of_rows(gr, b->go, b->ots, n, dh);
     /* dQ += scale dS K: A = dS's rows; dK += scale dS^T Q and dV += P16^T dO:
      * A's row j is column j of dS or P16, its pairs in dsw/pw */
-    mm_prod(1, g, (const char *)ds16, np * 2, 4, (const char *)kr, b->dq, b->ts, g->scale);
-    mm_prod(1, g, (const char *)dsw, 4, np * 4, (const char *)qr, b->dk, b->ts, g->scale);
-    mm_prod(1, g, (const char *)pw, 4, np * 4, (const char *)gr, b->dv, b->ts, 1.0f);
+    const int mode = g->overwrite ? OUT_BF16_ADD0 : OUT_BF16_ADD;
+    mm_prod(mode, g, (const char *)ds16, np * 2, 4, (const char *)kr, b->dq, b->ts, g->scale);
+    mm_prod(mode, g, (const char *)dsw, 4, np * 4, (const char *)qr, b->dk, b->ts, g->scale);
+    mm_prod(mode, g, (const char *)pw, 4, np * 4, (const char *)gr, b->dv, b->ts, 1.0f);
 }
 
 #pragma GCC pop_options
@@ -436,7 +441,10 @@ static int applies(const vh_attention_args *a) {
 static vh_status run(const vh_attention_args *a, int backward) {
     if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
     const int64_t B = a->batch, H = a->heads, N = a->tokens, Dh = a->head_dim, D = H * Dh;
-    const dgeom g = {N, (N + 1) / 2, (N + 15) / 16 * 16, Dh, (vh_dtype)a->probs_dtype, a->scale};
+    /* each block writes its head's rows of dq, dk and dv once: with
+     * overwrite it stores them, and nothing zeroes dqkv first */
+    const dgeom g = {N,        (N + 1) / 2, (N + 15) / 16 * 16, Dh, (vh_dtype)a->probs_dtype,
+                     a->scale, backward && a->overwrite};
     const int64_t ps = vh_dtype_size(g.pt), nblocks = B * H;
     const int head_chunk = vh_cpu_attention_head_chunk(H);
     int failed = 0;

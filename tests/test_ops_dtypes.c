@@ -370,6 +370,71 @@ static void gelu_grad_route_case(int64_t batch, int64_t m, int64_t n, int64_t k,
     tfree(&c1), tfree(&c2), tfree(&dx1), tfree(&dx2);
 }
 
+/* ---- AMP fc1's GELU pass, bit for bit -----------------------------------------
+ * A bf16 GEMM with VH_EPILOGUE_GELU into a bf16 C and aux (the model's fc1
+ * under AMP: one pass from the fp32 T, gelu16.c's on a CPU with AVX512-BF16)
+ * gives the bits of rounding T, and the fp32 gelu_forward op's GELU of T,
+ * to bf16 (the SDK's cast). T is exact: k = 2, each product of two bf16
+ * values (16 significant bits) and the second at most 2^-5 of the first,
+ * so their sum fits an f32. Rows of special values too (a single product):
+ * NaN, infinities, signed zeros, T past the exponential's underflow
+ * (-13.2); and columns whose GELUs are subnormal (the bf16 instruction reads
+ * subnormals as zero; a subnormal T itself cannot be asked for here:
+ * oneDNN's products flush it to zero). */
+static void test_gemm_gelu_bf16_bits(void **state) {
+    (void)state;
+    rng_state = 2027;
+    const int64_t m = 200, n = 40, k = 2; /* two bands of rows; n not a multiple of 32 */
+    tens a = tnew(VH_DTYPE_BF16, m * k), b = tnew(VH_DTYPE_BF16, k * n);
+    for (int64_t j = 0; j < n; j++) {
+        tset(&b, j, 1.0 + rnd());
+        tset(&b, n + j, (1.0 + rnd()) * 0x1p-6);
+    }
+    static const double special[] = {NAN,      INFINITY, -INFINITY, 0.0,   -0.0,
+                                     0x1p-120, -13.1,    -13.25,    -20.0, 50.0};
+    const int nspecial = (int)(sizeof special / sizeof special[0]);
+    for (int64_t i = 0; i < m; i++) {
+        double a0, a1;
+        if (i < nspecial) {
+            a0 = special[i], a1 = 0.0;
+        } else {
+            const double mag = ldexp(1.0 + rnd(), (int)(rnd() * 7) - 3);
+            a0 = rnd() < 0.5 ? -mag : mag;
+            a1 = (rnd() < 0.5 ? -1.0 : 1.0) * mag * (0.5 + 0.5 * rnd());
+        }
+        tset(&a, i * k, a0);
+        tset(&a, i * k + 1, a1);
+    }
+    for (int64_t j = 0; j < n; j += 7) /* subnormal GELUs from normal T: T near 2^-125 */
+        tset(&b, j, 0x1p-123), tset(&b, n + j, 0.0);
+    tens t = tnew(VH_DTYPE_F32, m * n), gelu = tnew(VH_DTYPE_F32, m * n);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            const double a0 = tget(&a, i * k), a1 = tget(&a, i * k + 1);
+            const double s = a0 * tget(&b, j) + (a1 != 0.0 ? a1 * tget(&b, n + j) : 0.0);
+            ((float *)t.p)[i * n + j] = (float)s;
+            assert_true(i < nspecial || (double)(float)s == s); /* exact in f32 */
+        }
+    vh_eltwise_args e = {.struct_size = sizeof e, .n = m * n, .dtype = VH_DTYPE_F32,
+                         .x = t.p, .out = gelu.p};
+    assert_int_equal(ops->gelu_forward(ops->device, &e), VH_STATUS_OK);
+    tens c = tnew(VH_DTYPE_BF16, m * n), aux = tnew(VH_DTYPE_BF16, m * n);
+    vh_gemm_args g = {.struct_size = sizeof g, .m = m, .n = n, .k = k, .alpha = 1.0f,
+                      .a = a.p, .lda = k, .b = b.p, .ldb = n, .c = c.p, .ldc = n,
+                      .ab_dtype = VH_DTYPE_BF16, .c_dtype = VH_DTYPE_BF16,
+                      .epilogue = VH_EPILOGUE_GELU, .aux = aux.p};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    for (int64_t i = 0; i < m * n; i++) {
+        const float tv = ((float *)t.p)[i], gv = ((float *)gelu.p)[i];
+        const uint16_t want_aux = vh_f32_to_bf16(tv), want_c = vh_f32_to_bf16(gv);
+        const uint16_t got_aux = ((uint16_t *)aux.p)[i], got_c = ((uint16_t *)c.p)[i];
+        if (got_aux != want_aux || got_c != want_c)
+            fail_msg("element %lld, T = %a: aux %#06x (want %#06x), gelu %#06x (want %#06x of %a)",
+                     (long long)i, (double)tv, got_aux, want_aux, got_c, want_c, (double)gv);
+    }
+    tfree(&a), tfree(&b), tfree(&t), tfree(&gelu), tfree(&c), tfree(&aux);
+}
+
 static void test_gemm_gelu_grad_routes(void **state) {
     (void)state;
     rng_state = 117;
@@ -1195,6 +1260,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_dtypes),
         cmocka_unit_test(test_gemm_bf16_exact),
         cmocka_unit_test(test_gemm_gelu_grad_routes),
+        cmocka_unit_test(test_gemm_gelu_bf16_bits),
         cmocka_unit_test(test_layernorm_dtypes),
         cmocka_unit_test(test_eltwise_dtypes),
         cmocka_unit_test(test_dropout_scale_rows_dtypes),

@@ -268,9 +268,17 @@ VH_CPU_CLONES static void gelu_forward_span_f32_to_bf16(uint16_t *out, uint16_t 
     }
 }
 
+/* gelu16.c's AVX512-BF16 loop where the CPU has it, this file's for the
+ * rest (the same bits). */
+static void gelu_forward_f32_to_bf16_any(uint16_t *out, uint16_t *pre, const float *t,
+                                         int64_t n) {
+    const int64_t done = vh_cpu_k_gelu16_forward_f32_to_bf16(out, pre, t, n);
+    if (done < n) gelu_forward_span_f32_to_bf16(out + done, pre + done, t + done, n - done);
+}
+
 void vh_cpu_k_gelu_forward_f32_to_bf16_serial(uint16_t *out, uint16_t *pre, const float *t,
                                                int64_t n) {
-    gelu_forward_span_f32_to_bf16(out, pre, t, n);
+    gelu_forward_f32_to_bf16_any(out, pre, t, n);
 }
 
 void vh_cpu_k_gelu_forward_f32_to_bf16(uint16_t *out, uint16_t *pre, const float *t, int64_t n) {
@@ -280,7 +288,7 @@ void vh_cpu_k_gelu_forward_f32_to_bf16(uint16_t *out, uint16_t *pre, const float
         GELU_BLOCKS(n, p, o, m,
                     (prefetch_ahead(t + o, m * 4, 0), prefetch_ahead(out + o, m * 2, 1),
                      prefetch_ahead(pre + o, m * 2, 1)),
-                    gelu_forward_span_f32_to_bf16(out + o, pre + o, t + o, m));
+                    gelu_forward_f32_to_bf16_any(out + o, pre + o, t + o, m));
 }
 
 void vh_cpu_k_gelu_forward_bf16(uint16_t *out, const uint16_t *x, int64_t n) {

@@ -1,0 +1,131 @@
+/* gelu16.c - AMP fc1's GELU pass (C = bf16(gelu(T)), aux = bf16(T), from
+ * the GEMM's fp32 T) written for AVX-512 with BF16, the same bits as the
+ * portable loop in activations.c (gelu_forward_span_f32_to_bf16) on the
+ * same CPU: the same operations of vh_gelu_cdf (gelu_erf.h) and
+ * vh_expf_nonpos (cpu_ops.h), each FMA where GCC contracts that loop, and
+ * two shortcuts that change no bit:
+ * - p 2^n as one vscalefps, its mask zeroing the lanes under e^-86.5 (p
+ *   near 1, n >= -125: the result is normal, the product exact), where
+ *   the loop builds 2^n in the exponent bits and multiplies;
+ * - the rounding to bf16 as vcvtne2ps2bf16 (nearest even, NaN made quiet
+ *   as vh_cpu_bf16_round32 does: (bits >> 16) | 0x40), 32 values in one
+ *   instruction where the loop takes eight integer steps a vector. The
+ *   instruction reads subnormal inputs as zero, so a group of 32 with one
+ *   goes through those integer steps instead (rare: |x| < 2^-126).
+ * Why: this pass was about as long as fc1's own matmul on T1 (k = 64) and a
+ * fifth of it on T2 and T3 under AMP (Zen 4, `vithost bench --ops`); the
+ * loop spent its time in ~150 instructions for 32 values. */
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(VH_CPU_NO_CLONES)
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4,avx512bf16")
+
+#define GELU16_INLINE __attribute__((always_inline)) static inline
+
+/* vh_expf_nonpos, lane by lane: e^x for x <= 0 (and NaN). */
+GELU16_INLINE __m512 expf_nonpos16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-86.5f);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ); /* not x < lo: NaN too */
+    const __m512 xc = _mm512_max_ps(lo, x);                        /* x < lo ? lo : x */
+    const __m512 shifter = _mm512_set1_ps(12582912.0f);
+    const __m512 n =
+        _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), shifter), shifter);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 5040.0f), r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+/* x Phi(x) with vh_gelu_cdf's steps. */
+GELU16_INLINE __m512 gelu16(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 z = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(0.70710678118654752f));
+    const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.375f), z, one));
+    __m512 f = _mm512_fmadd_ps(_mm512_set1_ps(0.061700788f), t, _mm512_set1_ps(-0.28809479f));
+    f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.43393201f));
+    f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(-0.23111783f));
+    f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.27487096f));
+    f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.12102835f));
+    f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.20543289f));
+    f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.21063319f));
+    f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.21161443f));
+    const __m512 g = expf_nonpos16(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z));
+    const __m512 half = _mm512_mul_ps(_mm512_set1_ps(0.5f), _mm512_mul_ps(_mm512_mul_ps(f, t), g));
+    const __mmask16 nonneg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NLT_UQ);
+    const __m512 cdf = _mm512_mask_sub_ps(half, nonneg, one, half); /* x < 0 ? half : 1 - half */
+    return _mm512_mul_ps(x, cdf); /* x first: a NaN x gives its own payload, as the loop */
+}
+
+/* vh_cpu_bf16_round32's integer steps on 16 lanes, packed to 16 bits. */
+GELU16_INLINE __m256i round16(__m512 y) {
+    const __m512i u = _mm512_castps_si512(y);
+    const __mmask16 nan = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_srli_epi32(r, 16);
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
+}
+
+/* Lanes whose value is subnormal (exponent bits 0, fraction not). */
+GELU16_INLINE __mmask16 subnormal16(__m512 y) {
+    const __m512i u = _mm512_castps_si512(y);
+    return _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)) &
+           _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff));
+}
+
+/* 32 values a to bf16 at dst, low half first. */
+GELU16_INLINE void store32(uint16_t *dst, __m512 lo, __m512 hi, int exact_steps) {
+    if (exact_steps) {
+        _mm256_storeu_si256((__m256i *)dst, round16(lo));
+        _mm256_storeu_si256((__m256i *)(dst + 16), round16(hi));
+    } else {
+        _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+}
+
+static int64_t gelu_f32_to_bf16_v4bf16(uint16_t *out, uint16_t *pre, const float *t, int64_t n) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 tl = _mm512_loadu_ps(t + i), th = _mm512_loadu_ps(t + i + 16);
+        const __m512 gl = gelu16(tl), gh = gelu16(th);
+        const int sub = (subnormal16(tl) | subnormal16(th) | subnormal16(gl) | subnormal16(gh)) != 0;
+        store32(pre + i, tl, th, sub);
+        store32(out + i, gl, gh, sub);
+    }
+    return i;
+}
+
+#pragma GCC pop_options
+
+int64_t vh_cpu_k_gelu16_forward_f32_to_bf16(uint16_t *out, uint16_t *pre, const float *t,
+                                             int64_t n) {
+    static int has = -1; /* the same in every thread */
+    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16");
+        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
+    }
+    return h ? gelu_f32_to_bf16_v4bf16(out, pre, t, n) : 0;
+}
+#else
+int64_t vh_cpu_k_gelu16_forward_f32_to_bf16(uint16_t *out, uint16_t *pre, const float *t,
+                                             int64_t n) {
+    (void)out, (void)pre, (void)t, (void)n;
+    return 0;
+}
+#endif

@@ -97,17 +97,8 @@ ALWAYS_INLINE __m512 widen16(const void *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* To bf16, nearest even, NaN kept quiet: vh_cpu_bf16_round32's steps (not
- * vcvtneps2bf16, which flushes subnormals). */
-ALWAYS_INLINE __m256i round16(__m512 y) {
-    const __m512i u = _mm512_castps_si512(y);
-    const __mmask16 nan = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-    r = _mm512_srli_epi32(r, 16);
-    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
-}
+/* To bf16, nearest even, NaN kept quiet (vcvtneps2bf16 would flush subnormals). */
+#include "bf16_round_avx512.h"
 
 /* ---- products --------------------------------------------------------------
  * C[R x 16V] (+)= alpha sum over K pairs of A[r][pair] . B[pair][16V]: A's
@@ -146,7 +137,7 @@ ALWAYS_INLINE void tile(int R, int V, int mode, int64_t K, const char *A, int64_
                 char *c = C + r * ldc + 32 * v;
                 if (mode == OUT_BF16_ADD) y = _mm512_add_ps(y, widen16(c));
                 if (mode == OUT_BF16_ADD0) y = _mm512_add_ps(y, _mm512_setzero_ps());
-                _mm256_storeu_si256((__m256i *)c, round16(y));
+                _mm256_storeu_si256((__m256i *)c, vh_avx512_round_bf16(y));
             }
         }
 }
@@ -304,7 +295,7 @@ ALWAYS_INLINE void store_probs_row(char *dst, vh_dtype pt, const float *s, float
     const __m512 iv = _mm512_set1_ps(inv);
     for (int64_t c = 0; c < np; c += 16) {
         const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + c), iv);
-        const __m256i h = round16(x);
+        const __m256i h = vh_avx512_round_bf16(x);
         _mm256_storeu_si256((__m256i *)(p16 + c), h);
         if (c >= n) continue;
         const __mmask16 m = n - c >= 16 ? 0xffff : (__mmask16)((1u << (n - c)) - 1);
@@ -355,14 +346,14 @@ ALWAYS_INLINE void grad_row(const float *dp, const char *prow, vh_dtype pt, uint
         __m512 p;
         if (pt == VH_DTYPE_F32) {
             p = _mm512_maskz_loadu_ps(m, (const float *)prow + c);
-            _mm256_storeu_si256((__m256i *)(p16 + c), round16(p));
+            _mm256_storeu_si256((__m256i *)(p16 + c), vh_avx512_round_bf16(p));
         } else {
             const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)prow + c);
             _mm256_storeu_si256((__m256i *)(p16 + c), h);
             p = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
         }
         const __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + c), rs));
-        _mm256_storeu_si256((__m256i *)(ds16 + c), round16(ds));
+        _mm256_storeu_si256((__m256i *)(ds16 + c), vh_avx512_round_bf16(ds));
     }
 }
 

@@ -69,16 +69,7 @@ GELU16_INLINE __m512 gelu16(__m512 x) {
     return _mm512_mul_ps(x, cdf); /* x first: a NaN x gives its own payload, as the loop */
 }
 
-/* vh_cpu_bf16_round32's integer steps on 16 lanes, packed to 16 bits. */
-GELU16_INLINE __m256i round16(__m512 y) {
-    const __m512i u = _mm512_castps_si512(y);
-    const __mmask16 nan = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-    r = _mm512_srli_epi32(r, 16);
-    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
-}
+#include "bf16_round_avx512.h" /* vh_avx512_round_bf16: the integer steps */
 
 /* Lanes whose value is subnormal (exponent bits 0, fraction not). */
 GELU16_INLINE __mmask16 subnormal16(__m512 y) {
@@ -90,8 +81,8 @@ GELU16_INLINE __mmask16 subnormal16(__m512 y) {
 /* 32 values a to bf16 at dst, low half first. */
 GELU16_INLINE void store32(uint16_t *dst, __m512 lo, __m512 hi, int exact_steps) {
     if (exact_steps) {
-        _mm256_storeu_si256((__m256i *)dst, round16(lo));
-        _mm256_storeu_si256((__m256i *)(dst + 16), round16(hi));
+        _mm256_storeu_si256((__m256i *)dst, vh_avx512_round_bf16(lo));
+        _mm256_storeu_si256((__m256i *)(dst + 16), vh_avx512_round_bf16(hi));
     } else {
         _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }

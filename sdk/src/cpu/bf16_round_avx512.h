@@ -1,0 +1,22 @@
+/* bf16_round_avx512.h - 16 floats to bf16 with vh_cpu_bf16_round32's integer
+ * steps (nearest even, NaN made quiet: (bits >> 16) | 0x40), packed to 16
+ * bits: for kernels written with AVX-512 intrinsics (attention_dot16.c,
+ * gelu16.c). Where subnormals may occur it is the exact one: vcvtneps2bf16
+ * reads subnormal inputs as zero. Include it after the `#pragma GCC target`
+ * that builds the file's AVX-512 code. */
+#ifndef VH_CPU_BF16_ROUND_AVX512_H
+#define VH_CPU_BF16_ROUND_AVX512_H
+
+#include <immintrin.h>
+
+__attribute__((always_inline)) static inline __m256i vh_avx512_round_bf16(__m512 y) {
+    const __m512i u = _mm512_castps_si512(y);
+    const __mmask16 nan = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_srli_epi32(r, 16);
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
+}
+
+#endif

@@ -327,7 +327,8 @@ VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_f32_to_bf16(uint16_t *out, uint16_t *pr
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_f32_to_bf16_serial(uint16_t *out, uint16_t *pre,
                                                             const float *t, int64_t n);
 /* gelu16.c: the same, with AVX-512 and BF16, on the first n / 32 * 32
- * values (the same bits); returns how many it did: 0 on another CPU. */
+ * values (the same bits); returns how many it did: 0 on another CPU, and
+ * in an unoptimised build. */
 VH_CPU_HIDDEN int64_t vh_cpu_k_gelu16_forward_f32_to_bf16(uint16_t *out, uint16_t *pre,
                                                           const float *t, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_add(float *out, const float *a, const float *b, int64_t n);

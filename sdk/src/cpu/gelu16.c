@@ -1,7 +1,8 @@
 /* gelu16.c - AMP fc1's GELU pass (C = bf16(gelu(T)), aux = bf16(T), from
  * the GEMM's fp32 T) written for AVX-512 with BF16, the same bits as the
  * portable loop in activations.c (gelu_forward_span_f32_to_bf16) on the
- * same CPU: the same operations of vh_gelu_cdf (gelu_erf.h) and
+ * same CPU (but for a NaN's sign, which follows the order of the operands
+ * in each build's code): the same operations of vh_gelu_cdf (gelu_erf.h) and
  * vh_expf_nonpos (cpu_ops.h), each FMA where GCC contracts that loop, and
  * two shortcuts that change no bit:
  * - p 2^n as one vscalefps, its mask zeroing the lanes under e^-86.5 (p
@@ -20,8 +21,10 @@
 
 #include "cpu_ops.h"
 
+/* Only where GCC optimises: unoptimised (Debug) builds do not contract the
+ * loop's a * b + c into FMAs, so its bits are not these there. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(VH_CPU_NO_CLONES)
+    !defined(VH_CPU_NO_CLONES) && defined(__OPTIMIZE__)
 #include <immintrin.h>
 
 #pragma GCC push_options
@@ -66,7 +69,7 @@ GELU16_INLINE __m512 gelu16(__m512 x) {
     const __m512 half = _mm512_mul_ps(_mm512_set1_ps(0.5f), _mm512_mul_ps(_mm512_mul_ps(f, t), g));
     const __mmask16 nonneg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NLT_UQ);
     const __m512 cdf = _mm512_mask_sub_ps(half, nonneg, one, half); /* x < 0 ? half : 1 - half */
-    return _mm512_mul_ps(x, cdf); /* x first: a NaN x gives its own payload, as the loop */
+    return _mm512_mul_ps(x, cdf); /* x first: a NaN x gives its own NaN */
 }
 
 #include "bf16_round_avx512.h" /* vh_avx512_round_bf16: the integer steps */

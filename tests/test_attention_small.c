@@ -370,7 +370,7 @@ static void test_softmax_exponentials(void **state) {
             float *p = calloc((size_t)(N * N), sizeof(float)), *v = calloc((size_t)N, sizeof(float));
             assert_true(qkv && out && p && v);
             for (int64_t j = 0; j < N; j++) {
-                /* the listed values, then bf16 values between them and e^-87 */
+                /* the listed values, then random ones in [-87, -21] */
                 const float x = j == N - 1 ? 0.0f
                                 : j < nbelow ? below[j]
                                              : -21.0f - 66.0f * (float)rnd();

@@ -377,14 +377,16 @@ static void gelu_grad_route_case(int64_t batch, int64_t m, int64_t n, int64_t k,
  * to bf16 (the SDK's cast). T is exact: k = 2, each product of two bf16
  * values (16 significant bits) and the second at most 2^-5 of the first,
  * so their sum fits an f32. Rows of special values too (a single product):
- * NaN (GELU: any NaN), infinities, signed zeros, T past the exponential's underflow
- * (-13.2); and columns whose GELUs are subnormal (the bf16 instruction reads
- * subnormals as zero; a subnormal T itself cannot be asked for here:
- * oneDNN's products flush it to zero). */
+ * NaN (GELU: any NaN), infinities, signed zeros, T past the exponential's
+ * underflow (-13.2); and columns whose GELUs are subnormal (the bf16
+ * instruction reads subnormals as zero; a subnormal T itself cannot be
+ * asked for here: oneDNN's products flush it to zero). */
 static void test_gemm_gelu_bf16_bits(void **state) {
     (void)state;
     rng_state = 2027;
-    const int64_t m = 200, n = 40, k = 2; /* two bands of rows; n not a multiple of 32 */
+    /* two bands of rows (128 and 72), the second's 2952 values, and the whole
+     * call's last block of 8, not a multiple of 32 (the portable loop's tail) */
+    const int64_t m = 200, n = 41, k = 2;
     tens a = tnew(VH_DTYPE_BF16, m * k), b = tnew(VH_DTYPE_BF16, k * n);
     for (int64_t j = 0; j < n; j++) {
         tset(&b, j, 1.0 + rnd());

@@ -367,7 +367,8 @@ static void test_softmax_exponentials(void **state) {
             const int64_t ts = a.qkv_token_stride;
             void *qkv = calloc((size_t)(N * ts), vh_dtype_size(s.t));
             void *out = calloc((size_t)(N * a.out_token_stride), vh_dtype_size(s.t));
-            float *p = calloc((size_t)(N * N), sizeof(float)), *v = calloc((size_t)N, sizeof(float));
+            float *p = calloc((size_t)(N * N), sizeof(float));
+            float *v = calloc((size_t)N, sizeof(float));
             assert_true(qkv && out && p && v);
             for (int64_t j = 0; j < N; j++) {
                 /* the listed values, then random ones in [-87, -21] */

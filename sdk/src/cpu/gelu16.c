@@ -81,7 +81,7 @@ GELU16_INLINE __mmask16 subnormal16(__m512 y) {
            _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff));
 }
 
-/* 32 values a to bf16 at dst, low half first. */
+/* 32 values to bf16 at dst, low half first. */
 GELU16_INLINE void store32(uint16_t *dst, __m512 lo, __m512 hi, int exact_steps) {
     if (exact_steps) {
         _mm256_storeu_si256((__m256i *)dst, vh_avx512_round_bf16(lo));
@@ -96,7 +96,8 @@ static int64_t gelu_f32_to_bf16_v4bf16(uint16_t *out, uint16_t *pre, const float
     for (; i + 32 <= n; i += 32) {
         const __m512 tl = _mm512_loadu_ps(t + i), th = _mm512_loadu_ps(t + i + 16);
         const __m512 gl = gelu16(tl), gh = gelu16(th);
-        const int sub = (subnormal16(tl) | subnormal16(th) | subnormal16(gl) | subnormal16(gh)) != 0;
+        const int sub =
+            (subnormal16(tl) | subnormal16(th) | subnormal16(gl) | subnormal16(gh)) != 0;
         store32(pre + i, tl, th, sub);
         store32(out + i, gl, gh, sub);
     }

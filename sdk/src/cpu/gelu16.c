@@ -65,7 +65,7 @@ GELU16_INLINE __m512 gelu16(__m512 x) {
     f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.20543289f));
     f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.21063319f));
     f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.21161443f));
-    const __m512 g = expf_nonpos16(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z));
+    const __m512 g = expf_nonpos16(_mm512_mul_ps(_mm512_xor_ps(z, _mm512_set1_ps(-0.0f)), z));
     const __m512 half = _mm512_mul_ps(_mm512_set1_ps(0.5f), _mm512_mul_ps(_mm512_mul_ps(f, t), g));
     const __mmask16 nonneg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NLT_UQ);
     const __m512 cdf = _mm512_mask_sub_ps(half, nonneg, one, half); /* x < 0 ? half : 1 - half */

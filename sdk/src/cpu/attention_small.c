@@ -290,8 +290,9 @@ ALWAYS_INLINE void prefetch_rows(const char *q, const char *v, int64_t ts, int64
 #define SCORE_V 4
 #define PROD_R 8
 #define PROD_V 2
-#define SOFTMAX_ACC 8
-#include "attention_small_kern.h" /* it undefines the seven */
+#define SOFTMAX_ACC 10
+#define ROW_V 5
+#include "attention_small_kern.h" /* it undefines the eight */
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -303,7 +304,8 @@ ALWAYS_INLINE void prefetch_rows(const char *q, const char *v, int64_t ts, int64
 #define PROD_R 4
 #define PROD_V 2
 #define SOFTMAX_ACC 4
-#include "attention_small_kern.h" /* it undefines the seven */
+#define ROW_V 2
+#include "attention_small_kern.h" /* it undefines the eight */
 #pragma GCC pop_options
 
 __attribute__((target("arch=x86-64-v4"))) void vh_cpu_attention_softmax_v4(float *s, int64_t rows,

@@ -138,19 +138,22 @@ ALWAYS_INLINE void VN(vput)(const mview *m, int64_t i, int64_t j, const VF *y, i
  * against V (<= 4) vectors of B's columns, in registers (constant R and V
  * after inlining). A is read by element (broadcast one at a time: A^T in
  * place costs the same), B by rows; either f32 or bf16 in place. */
-ALWAYS_INLINE void VN(tile_acc)(int R, int V, int64_t K, mview A, mview B, VF acc[8][4]) {
+ALWAYS_INLINE void VN(tile_acc)(int R, int V, int64_t K, mview A, mview B, VF acc[8][5]) {
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 5
         for (int v = 0; v < V; v++) acc[r][v] = (VF){0};
     for (int64_t k = 0; k < K; k++) {
-        VF b[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < V; v++) VN(vget)(&b[v], &B, k, VW * v);
+        VF b[5];
+#pragma GCC unroll 5
+        for (int v = 0; v < V; v++) {
+            VN(vget)(&b[v], &B, k, VW * v);
+            if (V > 1 && R * V >= 10) __asm__("" : "+v"(b[v]));
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const float ar = mview_get(&A, r, k);
-#pragma GCC unroll 4
+#pragma GCC unroll 5
             for (int v = 0; v < V; v++) acc[r][v] += b[v] * ar;
         }
     }
@@ -162,11 +165,11 @@ ALWAYS_INLINE void VN(tile_acc)(int R, int V, int64_t K, mview A, mview B, VF ac
  * made +0, C never read: ABI 2.6's overwrite). */
 ALWAYS_INLINE void VN(tile)(int R, int V, int64_t K, float alpha, mview A, mview B, mview C,
                             int add) {
-    VF acc[8][4];
+    VF acc[8][5];
     VN(tile_acc)(R, V, K, A, B, acc);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 5
         for (int v = 0; v < V; v++) {
             VF y = acc[r][v] * alpha;
             if (add == 2) y += 0.0f;
@@ -262,13 +265,13 @@ ALWAYS_INLINE void VN(scores_softmax)(int R, int NV, int64_t K, float alpha, mvi
                                       float *s, int64_t ld, int64_t n, float *probs) {
     const VI lane = LANES;
     const VF ninf = (VF){0} - INFINITY;
-    VF acc[8][4], red[8];
+    VF acc[8][5], red[8];
     float m[8];
     VN(tile_acc)(R, NV, K, A, B, acc);
     const int32_t last = (int32_t)(n - VW * (NV - 1)); /* columns in the last vector */
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) red[r] = ninf;
-#pragma GCC unroll 4
+#pragma GCC unroll 5
     for (int v = 0; v < NV; v++)
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
@@ -279,7 +282,7 @@ ALWAYS_INLINE void VN(scores_softmax)(int R, int NV, int64_t K, float alpha, mvi
         }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) m[r] = VN(hmax)(&red[r]), red[r] = (VF){0};
-#pragma GCC unroll 4
+#pragma GCC unroll 5
     for (int v = 0; v < NV; v++)
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
@@ -290,7 +293,7 @@ ALWAYS_INLINE void VN(scores_softmax)(int R, int NV, int64_t K, float alpha, mvi
         }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) m[r] = 1.0f / VN(hsum)(&red[r]);
-#pragma GCC unroll 4
+#pragma GCC unroll 5
     for (int v = 0; v < NV; v++)
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
@@ -354,14 +357,14 @@ ALWAYS_INLINE void VN(softmax_grad_row)(float *ds, const float *p, int64_t np) {
  * tensor does) or rows widened into scratch (pn = np, padded with 0). */
 ALWAYS_INLINE void VN(softmax_grad)(int R, int NV, int64_t K, mview A, mview B, const float *p,
                                     int64_t pn, float *ds, int64_t ld, int64_t n) {
-    VF acc[8][4], red[8];
+    VF acc[8][5], red[8];
     float rs[8];
     VN(tile_acc)(R, NV, K, A, B, acc);
-    VF q[8][4];
+    VF q[8][5];
     const int32_t last = (int32_t)(n - VW * (NV - 1));
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) red[r] = (VF){0};
-#pragma GCC unroll 4
+#pragma GCC unroll 5
     for (int v = 0; v < NV; v++)
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
@@ -380,7 +383,7 @@ ALWAYS_INLINE void VN(softmax_grad)(int R, int NV, int64_t K, mview A, mview B, 
         }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) rs[r] = VN(hsum)(&red[r]);
-#pragma GCC unroll 4
+#pragma GCC unroll 5
     for (int v = 0; v < NV; v++)
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
@@ -485,14 +488,15 @@ ALWAYS_INLINE void VN(forward_t)(const block *b, const geom *g, float *w, int bf
     const mview v = VN(rows)(vb, b->v, b->ts, g, direct, bf);
     const mview ktv = {kt, np, 1, 0}, sv = {s, np, 1, 0}, ov = {o, dp, 1, 0};
     int64_t i = 0;
-    if (np <= VW * SCORE_V) { /* a score row fits in registers */
+    if (np <= VW * ROW_V) { /* a score row fits in registers */
         float *pf = g->pt == VH_DTYPE_F32 ? b->p : NULL;
         switch (np / VW) {
         case 1: VN(scores_softmax_all)(1, &q, &ktv, g, s, pf); break;
         case 2: VN(scores_softmax_all)(2, &q, &ktv, g, s, pf); break;
-#if SCORE_V > 2
+#if ROW_V > 2
         case 3: VN(scores_softmax_all)(3, &q, &ktv, g, s, pf); break;
         case 4: VN(scores_softmax_all)(4, &q, &ktv, g, s, pf); break;
+        case 5: VN(scores_softmax_all)(5, &q, &ktv, g, s, pf); break;
 #endif
         }
         if (!pf)
@@ -540,20 +544,21 @@ ALWAYS_INLINE void VN(backward_t)(const block *b, const geom *g, float *w, int b
     const mview go = VN(rows)(gb, b->go, b->ots, g, direct, bf);
     const mview vtv = {vt, np, 1, 0}, dsv = {ds, np, 1, 0}, dst = {ds, 1, np, 0};
     /* f32 probabilities are read in place, others widened into pw */
-    const int pf = g->pt == VH_DTYPE_F32 && np <= VW * SCORE_V;
+    const int pf = g->pt == VH_DTYPE_F32 && np <= VW * ROW_V;
     const int64_t pn = pf ? n : np;
     const float *p = pf ? (const float *)b->p : pw;
     if (!pf)
         for (int64_t t = 0; t < n; t++)
             load_row(pw + t * np, (const char *)b->p + t * n * pes, g->pt, n, np, VW);
     const mview pt = {(void *)(uintptr_t)p, 1, pn, 0};
-    if (np <= VW * SCORE_V) { /* dP = dO V^T, a row in registers, and dS */
+    if (np <= VW * ROW_V) { /* dP = dO V^T, a row in registers, and dS */
         switch (np / VW) {
         case 1: VN(softmax_grad_all)(1, &go, &vtv, g, p, pn, ds); break;
         case 2: VN(softmax_grad_all)(2, &go, &vtv, g, p, pn, ds); break;
-#if SCORE_V > 2
+#if ROW_V > 2
         case 3: VN(softmax_grad_all)(3, &go, &vtv, g, p, pn, ds); break;
         case 4: VN(softmax_grad_all)(4, &go, &vtv, g, p, pn, ds); break;
+        case 5: VN(softmax_grad_all)(5, &go, &vtv, g, p, pn, ds); break;
 #endif
         }
     } else {
@@ -594,3 +599,4 @@ static void VN(backward)(const block *b, const geom *g, float *w) {
 #undef PROD_R
 #undef PROD_V
 #undef SOFTMAX_ACC
+#undef ROW_V

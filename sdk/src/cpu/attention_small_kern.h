@@ -135,9 +135,16 @@ ALWAYS_INLINE void VN(vput)(const mview *m, int64_t i, int64_t j, const VF *y, i
 
 /* ---- products ---------------------------------------------------------------
  * acc[r][v] = sum over k of A(r, k) B(k, VW v + lane): R (<= 8) rows of A
- * against V (<= 4) vectors of B's columns, in registers (constant R and V
+ * against V (<= 5) vectors of B's columns, in registers (constant R and V
  * after inlining). A is read by element (broadcast one at a time: A^T in
- * place costs the same), B by rows; either f32 or bf16 in place. */
+ * place costs the same), B by rows; either f32 or bf16 in place.
+ * GCC folds an f32 B vector's load into each row's FMA, so an 8 x 2 tile
+ * read B eight times a k step; the empty asm keeps the V vectors in
+ * registers where a step has 10 products or more. Zen 4, f32, 2 threads,
+ * medians of 200 calls interleaved in one process (both load orders),
+ * forward / backward: T2 (N 65, Dh 64) 0.7% / 5% faster, T3 (N 197, Dh 64)
+ * 1% / 7%, B=16 N=50 H=12 Dh=64 even / 5%; T1's 2 x 4 score tile (N 50,
+ * Dh 16) held its vectors 3% slower, so smaller steps keep the fold. */
 ALWAYS_INLINE void VN(tile_acc)(int R, int V, int64_t K, mview A, mview B, VF acc[8][5]) {
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)

@@ -198,7 +198,8 @@ static int run_gemm(const vh_device_ops *d[2], int reps, char **arg, int nargs) 
     printf("gemm %lldx%lldx%lld f32 A.B^T +bias, epilogue %s, %d calls each:\n", (long long)m,
            (long long)n, (long long)k, ep_name, reps);
     report("gemm", tm[0], tm[1], reps);
-    printf("C%s: %s bits\n", ep == VH_EPILOGUE_NONE ? "" : " and aux", same ? "the same" : "DIFFERENT");
+    printf("C%s: %s bits\n", ep == VH_EPILOGUE_NONE ? "" : " and aux",
+           same ? "the same" : "DIFFERENT");
     return 1;
 }
 

@@ -273,19 +273,19 @@ ALWAYS_INLINE void prefetch_rows(const char *q, const char *v, int64_t ts, int64
  * AVX2), the softmax (forward) and dS (backward) run on the tile's
  * registers, SOFTMAX_ACC / NV rows at a time (NV vectors a row: 8 rows of
  * one, 4 of two, 2 of three to five), and f32 probabilities are stored and
- * read in place. Rows of five (N 65-80: T2) came last: Zen 4, one call of
- * B=64 N=65 H=3 Dh=64 f32, 2 threads, medians of 200 calls interleaved
- * with the former passes in one process (both load orders), forward 3.5%
- * and backward 3.4% faster, on top of the registers' B (tile_acc). Xeon (AMX, 2.0 GHz), T1's
- * call (B=128 N=50 H=4 Dh=16, f32), one thread, best of 60, ms forward /
- * backward, interleaved with the separate passes: 3.00-3.16 / 3.68-3.80
- * against 3.40-3.49 / 4.17-4.21. At N 50 (4 vectors) 4 rows at a time
- * spilled accumulators (about half the gain), 3 gained as 2. At N 16 (one
- * vector) 2 rows were slower than the passes (their reduction chains hardly
- * overlap): 8 rows, 2 threads, B=128 H=8 ms forward / backward, f32
- * 0.36-0.44 / 0.48-0.58 against 0.39-0.56 / 0.54-0.69, bf16 0.69-0.77 /
- * 0.91-1.02 against 0.74-0.82 / 0.94-1.04. T1's training step: median
- * 101.5 -> 95.4 ms. */
+ * read in place. Xeon (AMX, 2.0 GHz), T1's call (B=128 N=50 H=4 Dh=16,
+ * f32), one thread, best of 60, ms forward / backward, interleaved with the
+ * separate passes: 3.00-3.16 / 3.68-3.80 against 3.40-3.49 / 4.17-4.21. At
+ * N 50 (4 vectors) 4 rows at a time spilled accumulators (about half the
+ * gain), 3 gained as 2. At N 16 (one vector) 2 rows were slower than the
+ * passes (their reduction chains hardly overlap): 8 rows, 2 threads, B=128
+ * H=8 ms forward / backward, f32 0.36-0.44 / 0.48-0.58 against 0.39-0.56 /
+ * 0.54-0.69, bf16 0.69-0.77 / 0.91-1.02 against 0.74-0.82 / 0.94-1.04.
+ * T1's training step: median 101.5 -> 95.4 ms. Rows of five (N 65-80: T2)
+ * came later: Zen 4, B=64 N=65 H=3 Dh=64 f32, 2 threads, medians of 200
+ * calls interleaved with the separate passes in one process
+ * (bench/ab_calls), forward 3.5% and backward 3.4% faster, on top of the
+ * registers' B (tile_acc). */
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4")
 #define VW 16

@@ -2,10 +2,11 @@
  * width, included there once per ISA (a C template): before it, VW (floats
  * per vector: 16 or 8), VN(name) (name with the ISA's suffix), the tiles
  * SCORE_R x SCORE_V (scores: rows x vectors), PROD_R x PROD_V (the
- * products with the head's rows) and SOFTMAX_ACC (accumulators of a score
- * tile whose softmax runs in registers: SOFTMAX_ACC / NV rows of NV
- * vectors), and a `#pragma GCC target` the code is built for; it undefines
- * those seven at its end, ready for the next. GCC vectors of VW floats are
+ * products with the head's rows), ROW_V (the most vectors a score row may
+ * have for its softmax to run in registers, at most 5) and SOFTMAX_ACC
+ * (accumulators of such a tile: SOFTMAX_ACC / NV rows of NV vectors), and
+ * a `#pragma GCC target` the code is built for; it undefines those eight
+ * at its end, ready for the next. GCC vectors of VW floats are
  * one register of that ISA (a wider one is split into scalars, not
  * halves). */
 

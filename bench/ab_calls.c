@@ -11,7 +11,11 @@
  * LIB_A and LIB_B are paths of two copies of libvhsdk.so.0.* (the
  * copies ab_libs.sh takes: cp build/lib/libvhsdk.so* DIR before and after a
  * change); distinct paths load twice, each with its own scratch, choices
- * and threads' work space. attention: the op's forward, then its backward
+ * and threads' work space, and one libgomp and oneDNN for both. This
+ * program is not linked to libvhsdk and calls none of its functions but
+ * through the two tables: a copy linked in would come first in the global
+ * scope, and each loaded copy's calls to the SDK's exported functions would
+ * bind to it. attention: the op's forward, then its backward
  * (overwrite, ABI 2.6), on batch-first qkv, probs f32. gemm: f32 C = A B^T
  * + bias as a linear layer's forward, with the epilogue named (aux
  * receives T or gelu'(T)), operands pushed out of the caches (64 MiB
@@ -35,7 +39,7 @@
 
 #include "vithost/vh_runtime.h"
 
-#include "bench_common.h"
+#include "bench_common.h" /* bench_now (bench_fill would call into libvhsdk) */
 
 #define FLUSH_BYTES ((size_t)64 << 20)
 
@@ -65,6 +69,22 @@ static void *alloc_or_die(size_t bytes) {
     return p;
 }
 
+/* n values of t (f32 or bf16, rounded to nearest even) from a linear
+ * congruential sequence, in [-0.5, 0.5): the same on both sides. */
+static void fill(void *p, vh_dtype t, size_t n, uint32_t seed) {
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        const float x = (float)(seed >> 8) * 0x1p-24f - 0.5f;
+        if (t == VH_DTYPE_BF16) {
+            uint32_t u;
+            memcpy(&u, &x, sizeof u);
+            ((uint16_t *)p)[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        } else {
+            ((float *)p)[i] = x;
+        }
+    }
+}
+
 static int cmp_double(const void *x, const void *y) {
     const double a = *(const double *)x, b = *(const double *)y;
     return a < b ? -1 : a > b;
@@ -80,7 +100,7 @@ static void report(const char *what, double *ta, double *tb, int reps) {
 }
 
 _Noreturn static void die_status(const char *op, vh_status st) {
-    fprintf(stderr, "ab_calls: %s failed: %s\n", op, vh_status_str(st));
+    fprintf(stderr, "ab_calls: %s failed: status %d\n", op, (int)st);
     exit(1);
 }
 
@@ -93,12 +113,12 @@ typedef struct attn_side {
 
 static void attn_init(attn_side *s, int64_t B, int64_t N, int64_t H, int64_t Dh, vh_dtype t) {
     const int64_t D = H * Dh, nqkv = B * N * 3 * D, nout = B * N * D;
-    const size_t es = vh_dtype_size(t);
+    const size_t es = t == VH_DTYPE_BF16 ? 2 : 4;
     s->qkv = alloc_or_die((size_t)nqkv * es), s->dqkv = alloc_or_die((size_t)nqkv * es);
     s->out = alloc_or_die((size_t)nout * es), s->dout = alloc_or_die((size_t)nout * es);
     s->probs = alloc_or_die((size_t)(B * H * N * N) * sizeof(float));
-    bench_fill(s->qkv, t, (size_t)nqkv, 1); /* the same values on both sides */
-    bench_fill(s->dout, t, (size_t)nout, 2);
+    fill(s->qkv, t, (size_t)nqkv, 1);
+    fill(s->dout, t, (size_t)nout, 2);
     vh_attention_args *a = &s->a;
     memset(a, 0, sizeof *a);
     a->struct_size = sizeof *a;
@@ -136,12 +156,12 @@ static int run_attention(const vh_device_ops *d[2], int reps, char **arg, int na
             if (r >= 0) t_f[i][r] = t1 - t0, t_b[i][r] = t2 - t1;
         }
     const int64_t D = H * Dh;
-    const size_t es = vh_dtype_size(t);
+    const size_t es = t == VH_DTYPE_BF16 ? 2 : 4;
     const int same = memcmp(s[0].out, s[1].out, (size_t)(B * N * D) * es) == 0 &&
                      memcmp(s[0].probs, s[1].probs, (size_t)(B * H * N * N) * sizeof(float)) == 0 &&
                      memcmp(s[0].dqkv, s[1].dqkv, (size_t)(B * N * 3 * D) * es) == 0;
     printf("attention B %lld N %lld H %lld Dh %lld %s, %d calls each:\n", (long long)B,
-           (long long)N, (long long)H, (long long)Dh, vh_dtype_name(t), reps);
+           (long long)N, (long long)H, (long long)Dh, es == 2 ? "bf16" : "f32", reps);
     report("forward", t_f[0], t_f[1], reps);
     report("backward", t_b[0], t_b[1], reps);
     printf("out, probs and dqkv: %s bits\n", same ? "the same" : "DIFFERENT");
@@ -162,9 +182,9 @@ static int run_gemm(const vh_device_ops *d[2], int reps, char **arg, int nargs) 
     float *a = alloc_or_die((size_t)(m * k) * sizeof(float));
     float *b = alloc_or_die((size_t)(n * k) * sizeof(float));
     float *bias = alloc_or_die((size_t)n * sizeof(float));
-    bench_fill(a, VH_DTYPE_F32, (size_t)(m * k), 1);
-    bench_fill(b, VH_DTYPE_F32, (size_t)(n * k), 2);
-    bench_fill(bias, VH_DTYPE_F32, (size_t)n, 3);
+    fill(a, VH_DTYPE_F32, (size_t)(m * k), 1);
+    fill(b, VH_DTYPE_F32, (size_t)(n * k), 2);
+    fill(bias, VH_DTYPE_F32, (size_t)n, 3);
     float *c[2], *aux[2];
     double *tm[2];
     for (int i = 0; i < 2; i++) {

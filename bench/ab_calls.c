@@ -39,7 +39,7 @@
 
 #include "vithost/vh_runtime.h"
 
-#include "bench_common.h" /* bench_now (bench_fill would call into libvhsdk) */
+#include "bench_common.h"
 
 #define FLUSH_BYTES ((size_t)64 << 20)
 
@@ -69,22 +69,6 @@ static void *alloc_or_die(size_t bytes) {
     return p;
 }
 
-/* n values of t (f32 or bf16, rounded to nearest even) from a linear
- * congruential sequence, in [-0.5, 0.5): the same on both sides. */
-static void fill(void *p, vh_dtype t, size_t n, uint32_t seed) {
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        const float x = (float)(seed >> 8) * 0x1p-24f - 0.5f;
-        if (t == VH_DTYPE_BF16) {
-            uint32_t u;
-            memcpy(&u, &x, sizeof u);
-            ((uint16_t *)p)[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        } else {
-            ((float *)p)[i] = x;
-        }
-    }
-}
-
 static int cmp_double(const void *x, const void *y) {
     const double a = *(const double *)x, b = *(const double *)y;
     return a < b ? -1 : a > b;
@@ -108,17 +92,18 @@ _Noreturn static void die_status(const char *op, vh_status st) {
 
 typedef struct attn_side {
     void *qkv, *out, *dout, *dqkv, *probs;
+    size_t es; /* bytes an element of qkv, out, dout and dqkv */
     vh_attention_args a;
 } attn_side;
 
 static void attn_init(attn_side *s, int64_t B, int64_t N, int64_t H, int64_t Dh, vh_dtype t) {
     const int64_t D = H * Dh, nqkv = B * N * 3 * D, nout = B * N * D;
-    const size_t es = t == VH_DTYPE_BF16 ? 2 : 4;
+    const size_t es = s->es = t == VH_DTYPE_BF16 ? 2 : 4;
     s->qkv = alloc_or_die((size_t)nqkv * es), s->dqkv = alloc_or_die((size_t)nqkv * es);
     s->out = alloc_or_die((size_t)nout * es), s->dout = alloc_or_die((size_t)nout * es);
     s->probs = alloc_or_die((size_t)(B * H * N * N) * sizeof(float));
-    fill(s->qkv, t, (size_t)nqkv, 1);
-    fill(s->dout, t, (size_t)nout, 2);
+    bench_fill(s->qkv, t, (size_t)nqkv, 1);
+    bench_fill(s->dout, t, (size_t)nout, 2);
     vh_attention_args *a = &s->a;
     memset(a, 0, sizeof *a);
     a->struct_size = sizeof *a;
@@ -156,7 +141,7 @@ static int run_attention(const vh_device_ops *d[2], int reps, char **arg, int na
             if (r >= 0) t_f[i][r] = t1 - t0, t_b[i][r] = t2 - t1;
         }
     const int64_t D = H * Dh;
-    const size_t es = t == VH_DTYPE_BF16 ? 2 : 4;
+    const size_t es = s[0].es;
     const int same = memcmp(s[0].out, s[1].out, (size_t)(B * N * D) * es) == 0 &&
                      memcmp(s[0].probs, s[1].probs, (size_t)(B * H * N * N) * sizeof(float)) == 0 &&
                      memcmp(s[0].dqkv, s[1].dqkv, (size_t)(B * N * 3 * D) * es) == 0;
@@ -182,9 +167,9 @@ static int run_gemm(const vh_device_ops *d[2], int reps, char **arg, int nargs) 
     float *a = alloc_or_die((size_t)(m * k) * sizeof(float));
     float *b = alloc_or_die((size_t)(n * k) * sizeof(float));
     float *bias = alloc_or_die((size_t)n * sizeof(float));
-    fill(a, VH_DTYPE_F32, (size_t)(m * k), 1);
-    fill(b, VH_DTYPE_F32, (size_t)(n * k), 2);
-    fill(bias, VH_DTYPE_F32, (size_t)n, 3);
+    bench_fill(a, VH_DTYPE_F32, (size_t)(m * k), 1);
+    bench_fill(b, VH_DTYPE_F32, (size_t)(n * k), 2);
+    bench_fill(bias, VH_DTYPE_F32, (size_t)n, 3);
     float *c[2], *aux[2];
     double *tm[2];
     for (int i = 0; i < 2; i++) {

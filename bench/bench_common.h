@@ -1,10 +1,13 @@
 /* bench_common.h - what the C benchmarks share: a monotonic clock and
- * operands filled with the same pseudo-random values in [-0.5, 0.5). */
+ * operands filled with the same pseudo-random values in [-0.5, 0.5). Both
+ * are header-only and call nothing in libvhsdk, so ab_calls, which loads
+ * two copies of the library and is linked to none, can use them too. */
 #ifndef VH_BENCH_COMMON_H
 #define VH_BENCH_COMMON_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "vithost/vh_runtime.h"
@@ -15,15 +18,19 @@ static inline double bench_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* n values of t (f32 or bf16) from a linear congruential sequence. */
+/* n values of t (f32 or bf16) from a linear congruential sequence; bf16
+ * rounded to nearest even (the values are finite: vh_f32_to_bf16's bits). */
 static inline void bench_fill(void *p, vh_dtype t, size_t n, uint32_t seed) {
     for (size_t i = 0; i < n; i++) {
         seed = seed * 1664525u + 1013904223u;
-        float x = (float)(seed >> 8) * 0x1p-24f - 0.5f;
-        if (t == VH_DTYPE_BF16)
-            ((uint16_t *)p)[i] = vh_f32_to_bf16(x);
-        else
+        const float x = (float)(seed >> 8) * 0x1p-24f - 0.5f;
+        if (t == VH_DTYPE_BF16) {
+            uint32_t u;
+            memcpy(&u, &x, sizeof u);
+            ((uint16_t *)p)[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        } else {
             ((float *)p)[i] = x;
+        }
     }
 }
 

@@ -31,11 +31,13 @@ What one run prints (a benchmark, not a test: ctest never runs it):
 5. where each vithost step went (the same runs, `--ops`): GEMMs (share, GFLOP/s), attention
    and the rest, and per configuration the ceiling of AMP-bf16 / fp32 on this CPU: the fp32
    step over (the AMP step's other ops + the fp32 GEMMs sped up by the bf16/f32 GEMM peak
-   ratio), which says when a goal of 1.5x cannot hold for want of faster bf16 units; and two
-   bounds that hold were every op but the GEMMs free: vithost fp32's share of the f32 peak
-   (the step's FLOPs over the fp32 GEMMs' time) and vithost AMP-bf16 / each peer's bf16
-   autocast (the peer's step over vithost's bf16 GEMMs' time). Where a bound is under its goal,
-   the goal needs faster GEMMs, not faster other ops;
+   ratio), which says when a goal of 1.5x cannot hold for want of faster bf16 units; and
+   bounds that hold were every op but the matmuls free: the GEMMs taking what they took and
+   the attention's two products (six N x N x head_dim matmuls a head in a training step) at
+   the engine's own GEMM peak of their dtype. Over that time: vithost fp32's share of the f32
+   peak (the step's FLOPs), vithost fp32 / each peer's fp32 and vithost AMP-bf16 / each
+   peer's bf16 autocast (the peer's step). Where a bound is under its goal, the goal needs
+   faster GEMMs, not faster other ops;
 6. the peer of record's own GEMMs inside its step (torch.profiler over two more steps in the last
    round: mm/addmm for the linear layers, with their GFLOP/s, and bmm for attention) beside
    vithost's, and per goal over that peer what it leaves vithost's ops other than its GEMMs:
@@ -268,6 +270,13 @@ def linear_flops_per_image(cfg):
     return 6.0 * (depth * (n * dim * 3 * dim + n * dim * dim + 2 * n * dim * mlp) + dim * classes)
 
 
+def attention_flops_per_image(cfg):
+    """6 x MACs of the attention's two products (Q K^T and P V) alone: forward and backward."""
+    dim, depth = cfg[0], cfg[1]
+    n = (cfg[6] // cfg[4]) ** 2 + 1
+    return 6.0 * depth * 2 * n * n * dim
+
+
 PRECISIONS = {"fp32": "fp32", "amp": "AMP-bf16", "fp16": "FP16"}
 # The peers' case beside each vithost precision (FP16 has none).
 PEER_KIND = {"fp32": "fp32", "amp": "bf16"}
@@ -324,27 +333,47 @@ def print_profile(names, precisions, runs, peaks, peers):
             print(f"| {n} | {PRECISIONS[p]} | {step:.2f} | {gemm:.2f} ({100 * gemm / step:.0f}%{gf})"
                   f" | {attn:.2f} | {step - gemm - attn:.2f} |")
     f32, bf16 = peaks.get("f32"), peaks.get("bf16")
-    # Bounds with every op but the GEMMs free: a goal above its bound needs faster GEMMs.
+    # Bounds with every op but the matmuls free, the attention's products at the engine's own
+    # GEMM peak: a goal above its bound needs faster GEMMs.
     for n in names:
         a, b = runs.get("fp32", {}).get(n), runs.get("amp", {}).get(n)
+        batch = CONFIGS[n][8]
+        attn_gflop = attention_flops_per_image(CONFIGS[n]) * batch / 1e9
         out = []
         if a and a.get("ops") and f32:
             _, g32, _, _ = split_step(a)
             if g32:
-                share = flops_per_image(CONFIGS[n]) * CONFIGS[n][8] / (g32 / 1e3) / 1e9 / f32
+                floor = g32 + attn_gflop / f32 * 1e3
+                share = flops_per_image(CONFIGS[n]) * batch / (floor / 1e3) / 1e9 / f32
+                goal = GOAL_PEAK_SHARE.get(n)
+                under = (f", under the {100 * goal:.0f}% goal: it needs faster GEMMs"
+                         if goal and share < goal else "")
                 out.append(f"fp32 at most {100 * share:.0f}% of the f32 peak (its GEMMs "
-                           f"{g32:.2f} ms)")
-        if b and b.get("ops"):
+                           f"{g32:.2f} ms + the attention's products {attn_gflop:.2f} GFLOP at "
+                           f"the peak {attn_gflop / f32 * 1e3:.2f} ms{under})")
+                for t in peers:
+                    tf = t["fp32"].get(n)
+                    if tf:
+                        bound, goal = batch / tf * 1e3 / floor, CONFIGS[n][11]
+                        under = (f", under the {goal}x goal: it needs faster GEMMs"
+                                 if bound < goal else "")
+                        out.append(f"fp32 / {t['label']} fp32 at most {bound:.2f}x{under}")
+        if b and b.get("ops") and bf16:
             _, g16, _, _ = split_step(b)
+            floor = g16 + attn_gflop / bf16 * 1e3
             for t in peers:
                 tbf = t["bf16"].get(n)
                 if g16 and tbf:
-                    step_t = CONFIGS[n][8] / tbf * 1e3
-                    out.append(f"AMP-bf16 / {t['label']} bf16 at most {step_t / g16:.2f}x "
-                               f"({t['label']} step {step_t:.2f} ms, vithost's bf16 GEMMs "
-                               f"{g16:.2f} ms)")
+                    step_t = batch / tbf * 1e3
+                    bound = step_t / floor
+                    under = (f", under the {GOAL_AMP_VS_TORCH}x goal: it needs faster GEMMs"
+                             if bound < GOAL_AMP_VS_TORCH else "")
+                    out.append(f"AMP-bf16 / {t['label']} bf16 at most {bound:.2f}x "
+                               f"({t['label']} step {step_t:.2f} ms; vithost's bf16 GEMMs "
+                               f"{g16:.2f} ms + the attention's products at the bf16 peak "
+                               f"{attn_gflop / bf16 * 1e3:.2f} ms{under})")
         if out:
-            print(f"{n}, were every other op free: " + "; ".join(out))
+            print(f"{n}, were every op but the matmuls free: " + "; ".join(out))
     print_peer_gemms(names, runs, peers)
     if "fp32" not in precisions or "amp" not in precisions or not f32 or not bf16:
         return

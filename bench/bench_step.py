@@ -97,6 +97,11 @@ def goal_mark(value, goal):
     return f" (goal {goal:g}x{'' if value >= goal else ' MISSED'})"
 
 
+def under_bound(bound, goal, goal_text):
+    """', under the <goal_text> goal: ...' where a goal is above what its bound allows."""
+    return f", under the {goal_text} goal: it needs faster GEMMs" if goal and bound < goal else ""
+
+
 def cpu_facts():
     model, flags = "?", set()
     try:
@@ -343,31 +348,28 @@ def print_profile(names, precisions, runs, peaks, peers):
         if a and a.get("ops") and f32:
             _, g32, _, _ = split_step(a)
             if g32:
-                floor = g32 + attn_gflop / f32 * 1e3
-                share = flops_per_image(CONFIGS[n]) * batch / (floor / 1e3) / 1e9 / f32
-                goal = GOAL_PEAK_SHARE.get(n)
-                under = (f", under the {100 * goal:.0f}% goal: it needs faster GEMMs"
-                         if goal and share < goal else "")
+                least_ms = g32 + attn_gflop / f32 * 1e3  # the step's time, all else free
+                share = flops_per_image(CONFIGS[n]) * batch / (least_ms / 1e3) / 1e9 / f32
+                share_goal = GOAL_PEAK_SHARE.get(n)
                 out.append(f"fp32 at most {100 * share:.0f}% of the f32 peak (its GEMMs "
                            f"{g32:.2f} ms + the attention's products {attn_gflop:.2f} GFLOP at "
-                           f"the peak {attn_gflop / f32 * 1e3:.2f} ms{under})")
+                           f"the peak {attn_gflop / f32 * 1e3:.2f} ms"
+                           f"{under_bound(share, share_goal, f'{100 * (share_goal or 0):.0f}%')})")
                 for t in peers:
                     tf = t["fp32"].get(n)
                     if tf:
-                        bound, goal = batch / tf * 1e3 / floor, CONFIGS[n][11]
-                        under = (f", under the {goal}x goal: it needs faster GEMMs"
-                                 if bound < goal else "")
-                        out.append(f"fp32 / {t['label']} fp32 at most {bound:.2f}x{under}")
+                        bound, goal = batch / tf * 1e3 / least_ms, CONFIGS[n][11]
+                        out.append(f"fp32 / {t['label']} fp32 at most {bound:.2f}x"
+                                   f"{under_bound(bound, goal, f'{goal:g}x')}")
         if b and b.get("ops") and bf16:
             _, g16, _, _ = split_step(b)
-            floor = g16 + attn_gflop / bf16 * 1e3
+            least_ms = g16 + attn_gflop / bf16 * 1e3
             for t in peers:
                 tbf = t["bf16"].get(n)
                 if g16 and tbf:
                     step_t = batch / tbf * 1e3
-                    bound = step_t / floor
-                    under = (f", under the {GOAL_AMP_VS_TORCH}x goal: it needs faster GEMMs"
-                             if bound < GOAL_AMP_VS_TORCH else "")
+                    bound = step_t / least_ms
+                    under = under_bound(bound, GOAL_AMP_VS_TORCH, f"{GOAL_AMP_VS_TORCH:g}x")
                     out.append(f"AMP-bf16 / {t['label']} bf16 at most {bound:.2f}x "
                                f"({t['label']} step {step_t:.2f} ms; vithost's bf16 GEMMs "
                                f"{g16:.2f} ms + the attention's products at the bf16 peak "

@@ -356,8 +356,8 @@ static double seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A weight gradient's layout, A^T.B (k the tokens): the f32 GEMMs whose
- * kernel is raced, with T * aux (gemm_choice.c says why these). */
+/* A weight gradient's layout, A^T.B (k the tokens): its A is the layer's
+ * input, which forward wrote long before (flush_from_forward). */
 static int weight_gradient(const vh_gemm_args *g) { return g->trans_a && !g->trans_b; }
 
 /* T * aux applied with the matmul: one member, C and aux f32 (route 1's
@@ -474,11 +474,11 @@ static vh_gemm16_path path16(const vh_gemm_args *g, int64_t batch) {
     return choose(g, batch, 0);
 }
 
-/* The kernel of an f32 GEMM (gemm_choice.c: the weight gradients and T *
- * aux are timed on both of oneDNN's kernels; the rest run the default). */
+/* The kernel of an f32 GEMM. gemm_choice.c holds the rule: the classes it
+ * races (the weight gradients and T * aux) are timed on both of oneDNN's
+ * kernels, the rest run the default untimed. */
 static vh_dnnl_kernel kernel32(const vh_gemm_args *g, int64_t batch) {
     const int mul = g->epilogue == VH_EPILOGUE_MUL_AUX;
-    if (!mul && !weight_gradient(g)) return VH_DNNL_KERNEL_DEFAULT;
     return choose(g, batch, mul) == VH_GEMM16_NATIVE_GEMM ? VH_DNNL_KERNEL_GEMM
                                                           : VH_DNNL_KERNEL_DEFAULT;
 }

@@ -49,9 +49,9 @@
  * halves of k is asked for as those (batched: no kernel choice).
  *
  * VITHOST_CPU_GEMM16=native|native_gemm|widen|auto (default auto), read at
- * the first 16-bit GEMM (and by vh_cpu_gemm16_reset); native is oneDNN's
- * default kernel. An invalid value is reported once on stderr and auto is
- * used: a tuning knob must not stop a run.
+ * the first GEMM (gemm.c asks for every one; and by vh_cpu_gemm16_reset);
+ * native is oneDNN's default kernel. An invalid value is reported once on
+ * stderr and auto is used: a tuning knob must not stop a run.
  * Native on a CPU without bf16 hardware (or f16 on oneDNN 2.x, which has no
  * f16 CPU kernels) falls back to widen, and the summary says so.
  *

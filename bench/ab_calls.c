@@ -104,22 +104,17 @@ static void attn_init(attn_side *s, int64_t B, int64_t N, int64_t H, int64_t Dh,
     s->probs = alloc_or_die((size_t)(B * H * N * N) * sizeof(float));
     bench_fill(s->qkv, t, (size_t)nqkv, 1);
     bench_fill(s->dout, t, (size_t)nout, 2);
-    vh_attention_args *a = &s->a;
-    memset(a, 0, sizeof *a);
-    a->struct_size = sizeof *a;
-    a->batch = B, a->tokens = N, a->heads = H, a->head_dim = Dh;
-    a->qkv_batch_stride = N * 3 * D, a->qkv_token_stride = 3 * D;
-    a->out_batch_stride = N * D, a->out_token_stride = D;
-    a->scale = 0.125f;
-    a->qkv = s->qkv, a->out = s->out, a->probs = s->probs, a->dout = s->dout, a->dqkv = s->dqkv;
-    a->dtype = t, a->probs_dtype = VH_DTYPE_F32, a->overwrite = 1;
+    bench_attention_args(&s->a, B, N, H, Dh, t, s->qkv, s->out, s->probs, s->dout, s->dqkv);
+    s->a.overwrite = 1;
 }
 
 static int run_attention(const vh_device_ops *d[2], int reps, char **arg, int nargs) {
     if (nargs < 4) return 0;
     const int64_t B = atoll(arg[0]), N = atoll(arg[1]), H = atoll(arg[2]), Dh = atoll(arg[3]);
-    const vh_dtype t = nargs > 4 && strcmp(arg[4], "bf16") == 0 ? VH_DTYPE_BF16 : VH_DTYPE_F32;
-    if (B < 1 || N < 1 || H < 1 || Dh < 1) return 0;
+    const char *t_name = nargs > 4 ? arg[4] : "f32";
+    const vh_dtype t = strcmp(t_name, "bf16") == 0 ? VH_DTYPE_BF16 : VH_DTYPE_F32;
+    if (B < 1 || N < 1 || H < 1 || Dh < 1 || (t == VH_DTYPE_F32 && strcmp(t_name, "f32") != 0))
+        return 0;
     attn_side s[2];
     double *t_f[2], *t_b[2];
     for (int i = 0; i < 2; i++) {

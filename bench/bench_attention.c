@@ -69,14 +69,7 @@ static void run_case(const vh_device_ops *d, const attn_case *c, vh_dtype t, int
     bench_fill(dout, t, (size_t)nout, 2);
     bench_fill(dqkv, t, (size_t)nqkv, 3);
     vh_attention_args a;
-    memset(&a, 0, sizeof a);
-    a.struct_size = sizeof a;
-    a.batch = c->b, a.tokens = c->n, a.heads = c->h, a.head_dim = c->dh;
-    a.qkv_batch_stride = c->n * 3 * D, a.qkv_token_stride = 3 * D;
-    a.out_batch_stride = c->n * D, a.out_token_stride = D;
-    a.scale = 0.125f;
-    a.qkv = qkv, a.out = out, a.probs = probs, a.dout = dout, a.dqkv = dqkv;
-    a.dtype = t, a.probs_dtype = VH_DTYPE_F32;
+    bench_attention_args(&a, c->b, c->n, c->h, c->dh, t, qkv, out, probs, dout, dqkv);
     const double flop = 4.0 * (double)(c->b * c->h) * (double)(c->n * c->n) * (double)c->dh;
     double f = time_op(d, &a, 0, reps), b = f < 0 ? -1.0 : time_op(d, &a, 1, reps);
     if (f < 0 || b < 0)

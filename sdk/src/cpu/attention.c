@@ -118,6 +118,32 @@ void vh_cpu_softmax_grad_rows(float *ds, const float *p, int64_t rows, int64_t n
     softmax_grad_span(ds, p, rows, n);
 }
 
+/* The same dS rounded to bf16 into ds16 (dp as it was, not written), and
+ * p16 = P rounded (NULL: not wanted), in one pass a row while it is in L1:
+ * attention16.c's tasks took three (P rounded, dS in place, dS rounded).
+ * The row sum is softmax_grad_span's loop, so the same bits. */
+VH_CPU_CLONES static void softmax_grad16_span(uint16_t *ds16, uint16_t *p16, const float *dp,
+                                              const float *p, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *pi = p + r * n, *di = dp + r * n;
+        uint16_t *oi = ds16 + r * n;
+        float rs = 0.0f;
+#pragma omp simd reduction(+ : rs)
+        for (int64_t j = 0; j < n; j++) rs += di[j] * pi[j];
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) oi[j] = vh_cpu_bf16_round(pi[j] * (di[j] - rs));
+        if (!p16) continue;
+        uint16_t *qi = p16 + r * n;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) qi[j] = vh_cpu_bf16_round(pi[j]);
+    }
+}
+
+void vh_cpu_softmax_grad_rows16(uint16_t *ds16, uint16_t *p16, const float *dp, const float *p,
+                                int64_t rows, int64_t n) {
+    softmax_grad16_span(ds16, p16, dp, p, rows, n);
+}
+
 /* ---- arguments -------------------------------------------------------------- */
 
 /* Reads the caller's struct (any minor: 1.0 had no dtypes) into *a. */

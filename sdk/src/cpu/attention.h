@@ -64,6 +64,10 @@ static inline int vh_cpu_attention_head_chunk(int64_t heads) {
 
 /* dS = P * (dP - rowsum(dP * P)) in place of dP, `rows` rows of n. */
 VH_CPU_HIDDEN void vh_cpu_softmax_grad_rows(float *ds, const float *p, int64_t rows, int64_t n);
+/* The same, dS rounded to bf16 into ds16 (dp is not written), and P rounded
+ * into p16 (NULL: not wanted), one pass a row. */
+VH_CPU_HIDDEN void vh_cpu_softmax_grad_rows16(uint16_t *ds16, uint16_t *p16, const float *dp,
+                                              const float *p, int64_t rows, int64_t n);
 
 /* attention_small.c: the op for small heads (head_dim 8..32, a multiple of
  * 8, on an AVX2 or AVX-512 CPU; f32 up to 64 on AVX-512), one (sample, head) block per thread at a
@@ -101,8 +105,9 @@ VH_CPU_HIDDEN void vh_cpu_attention_softmax_v4(float *s, int64_t rows, int64_t l
                                                float *inv);
 
 /* The same on any CPU and build: the AVX-512 rows where this build has them
- * and the CPU runs them, else row by row (vh_cpu_softmax_rows). Safe to call
- * from several threads at once. */
-VH_CPU_HIDDEN void vh_cpu_attention_softmax_padded(float *s, int64_t rows, int64_t ld, int64_t n);
+ * and the CPU runs them, else row by row (vh_cpu_softmax_rows; with inv, the
+ * rows whole and inv[row] = 1). Safe to call from several threads at once. */
+VH_CPU_HIDDEN void vh_cpu_attention_softmax_padded(float *s, int64_t rows, int64_t ld, int64_t n,
+                                                   float *inv);
 
 #endif

@@ -179,28 +179,49 @@ static view4 dense_square(const vh_attention_args *a, int64_t c, void *p, vh_dty
  * into p16, a few rows at a time through `pad` (SOFTMAX_ROWS rows of n
  * rounded up to 16): attention_small.c's vector softmax, four rows
  * interleaved, wants rows padded to whole vectors, which oneDNN's brgemm
- * does not write (a padded C sends it back to gemm:jit). */
+ * does not write (a padded C sends it back to gemm:jit). The softmax leaves
+ * the exponentials and each row's 1 / sum; one pass then stores their
+ * product to s and to p16, where the softmax's last pass, a copy back and a
+ * rounding pass took three (the same bits; on a Xeon with AMX the forward
+ * even on T3's shape, 4% faster on T2's: bench/README.md, run 16's section). */
 #define SOFTMAX_ROWS 16
+
+VH_CPU_CLONES static void scale_round_rows(float *s, uint16_t *p16, const float *pad,
+                                           const float *inv, int64_t rows, int64_t ld,
+                                           int64_t n) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float m = inv[r], *x = pad + r * ld;
+        float *sr = s + r * n;
+        uint16_t *pr = p16 + r * n;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) {
+            const float y = x[j] * m; /* softmax_rows' last step, the same product */
+            sr[j] = y;
+            pr[j] = vh_cpu_bf16_round(y);
+        }
+    }
+}
 
 static void softmax_to_p16(float *s, uint16_t *p16, float *pad, int64_t rows, int64_t n) {
     const int64_t ld = (n + 15) / 16 * 16;
+    float inv[SOFTMAX_ROWS];
     for (int64_t r0 = 0; r0 < rows; r0 += SOFTMAX_ROWS) {
         const int64_t m = rows - r0 < SOFTMAX_ROWS ? rows - r0 : SOFTMAX_ROWS;
         for (int64_t r = 0; r < m; r++)
             memcpy(pad + r * ld, s + (r0 + r) * n, (size_t)n * sizeof(float));
-        vh_cpu_attention_softmax_padded(pad, m, ld, n);
-        for (int64_t r = 0; r < m; r++) {
-            memcpy(s + (r0 + r) * n, pad + r * ld, (size_t)n * sizeof(float));
-            vh_cpu_from_f32_serial(p16 + (r0 + r) * n, VH_DTYPE_BF16, pad + r * ld, n);
-        }
+        vh_cpu_attention_softmax_padded(pad, m, ld, n, inv);
+        scale_round_rows(s + r0 * n, p16 + r0 * n, pad, inv, m, ld, n);
     }
 }
 
 /* dqkv += the dense f32 (3, c, N, Dh) gradients of q, k and v of heads h0 ..
  * h0+c-1 of sample b, each element rounded once (what a sum post-op on the
- * bf16 tensor does). Touches only those heads' spans: tasks run at once. */
-static void scatter_add_heads(const vh_attention_args *a, const float *g, int64_t b,
-                              int64_t h0, int64_t c) {
+ * bf16 tensor does). Touches only those heads' spans: tasks run at once.
+ * Cloned per ISA, its loop vectorised: built for the baseline and inlined,
+ * backward_task itself was 13% of the op's samples on T3's shape (a Xeon
+ * with AMX, perf), 7% as this clone. */
+VH_CPU_CLONES static void scatter_add_heads(const vh_attention_args *a, const float *g,
+                                             int64_t b, int64_t h0, int64_t c) {
     const int64_t N = a->tokens, Dh = a->head_dim, H = a->heads, nd = c * N * Dh;
     uint16_t *base = (uint16_t *)a->dqkv + b * a->qkv_batch_stride + h0 * Dh;
     for (int64_t n = 0; n < N; n++)
@@ -208,6 +229,7 @@ static void scatter_add_heads(const vh_attention_args *a, const float *g, int64_
             for (int64_t h = 0; h < c; h++) {
                 uint16_t *span = base + n * a->qkv_token_stride + (w * H + h) * Dh;
                 const float *gi = g + w * nd + (h * N + n) * Dh;
+#pragma omp simd
                 for (int64_t d = 0; d < Dh; d++)
                     span[d] = vh_cpu_bf16_round(vh_cpu_bf16_widen(span[d]) + gi[d]);
             }
@@ -271,13 +293,8 @@ static vh_status backward_task(const vh_attention_args *a, int64_t b, int64_t h0
         const view4 dpv = dense_square(a, c, dp, VH_DTYPE_F32, 0);
         st = vh_cpu_attention_bmm(1, c, N, N, Dh, 1.0f, &go, &vt, &dpv, 0);
         if (st == VH_STATUS_OK) {
-            if (pt == VH_DTYPE_F32) {
-                vh_cpu_from_f32_serial(p16, VH_DTYPE_BF16, p, np);
-            } else {
-                vh_cpu_to_f32_serial(p, p16, VH_DTYPE_BF16, np);
-            }
-            vh_cpu_softmax_grad_rows(dp, p, c * N, N);
-            vh_cpu_from_f32_serial(ds16, VH_DTYPE_BF16, dp, np);
+            if (pt != VH_DTYPE_F32) vh_cpu_to_f32_serial(p, p16, VH_DTYPE_BF16, np);
+            vh_cpu_softmax_grad_rows16(ds16, pt == VH_DTYPE_F32 ? p16 : NULL, dp, p, c * N, N);
             const view4 ds = dense_square(a, c, ds16, VH_DTYPE_BF16, 0);
             const view4 dst = dense_square(a, c, ds16, VH_DTYPE_BF16, 1);
             const view4 ptv = dense_square(a, c, p16, VH_DTYPE_BF16, 1);

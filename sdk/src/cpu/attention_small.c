@@ -344,7 +344,7 @@ static kernels pick(const vh_attention_args *a) {
 }
 #endif
 
-void vh_cpu_attention_softmax_padded(float *s, int64_t rows, int64_t ld, int64_t n) {
+void vh_cpu_attention_softmax_padded(float *s, int64_t rows, int64_t ld, int64_t n, float *inv) {
 #if SMALL_PATHS
     static int known = -1; /* callers ask from several threads at once */
     int avx512 = __atomic_load_n(&known, __ATOMIC_RELAXED);
@@ -354,13 +354,14 @@ void vh_cpu_attention_softmax_padded(float *s, int64_t rows, int64_t ld, int64_t
         __atomic_store_n(&known, avx512, __ATOMIC_RELAXED);
     }
     if (avx512) {
-        vh_cpu_attention_softmax_v4(s, rows, ld, n, NULL);
+        vh_cpu_attention_softmax_v4(s, rows, ld, n, inv);
         return;
     }
 #endif
     for (int64_t r = 0; r < rows; r++) {
         vh_cpu_softmax_rows(s + r * ld, 1, n);
         memset(s + r * ld + n, 0, (size_t)(ld - n) * sizeof(float));
+        if (inv) inv[r] = 1.0f; /* the rows are whole: x * 1 = x */
     }
 }
 

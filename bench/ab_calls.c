@@ -112,9 +112,14 @@ static int run_attention(const vh_device_ops *d[2], int reps, char **arg, int na
     if (nargs < 4) return 0;
     const int64_t B = atoll(arg[0]), N = atoll(arg[1]), H = atoll(arg[2]), Dh = atoll(arg[3]);
     const char *t_name = nargs > 4 ? arg[4] : "f32";
-    const vh_dtype t = strcmp(t_name, "bf16") == 0 ? VH_DTYPE_BF16 : VH_DTYPE_F32;
-    if (B < 1 || N < 1 || H < 1 || Dh < 1 || (t == VH_DTYPE_F32 && strcmp(t_name, "f32") != 0))
+    vh_dtype t;
+    if (strcmp(t_name, "f32") == 0)
+        t = VH_DTYPE_F32;
+    else if (strcmp(t_name, "bf16") == 0)
+        t = VH_DTYPE_BF16;
+    else
         return 0;
+    if (B < 1 || N < 1 || H < 1 || Dh < 1) return 0;
     attn_side s[2];
     double *t_f[2], *t_b[2];
     for (int i = 0; i < 2; i++) {

@@ -1,7 +1,8 @@
 /* bench_common.h - what the C benchmarks share: a monotonic clock,
  * operands filled with the same pseudo-random values in [-0.5, 0.5), and
- * the attention op's arguments on batch-first qkv. All are header-only and call nothing in libvhsdk, so ab_calls, which loads
- * two copies of the library and is linked to none, can use them too. */
+ * the attention op's arguments on batch-first qkv. All are header-only and
+ * call nothing in libvhsdk, so ab_calls, which loads two copies of the
+ * library and is linked to none, can use them too. */
 #ifndef VH_BENCH_COMMON_H
 #define VH_BENCH_COMMON_H
 

@@ -101,14 +101,22 @@ vh_status vh_cpu_attention_bmm(int64_t nb, int64_t nh, int64_t m, int64_t n, int
 }
 
 
+/* rowsum(dP * P) of a row of n: one loop for both softmax gradients below,
+ * so that the two give the same bits. */
+__attribute__((always_inline)) static inline float softmax_grad_rowsum(const float *d,
+                                                                       const float *p, int64_t n) {
+    float rs = 0.0f;
+#pragma omp simd reduction(+ : rs)
+    for (int64_t j = 0; j < n; j++) rs += d[j] * p[j];
+    return rs;
+}
+
 /* dS = P * (dP - rowsum(dP * P)) in place of dP, rows of n. */
 VH_CPU_CLONES static void softmax_grad_span(float *ds, const float *p, int64_t rows, int64_t n) {
     for (int64_t r = 0; r < rows; r++) {
         const float *pi = p + r * n;
         float *di = ds + r * n;
-        float rs = 0.0f;
-#pragma omp simd reduction(+ : rs)
-        for (int64_t j = 0; j < n; j++) rs += di[j] * pi[j];
+        const float rs = softmax_grad_rowsum(di, pi, n);
 #pragma omp simd
         for (int64_t j = 0; j < n; j++) di[j] = pi[j] * (di[j] - rs);
     }
@@ -120,16 +128,13 @@ void vh_cpu_softmax_grad_rows(float *ds, const float *p, int64_t rows, int64_t n
 
 /* The same dS rounded to bf16 into ds16 (dp as it was, not written), and
  * p16 = P rounded (NULL: not wanted), in one pass a row while it is in L1:
- * attention16.c's tasks took three (P rounded, dS in place, dS rounded).
- * The row sum is softmax_grad_span's loop, so the same bits. */
+ * attention16.c's tasks took three (P rounded, dS in place, dS rounded). */
 VH_CPU_CLONES static void softmax_grad16_span(uint16_t *ds16, uint16_t *p16, const float *dp,
                                               const float *p, int64_t rows, int64_t n) {
     for (int64_t r = 0; r < rows; r++) {
         const float *pi = p + r * n, *di = dp + r * n;
         uint16_t *oi = ds16 + r * n;
-        float rs = 0.0f;
-#pragma omp simd reduction(+ : rs)
-        for (int64_t j = 0; j < n; j++) rs += di[j] * pi[j];
+        const float rs = softmax_grad_rowsum(di, pi, n);
 #pragma omp simd
         for (int64_t j = 0; j < n; j++) oi[j] = vh_cpu_bf16_round(pi[j] * (di[j] - rs));
         if (!p16) continue;

@@ -370,6 +370,68 @@ static void gelu_grad_route_case(int64_t batch, int64_t m, int64_t n, int64_t k,
     tfree(&c1), tfree(&c2), tfree(&dx1), tfree(&dx2);
 }
 
+/* ---- gelu_backward in the GEMM (ABI 2.7) ------------------------------------
+ * A VH_EPILOGUE_GELU_BACKWARD GEMM gives the bits of the same GEMM without
+ * epilogue into C, then gelu_backward with overwrite (x = aux, dout = C), in
+ * every dtype: dense bf16 (AMP's fc2 dX: bands of rows, each pass from the
+ * thread's own fp32 T), and strided, batched, f32 and f16 (route 2's rows).
+ * The rows' padding is left out. T's values are those a step gives, and
+ * aux's reach both tails of the GELU. */
+static void gelu_backward_route_case(vh_dtype t, int64_t batch, int64_t m, int64_t n, int64_t k,
+                                     int64_t pad) {
+    const int64_t ldc = n + pad, sc = m * ldc, bc = batch > 1 ? batch : 1, len = bc * sc;
+    tens a = trand(t, bc * m * k, -1, 1), b = trand(t, bc * k * n, -1, 1);
+    tens bias = trand(VH_DTYPE_F32, n, -0.5, 0.5), pre = trand(t, len, -6, 6);
+    tens c1 = tnew(t, len), c2 = tnew(t, len), dx1 = tnew(t, len);
+    vh_gemm_args h = {.struct_size = sizeof h, .m = m, .n = n, .k = k, .alpha = 1.0f,
+                      .a = a.p, .lda = k, .stride_a = m * k, .b = b.p, .ldb = n,
+                      .stride_b = k * n, .c = c1.p, .ldc = ldc, .stride_c = sc, .batch = batch,
+                      .bias = bias.p, .ab_dtype = t, .c_dtype = t, .bias_dtype = VH_DTYPE_F32};
+    assert_int_equal(ops->gemm(ops->device, &h), VH_STATUS_OK);
+    vh_eltwise_args e = {.struct_size = sizeof e, .n = len, .dtype = t, .x = pre.p,
+                         .dout = c1.p, .dx = dx1.p, .overwrite = 1};
+    assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+    h.c = c2.p, h.epilogue = VH_EPILOGUE_GELU_BACKWARD, h.aux = pre.p;
+    assert_int_equal(ops->gemm(ops->device, &h), VH_STATUS_OK);
+    for (int64_t i = 0; i < len; i++) {
+        if (i % ldc >= n) continue;
+        const double want = tget(&dx1, i), got = tget(&c2, i);
+        if (!(want == got) && !(want != want && got != got))
+            fail_msg("%s %lld x %lldx%lldx%lld ldc +%lld: element %lld: %.9g against %.9g "
+                     "(x %.9g, dout %.9g)",
+                     t == VH_DTYPE_F32 ? "f32" : t == VH_DTYPE_BF16 ? "bf16" : "f16",
+                     (long long)batch, (long long)m, (long long)n, (long long)k, (long long)pad,
+                     (long long)i, got, want, tget(&pre, i), tget(&c1, i));
+    }
+    tfree(&a), tfree(&b), tfree(&bias), tfree(&pre), tfree(&c1), tfree(&c2), tfree(&dx1);
+}
+
+static void test_gemm_gelu_backward_routes(void **state) {
+    (void)state;
+    rng_state = 271;
+    const vh_gemm_epilogue_ext *ext =
+        ops->get_extension(ops->device, VH_GEMM_EPILOGUE_EXTENSION);
+    assert_non_null(ext);
+    assert_true(ext->epilogues & (1u << VH_EPILOGUE_GELU_BACKWARD));
+    for (int ti = 0; ti < 3; ti++) {
+        gelu_backward_route_case(kTypes[ti], 1, 640, 256, 64, 0); /* T1's fc2 dX, a tenth */
+        gelu_backward_route_case(kTypes[ti], 1, 200, 41, 23, 0);  /* bands of 128 and 72 */
+        gelu_backward_route_case(kTypes[ti], 1, 37, 19, 23, 3);
+        gelu_backward_route_case(kTypes[ti], 3, 13, 11, 17, 0);
+    }
+    /* Refused: without aux, or on C itself. */
+    tens a = trand(VH_DTYPE_F32, 16, -1, 1), c = tnew(VH_DTYPE_F32, 16);
+    vh_gemm_args g = {.struct_size = sizeof g, .m = 4, .n = 4, .k = 4, .alpha = 1.0f, .a = a.p,
+                      .lda = 4, .b = a.p, .ldb = 4, .c = c.p, .ldc = 4,
+                      .epilogue = VH_EPILOGUE_GELU_BACKWARD};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
+    g.aux = c.p;
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
+    g.aux = a.p;
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    tfree(&a), tfree(&c);
+}
+
 /* ---- AMP fc1's GELU pass, bit for bit -----------------------------------------
  * A bf16 GEMM with VH_EPILOGUE_GELU into a bf16 C and aux (the model's fc1
  * under AMP: one pass from the fp32 T, gelu16.c's on a CPU with AVX512-BF16)
@@ -453,7 +515,7 @@ static void test_gemm_gelu_grad_routes(void **state) {
     gelu_grad_route_case(1, 37, 19, 23, 0);
     gelu_grad_route_case(1, 200, 96, 64, 3);
     gelu_grad_route_case(3, 13, 11, 17, 0);
-    /* Refused: an epilogue past 2.5's, and T * aux without aux or on C itself. */
+    /* Refused: an epilogue past 2.7's, and T * aux without aux or on C itself. */
     tens a = trand(VH_DTYPE_F32, 16, -1, 1), c = tnew(VH_DTYPE_F32, 16);
     vh_gemm_args g = {.struct_size = sizeof g, .m = 4, .n = 4, .k = 4, .alpha = 1.0f, .a = a.p,
                       .lda = 4, .b = a.p, .ldb = 4, .c = c.p, .ldc = 4,
@@ -463,7 +525,7 @@ static void test_gemm_gelu_grad_routes(void **state) {
     assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
     g.aux = a.p;
     assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
-    g.epilogue = VH_EPILOGUE_MUL_AUX + 1;
+    g.epilogue = VH_EPILOGUE_GELU_BACKWARD + 1;
     assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
     tfree(&a), tfree(&c);
 }
@@ -682,10 +744,12 @@ static void gelu_backward_16(vh_dtype t, int64_t n) {
     free(x), free(g), free(d), free(x16), free(g16), free(d16), free(xw), free(gw), free(dw);
 }
 
-/* bf16 gelu_backward reads gelu'(x) from a table of all 65536 x (activations.c): every
- * bit pattern of x (Inf, subnormals, both zeros; NaN: any NaN), twice over with other douts,
- * against the fp32 op on the widened values rounded once; adding and overwriting, from a
- * word boundary (the gathered pairs) and one element off it (the unpaired loop). */
+/* bf16 gelu_backward reads gelu'(x) from a table of all 65536 x or computes it, whichever
+ * is faster here (gelu_grad16.c; ctest forces each): every bit pattern of x (Inf,
+ * subnormals, both zeros; NaN: any NaN), twice over with other douts, against the fp32 op on
+ * the widened values rounded once; adding and overwriting, from a word boundary (the
+ * gathered pairs) and one element off it (the unpaired loop); overwriting, the GEMM's
+ * GELU_BACKWARD epilogue too. */
 static void gelu_backward_every_bf16(int overwrite, int64_t skew) {
     const int64_t n = 2 * 65536 + 37;
     float *g = frand(n + skew, -2, 2), *d = frand(n + skew, -1, 1);
@@ -708,7 +772,50 @@ static void gelu_backward_every_bf16(int overwrite, int64_t skew) {
             fail_msg("gelu_backward, bf16 x 0x%04x (overwrite %d, skew %lld): 0x%04x, want 0x%04x",
                      x16[skew + i], overwrite, (long long)skew, got, want);
     }
+    if (overwrite) { /* ABI 2.7's epilogue: T = dout x 1 (exact), C = gelu'(x) T, x = aux */
+        uint16_t *c16 = malloc((size_t)n * 2), one = vh_f32_to_bf16(1.0f);
+        assert_non_null(c16);
+        vh_gemm_args h = {.struct_size = sizeof h, .m = n, .n = 1, .k = 1, .alpha = 1.0f,
+                          .a = g16 + skew, .lda = 1, .b = &one, .ldb = 1, .c = c16, .ldc = 1,
+                          .ab_dtype = VH_DTYPE_BF16, .c_dtype = VH_DTYPE_BF16,
+                          .epilogue = VH_EPILOGUE_GELU_BACKWARD, .aux = x16 + skew};
+        assert_int_equal(ops->gemm(ops->device, &h), VH_STATUS_OK);
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t got = c16[i], want = vh_f32_to_bf16(dw[i]);
+            const int nan = (got & 0x7fff) > 0x7f80 && (want & 0x7fff) > 0x7f80;
+            if (got != want && !nan)
+                fail_msg("GELU_BACKWARD epilogue, bf16 x 0x%04x (skew %lld): 0x%04x, want 0x%04x",
+                         x16[skew + i], (long long)skew, got, want);
+        }
+        free(c16);
+    }
     free(g), free(d), free(x16), free(g16), free(d16), free(xw), free(gw), free(dw);
+}
+
+/* gelu_grad16.c's race: under auto, the first calls alternate table and
+ * computed until each has done 2^21 values, then one way is named with both
+ * rates; forced, the summary names the variable. The bits are the same
+ * either way (gelu_backward_every_bf16, under each way in ctest). */
+static void test_gelu_grad16_choice(void **state) {
+    (void)state;
+    const int64_t n = (int64_t)1 << 20;
+    uint16_t *x = malloc((size_t)n * 2), *g = malloc((size_t)n * 2), *d = malloc((size_t)n * 2);
+    assert_non_null(x), assert_non_null(g), assert_non_null(d);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = vh_f32_to_bf16((float)(rnd() * 8 - 4)), g[i] = vh_f32_to_bf16((float)rnd());
+    vh_eltwise_args e = {.struct_size = sizeof e, .n = n, .dtype = VH_DTYPE_BF16, .x = x,
+                         .dout = g, .dx = d, .overwrite = 1};
+    char line[256];
+    for (int call = 0; call < 6; call++) /* 6 Mi values: 2 Mi each and then some */
+        assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+    vh_cpu_gelu_grad16_summary(line, sizeof line);
+    const char *env = getenv("VITHOST_CPU_GELU_GRAD16");
+    if (env && (strcmp(env, "table") == 0 || strcmp(env, "computed") == 0)) {
+        assert_non_null(strstr(line, env));
+        assert_non_null(strstr(line, strcmp(env, "table") == 0 ? "table lookup" : "computed"));
+    } else if (!strstr(line, "auto: computed (") && !strstr(line, "auto: a table lookup ("))
+        fail_msg("after 6 Mi values the race is not decided: \"%s\"", line);
+    free(x), free(g), free(d);
 }
 
 static void layernorm_16(vh_dtype t, int64_t rows, int64_t dim) {
@@ -1265,6 +1372,8 @@ int main(void) {
         cmocka_unit_test(test_gemm_dtypes),
         cmocka_unit_test(test_gemm_bf16_exact),
         cmocka_unit_test(test_gemm_gelu_grad_routes),
+        cmocka_unit_test(test_gemm_gelu_backward_routes),
+        cmocka_unit_test(test_gelu_grad16_choice),
         cmocka_unit_test(test_gemm_gelu_bf16_bits),
         cmocka_unit_test(test_layernorm_dtypes),
         cmocka_unit_test(test_eltwise_dtypes),

@@ -1082,6 +1082,7 @@ static struct {
     const vh_device_ops *base;
     int gelu_calls, gelu_overwrites, attention_calls, attention_overwrites, zeros;
     int gemm_gelu_grad, gemm_mul_aux; /* GEMMs with the 2.5 epilogues */
+    int gemm_gelu_backward;           /* and with 2.7's */
     uint32_t hidden;
     int without_epilogue_ext;
     vh_overwrite_ext ext; /* the base's, less `hidden` */
@@ -1090,6 +1091,7 @@ static struct {
 static vh_status ow_gemm(vh_device *dev, const vh_gemm_args *g) {
     ow.gemm_gelu_grad += g->epilogue == VH_EPILOGUE_GELU_GRAD;
     ow.gemm_mul_aux += g->epilogue == VH_EPILOGUE_MUL_AUX;
+    ow.gemm_gelu_backward += g->epilogue == VH_EPILOGUE_GELU_BACKWARD;
     return ow.base->gemm(dev, g);
 }
 
@@ -1202,7 +1204,7 @@ static void test_grads_written_or_zeroed(void **state) {
  * fc2's dX GEMM multiplies by it, so no gelu_backward runs. The loss and every
  * gradient are those of the gelu_backward path, bit for bit, without dropout
  * (the product in the GEMM's epilogue) and with it (the mask, then a mul).
- * bf16 activations keep gelu_backward though the device offers the epilogues. */
+ * 16-bit activations never keep a rounded gelu'(T) (test_gelu_backward_in_gemm). */
 static void test_gelu_grad_kept_in_aux(void **state) {
     (void)state;
     vh_fixture fx;
@@ -1219,6 +1221,7 @@ static void test_gelu_grad_kept_in_aux(void **state) {
         assert_int_equal(ow.gelu_calls, 0);
         assert_int_equal(ow.gemm_gelu_grad, L);
         assert_int_equal(ow.gemm_mul_aux, di == 0 ? L : 0);
+        assert_int_equal(ow.gemm_gelu_backward, 0);
         const float lk = read_loss(&k, &ok_out);
 
         ow_open_ex(&r, &fx, &fp32_policy, extras[di], 0, 1);
@@ -1234,14 +1237,55 @@ static void test_gelu_grad_kept_in_aux(void **state) {
         harness_close(&k);
         harness_close(&r);
     }
-    harness b;
-    vh_model_output ob;
-    ow_open_ex(&b, &fx, &bf16_policy, NULL, 0, 0);
-    load_weights(&b, &fx);
-    run_step(&b, &fx, 1.0f, &ob);
-    assert_int_equal(ow.gelu_calls, L);
-    assert_int_equal(ow.gemm_gelu_grad + ow.gemm_mul_aux, 0);
-    harness_close(&b);
+    vh_fixture_free(&fx);
+}
+
+/* ---- gelu_backward in fc2's dX GEMM (ABI 2.7) ------------------------------
+ * 16-bit activations on a device with the 2.7 epilogue: fc2's dX GEMM writes
+ * d_mlp2 = gelu_backward(fc1's T, dy W2) itself, so no gelu_backward op runs
+ * and fc2's dX never goes through memory. Loss and gradients are those of
+ * the GEMM and gelu_backward as two ops (a device without the extension),
+ * bit for bit, in bf16 and f16; with dropout the model keeps the two ops. */
+static const vh_precision_policy f16_policy = {
+    .struct_size = sizeof(vh_precision_policy), .param_dtype = VH_DTYPE_F16,
+    .compute_dtype = VH_DTYPE_F16, .grad_dtype = VH_DTYPE_F16, .comm_dtype = VH_DTYPE_F16,
+    .master_dtype = VH_DTYPE_F32, .state_dtype = VH_DTYPE_F32,
+    .fp32_param_flags = VH_PARAM_FLAG_NORM, .master_weights = 1};
+
+static void test_gelu_backward_in_gemm(void **state) {
+    (void)state;
+    vh_fixture fx;
+    load_fixture(&fx, "vit_token_bf");
+    int64_t L;
+    vh_fixture_config_int(&fx, "depth", &L);
+    const vh_precision_policy *policies[2] = {&bf16_policy, &f16_policy};
+    const char *extras[2] = {NULL, "dropout: 0.1"};
+    for (int pi = 0; pi < 2; pi++)
+        for (int di = 0; di < 2; di++) {
+            harness k, r;
+            vh_model_output ok_out, or_out;
+            ow_open_ex(&k, &fx, policies[pi], extras[di], 0, 0);
+            load_weights(&k, &fx);
+            run_step(&k, &fx, 1.0f, &ok_out);
+            assert_int_equal(ow.gemm_gelu_grad + ow.gemm_mul_aux, 0);
+            assert_int_equal(ow.gemm_gelu_backward, di == 0 ? L : 0);
+            assert_int_equal(ow.gelu_calls, di == 0 ? 0 : L);
+            const float lk = read_loss(&k, &ok_out);
+
+            ow_open_ex(&r, &fx, policies[pi], extras[di], 0, 1);
+            load_weights(&r, &fx);
+            run_step(&r, &fx, 1.0f, &or_out);
+            assert_int_equal(ow.gemm_gelu_backward, 0);
+            assert_int_equal(ow.gelu_calls, L);
+            const float lr = read_loss(&r, &or_out);
+            assert_memory_equal(&lk, &lr, sizeof lk);
+            char what[96];
+            snprintf(what, sizeof what, "%s: gelu_backward in the GEMM against the op%s",
+                     pi == 0 ? "bf16" : "f16", di == 0 ? "" : " (dropout: the op in both)");
+            compare_grads(&k, &r, 1.0f, 0.0, what);
+            harness_close(&k);
+            harness_close(&r);
+        }
     vh_fixture_free(&fx);
 }
 
@@ -1400,6 +1444,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_drop_path_fallback_and_resume),
         cmocka_unit_test(test_grads_written_or_zeroed),
         cmocka_unit_test(test_gelu_grad_kept_in_aux),
+        cmocka_unit_test(test_gelu_backward_in_gemm),
         cmocka_unit_test(test_variant_parameter_counts),
         cmocka_unit_test(test_bad_configs),
     };

@@ -252,7 +252,8 @@ static const vh_overwrite_ext g_overwrite_ext = {
 /* The GEMM's 2.5 epilogues (cpu/gemm.c). */
 static const vh_gemm_epilogue_ext g_epilogue_ext = {
     sizeof(vh_gemm_epilogue_ext),
-    (1u << VH_EPILOGUE_GELU_GRAD) | (1u << VH_EPILOGUE_MUL_AUX)};
+    (1u << VH_EPILOGUE_GELU_GRAD) | (1u << VH_EPILOGUE_MUL_AUX) |
+        (1u << VH_EPILOGUE_GELU_BACKWARD)};
 
 static const void *cpu_get_extension(vh_device *dev, const char *name) {
     (void)dev;

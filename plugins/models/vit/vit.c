@@ -299,13 +299,16 @@ static vh_status vit_create(vh_host *host, const vh_model_setup *setup_in, void 
     }
     m->max_batch = setup.max_batch;
     vh_status st = read_policy(m, &setup);
-    if (st == VH_STATUS_OK && m->dev->get_extension && m->act == VH_DTYPE_F32) {
-        /* 16-bit activations keep gelu_backward: a rounded gelu'(T) is not
-         * the number an autocast reference computes (vh_device.h, 2.5) */
+    if (st == VH_STATUS_OK && m->dev->get_extension) {
+        /* 16-bit activations keep gelu_backward's numbers: a rounded gelu'(T)
+         * is not the number an autocast reference computes (vh_device.h,
+         * 2.5), so they take it in fc2's dX GEMM (2.7) where the device can */
         const vh_gemm_epilogue_ext *ep =
             m->dev->get_extension(m->dev->device, VH_GEMM_EPILOGUE_EXTENSION);
         const uint32_t both = (1u << VH_EPILOGUE_GELU_GRAD) | (1u << VH_EPILOGUE_MUL_AUX);
-        m->gelu_grad_in_aux = ep && (ep->epilogues & both) == both;
+        m->gelu_grad_in_aux = m->act == VH_DTYPE_F32 && ep && (ep->epilogues & both) == both;
+        m->gelu_backward_in_gemm = !m->gelu_grad_in_aux && ep &&
+                                   (ep->epilogues & (1u << VH_EPILOGUE_GELU_BACKWARD));
     }
     if (st == VH_STATUS_OK) st = read_config(m, &setup);
     if (st == VH_STATUS_OK) st = check_device(m);

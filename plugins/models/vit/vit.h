@@ -101,6 +101,10 @@ typedef struct vit {
      * keeps gelu'(T) in the block's fc1 buffer instead of T, and fc2's dX
      * GEMM multiplies by it (no GELU pass in backward; the same numbers) */
     int gelu_grad_in_aux;
+    /* otherwise (16-bit activations), a device with 2.7's GELU_BACKWARD
+     * epilogue: fc2's dX GEMM applies gelu_backward as it writes d_mlp2
+     * (no d_mlp round trip through memory; the same numbers) */
+    int gelu_backward_in_gemm;
 
     /* shape */
     int64_t image_h, image_w, channels, patch, grid_h, grid_w;

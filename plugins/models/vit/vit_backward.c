@@ -59,6 +59,12 @@ static vh_status backward_block(vit *m, int64_t l, const vit_unit *u, int64_t B)
                                                       vit_grad(u, VIT_FC2_B), dy, a->gelu,
                                                       vit_param(u, VIT_FC2_W), rows, M, D,
                                                       a->fc1));
+    } else if (m->gelu_backward_in_gemm && !dropout) {
+        /* fc1 holds T: d_mlp2 = gelu_backward(T, dy @ W2) in fc2's dX GEMM */
+        VIT_TRY(m, "mlp.fc2", vit_linear_backward_gelu(m, m->d_mlp2, vit_grad(u, VIT_FC2_W),
+                                                       vit_grad(u, VIT_FC2_B), dy, a->gelu,
+                                                       vit_param(u, VIT_FC2_W), rows, M, D,
+                                                       a->fc1));
     } else {
         VIT_TRY(m, "mlp.fc2", vit_linear_backward(m, m->d_mlp, vit_grad(u, VIT_FC2_W),
                                                   vit_grad(u, VIT_FC2_B), dy, a->gelu,

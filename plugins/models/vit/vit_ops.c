@@ -44,11 +44,12 @@ vh_status vit_linear_gelu(vit *m, void *y, void *pre, const void *x, vit_ref w, 
                   m->gelu_grad_in_aux ? VH_EPILOGUE_GELU_GRAD : VH_EPILOGUE_GELU, pre, NULL);
 }
 
-/* vit_linear_backward; with dx_mul, dx = (dy @ w) * dx_mul in the GEMM's
- * epilogue (VH_EPILOGUE_MUL_AUX). */
+/* vit_linear_backward; with an epilogue, dx = epilogue(dy @ w) with aux
+ * (VH_EPILOGUE_MUL_AUX: times aux; VH_EPILOGUE_GELU_BACKWARD: gelu'(aux)
+ * times it). */
 static vh_status linear_backward(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
                                  const void *x, vit_ref w, int64_t rows, int64_t in, int64_t out,
-                                 const void *dx_mul) {
+                                 vh_epilogue epilogue, const void *aux) {
     const vh_device_ops *d = m->dev;
     /* dw (out, in) += dy^T (out, rows) @ x (rows, in) */
     vh_gemm_args g = {.struct_size = sizeof g, .trans_a = 1, .trans_b = 0,
@@ -67,20 +68,26 @@ static vh_status linear_backward(vit *m, void *dx, vit_ref dw, vit_ref db, const
                       .m = rows, .n = in, .k = out, .alpha = 1.0f, .beta = 0.0f,
                       .a = dy, .lda = out, .b = w.ptr, .ldb = in, .c = dx, .ldc = in,
                       .batch = 1, .ab_dtype = m->act, .c_dtype = m->act,
-                      .epilogue = dx_mul ? VH_EPILOGUE_MUL_AUX : VH_EPILOGUE_NONE,
-                      .aux = (void *)(uintptr_t)dx_mul};
+                      .epilogue = epilogue, .aux = (void *)(uintptr_t)aux};
     return d->gemm(d->device, &h);
 }
 
 vh_status vit_linear_backward(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
                               const void *x, vit_ref w, int64_t rows, int64_t in, int64_t out) {
-    return linear_backward(m, dx, dw, db, dy, x, w, rows, in, out, NULL);
+    return linear_backward(m, dx, dw, db, dy, x, w, rows, in, out, VH_EPILOGUE_NONE, NULL);
 }
 
 vh_status vit_linear_backward_mul(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
                                   const void *x, vit_ref w, int64_t rows, int64_t in,
                                   int64_t out, const void *dx_mul) {
-    return linear_backward(m, dx, dw, db, dy, x, w, rows, in, out, dx_mul);
+    return linear_backward(m, dx, dw, db, dy, x, w, rows, in, out, VH_EPILOGUE_MUL_AUX, dx_mul);
+}
+
+vh_status vit_linear_backward_gelu(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
+                                   const void *x, vit_ref w, int64_t rows, int64_t in,
+                                   int64_t out, const void *pre) {
+    return linear_backward(m, dx, dw, db, dy, x, w, rows, in, out, VH_EPILOGUE_GELU_BACKWARD,
+                           pre);
 }
 
 /* ---- layer norm ----------------------------------------------------------- */

@@ -41,6 +41,11 @@ vh_status vit_linear_backward(vit *m, void *dx, vit_ref dw, vit_ref db, const vo
 vh_status vit_linear_backward_mul(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
                                   const void *x, vit_ref w, int64_t rows, int64_t in,
                                   int64_t out, const void *dx_mul);
+/* The same with dx = gelu_backward(pre, dy @ w), written (ABI 2.7
+ * VH_EPILOGUE_GELU_BACKWARD: only with m->gelu_backward_in_gemm). */
+vh_status vit_linear_backward_gelu(vit *m, void *dx, vit_ref dw, vit_ref db, const void *dy,
+                                   const void *x, vit_ref w, int64_t rows, int64_t in,
+                                   int64_t out, const void *pre);
 
 /* ---- layer norm over D ------------------------------------------------- */
 

@@ -84,6 +84,14 @@ VH_SDK_API void vh_cpu_gemm16_reset(void);
  * the dot-product blocks. */
 VH_SDK_API const char *vh_cpu_attention_routes(char *buf, size_t len);
 
+/* One line into buf (truncated to len), returned: how AMP's GELU backward
+ * gets gelu'(x) of its bf16 pre-activations, from a 65536-entry table or
+ * computed (the same bits), whichever the first call measured faster on
+ * this CPU, e.g. "bf16 gelu': auto: computed (table 0.571, computed 0.402 ns
+ * an element)"; VITHOST_CPU_GELU_GRAD16=table|computed|auto (default auto)
+ * forces it. (ABI 2.7 additions) */
+VH_SDK_API const char *vh_cpu_gelu_grad16_summary(char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

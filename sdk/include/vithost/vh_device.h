@@ -75,6 +75,12 @@ typedef enum vh_epilogue {
     /* C = T * aux: aux (m x n, ldc, C's batch stride, c_dtype) is read, the
      * product in fp32; aux may not be C (ABI 2.5) */
     VH_EPILOGUE_MUL_AUX = 3,
+    /* C = gelu'(aux) * T: gelu_backward with overwrite, its x = aux (the
+     * pre-activation, c_dtype) and its dout = T as C would store it (rounded
+     * to c_dtype), the product in fp32, rounded once; aux may not be C. The
+     * numbers of this GEMM without epilogue followed by gelu_backward, in
+     * any dtype (ABI 2.7) */
+    VH_EPILOGUE_GELU_BACKWARD = 4,
 } vh_epilogue;
 
 typedef struct vh_gemm_args {
@@ -100,6 +106,8 @@ typedef struct vh_gemm_args {
 } vh_gemm_args;
 
 /* ---- the GELU's derivative kept from forward (ABI 2.5) -----------------------
+ * (2.7's VH_EPILOGUE_GELU_BACKWARD is the 16-bit policies' form: gelu_backward
+ * itself in fc2's dX GEMM, its numbers unchanged; the same extension names it.)
  * gelu_backward recomputes the normal CDF and density of the pre-activation,
  * an erf and an exponential per element: on CPUs with slow vector math the
  * MLP's largest element-wise cost. With VH_EPILOGUE_GELU_GRAD the forward GEMM,

@@ -3,7 +3,6 @@
  * fp32 kernels: ops.c reads the arguments and converts other dtypes (but
  * for drop_path_scale, whose entry is at the end of this file). */
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -166,80 +165,13 @@ VH_CPU_CLONES static void gelu_forward_span_bf16(uint16_t *out, const uint16_t *
     }
 }
 
-/* A bf16 x has 65536 values, so gelu'(x), the erfc polynomial and the
- * exponential of every element of AMP's GELU backward, is a table lookup:
- * gelu_grad_bf16[bits of x] holds cdf + x pdf, filled by a clone of this
- * file (the ISA and FMA contraction of the fp32 gelu_backward that the
- * same CPU runs), so d + dout * table[x] has the bits of the fp32 op on the
- * widened values, rounded once (test_ops_dtypes: every x). 256 KiB, of
- * which a layer's activations touch a few KiB (their exponents are few).
- * Zen 4, 2 threads, interleaved pairs of `vithost bench --ops` on
- * bench_step.py's recipes, gelu_backward ms a step, table / computed: T1 AMP
- * 1.97 / 2.64 (6 pairs), T3 AMP 10.32 / 13.49 (4). GCC 12 builds the
- * lookups as single loads (no vgatherdps under its generic tuning); an
- * AVX-512 loop on vgatherdps measured the same (2.16 / 2.80, 10.23 /
- * 13.05), so the portable loop stays: the pass now runs near the rate the
- * memory feeds it (about 18 GB/s here). */
-static float gelu_grad_bf16[1 << 16];
-static pthread_once_t gelu_grad_bf16_once = PTHREAD_ONCE_INIT;
+/* gelu'(x) of bf16 x, for AMP's GELU backward: gelu_grad16.c. */
 
-VH_CPU_CLONES static void gelu_grad_bf16_fill(float *table) {
-#pragma omp simd
-    for (int64_t i = 0; i < (1 << 16); i++) {
-        float pdf;
-        const float v = vh_cpu_bits_f32((uint32_t)i << 16);
-        const float cdf = vh_gelu_cdf(v, &pdf);
-        table[i] = cdf + v * pdf;
-    }
+void vh_cpu_k_gelu_backward_serial(float *dx, const float *x, const float *dout, int64_t n) {
+    gelu_backward_span(dx, x, dout, n, 1);
 }
 
-static void gelu_grad_bf16_init(void) { gelu_grad_bf16_fill(gelu_grad_bf16); }
-
-/* Two bf16 values per 32-bit word (low half first): every value of the loop
- * is 32-bit, so it vectorises at the full width of the clone (a loop mixing
- * 16- and 32-bit values gets half-width float vectors from GCC); gelu'(x)
- * from the table. overwrite: dx's words taken as 0 (+0.0 twice),
- * never read. */
-VH_CPU_CLONES static void gelu_backward_pairs_bf16(uint32_t *dx, const uint32_t *x,
-                                                   const uint32_t *dout, int64_t pairs,
-                                                   int overwrite, const float *table) {
-    if (overwrite) {
-#pragma omp simd
-        for (int64_t i = 0; i < pairs; i++) {
-            const uint32_t xv = x[i], gv = dout[i];
-            const float lo = 0.0f + vh_cpu_bits_f32(gv << 16) * table[xv & 0xffffu];
-            const float hi = 0.0f + vh_cpu_bits_f32(gv & 0xffff0000u) * table[xv >> 16];
-            dx[i] = vh_cpu_bf16_round32(lo) | (vh_cpu_bf16_round32(hi) << 16);
-        }
-        return;
-    }
-#pragma omp simd
-    for (int64_t i = 0; i < pairs; i++) {
-        const uint32_t xv = x[i], dv = dx[i], gv = dout[i];
-        const float lo =
-            vh_cpu_bits_f32(dv << 16) + vh_cpu_bits_f32(gv << 16) * table[xv & 0xffffu];
-        const float hi = vh_cpu_bits_f32(dv & 0xffff0000u) +
-                         vh_cpu_bits_f32(gv & 0xffff0000u) * table[xv >> 16];
-        dx[i] = vh_cpu_bf16_round32(lo) | (vh_cpu_bf16_round32(hi) << 16);
-    }
-}
-
-VH_CPU_CLONES static void gelu_backward_span_bf16(uint16_t *dx, const uint16_t *x,
-                                                  const uint16_t *dout, int64_t n,
-                                                  int overwrite, const float *table) {
-    int64_t i = 0;
-    if (((uintptr_t)dx | (uintptr_t)x | (uintptr_t)dout) % 4 == 0) {
-        gelu_backward_pairs_bf16((uint32_t *)(void *)dx, (const uint32_t *)(const void *)x,
-                                 (const uint32_t *)(const void *)dout, n / 2, overwrite, table);
-        i = n / 2 * 2;
-    }
-    for (; i < n; i++) {
-        const float d = overwrite ? 0.0f : vh_cpu_bf16_widen(dx[i]);
-        dx[i] = vh_cpu_bf16_round(d + vh_cpu_bf16_widen(dout[i]) * table[x[i]]);
-    }
-}
-
-/* Pairs again (see gelu_backward_pairs_bf16): two fp32 values in, each
+/* Pairs (see gelu_grad16.c): two fp32 values in, each
  * output word holds two bf16 results. Measured on Zen 5, 2 threads, T3's
  * fc1 (1576 x 1536) in AMP: 0.63 ms against 1.02 for the GELU pass into fp32
  * scratch and the two conversions after it. */
@@ -301,15 +233,13 @@ void vh_cpu_k_gelu_forward_bf16(uint16_t *out, const uint16_t *x, int64_t n) {
 
 void vh_cpu_k_gelu_backward_bf16(uint16_t *dx, const uint16_t *x, const uint16_t *dout,
                                  int64_t n, int overwrite) {
-    pthread_once(&gelu_grad_bf16_once, gelu_grad_bf16_init);
-    const float *table = gelu_grad_bf16;
     const int64_t pieces = PIECES(n);
 #pragma omp parallel for schedule(static) PAR(n)
     for (int64_t p = 0; p < pieces; p++)
         GELU_BLOCKS(n, p, o, m,
                     (prefetch_ahead(x + o, m * 2, 0), prefetch_ahead(dout + o, m * 2, 0),
                      prefetch_ahead(dx + o, m * 2, 1)),
-                    gelu_backward_span_bf16(dx + o, x + o, dout + o, m, overwrite, table));
+                    vh_cpu_k_gelu_backward_bf16_serial(dx + o, x + o, dout + o, m, overwrite));
 }
 
 void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n) {

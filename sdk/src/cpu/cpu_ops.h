@@ -316,6 +316,19 @@ VH_CPU_HIDDEN void vh_cpu_softmax_rows(float *p, int64_t rows, int64_t cols);
 /* dx += gelu'(x) * dout; overwrite: dx = 0 + gelu'(x) * dout, dx not read. */
 VH_CPU_HIDDEN void vh_cpu_k_gelu_backward(float *dx, const float *x, const float *dout,
                                           int64_t n, int overwrite);
+/* dx = 0 + gelu'(x) * dout (overwrite) on the caller's thread. */
+VH_CPU_HIDDEN void vh_cpu_k_gelu_backward_serial(float *dx, const float *x, const float *dout,
+                                                 int64_t n);
+/* gelu_grad16.c, on the caller's thread: gelu_backward_bf16's span; and
+ * from a GEMM's fp32 t, dx = bf16(0 + bf16(t) * gelu'(x)), the numbers of
+ * storing t in bf16 and gelu_backward_bf16 with overwrite (ABI 2.7's
+ * VH_EPILOGUE_GELU_BACKWARD). gelu'(x) from a table or computed, whichever
+ * the first call measured faster (the same bits). */
+VH_CPU_HIDDEN void vh_cpu_k_gelu_backward_bf16_serial(uint16_t *dx, const uint16_t *x,
+                                                      const uint16_t *dout, int64_t n,
+                                                      int overwrite);
+VH_CPU_HIDDEN void vh_cpu_k_gelu_backward_f32_to_bf16_serial(uint16_t *dx, const uint16_t *x,
+                                                             const float *t, int64_t n);
 /* The same on bf16 tensors, converted inside the loop. */
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_bf16(uint16_t *out, const uint16_t *x, int64_t n);
 VH_CPU_HIDDEN void vh_cpu_k_gelu_backward_bf16(uint16_t *dx, const uint16_t *x,

@@ -65,6 +65,10 @@
  * post-op of route 1 where C and aux are f32 and unbatched (and not in
  * bands), else route 2's pass; VH_EPILOGUE_GELU_GRAD takes route 2 (or the
  * bands) as GELU with aux does, its pass writing gelu'(T) over T.
+ * ABI 2.7's VH_EPILOGUE_GELU_BACKWARD (C = gelu'(aux) * T as C stores it:
+ * AMP's fc2 data gradient) takes the bands where C is bf16 and dense, each
+ * band's pass from the thread's own fp32 T (gelu_grad16.c), else route 2's
+ * rows; never route 1 (no oneDNN post-op computes it).
  * A plain matmul oneDNN refuses (odd strides) is retried on dense copies, and
  * only then done by a plain loop (never seen on the ViT's shapes).
  */
@@ -243,11 +247,21 @@ static void preload(const vh_gemm_args *g, int64_t batch, const out_view *c,
 }
 
 /* One row of epilogue(T) into dst: gelu (with grad, gelu'(T) over T as
- * well), T * aux (aux widened into abuf unless f32), or T. */
+ * well), T * aux (aux widened into abuf unless f32), gelu'(aux) times T as
+ * C's dtype stores it (T rounded in place, through abuf), or T. */
 static void epilogue_row(const vh_gemm_args *g, float *dst, float *ti, int grad,
                          const void *auxi, float *abuf) {
     const int64_t n = g->n;
-    if (g->epilogue == VH_EPILOGUE_MUL_AUX) {
+    if (g->epilogue == VH_EPILOGUE_GELU_BACKWARD) {
+        const float *xi = auxi;
+        if (g->c_dtype != VH_DTYPE_F32) { /* dout = T stored in c_dtype, as gelu_backward reads it */
+            vh_cpu_from_f32_serial(abuf, (vh_dtype)g->c_dtype, ti, n);
+            vh_cpu_to_f32_serial(ti, abuf, (vh_dtype)g->c_dtype, n);
+            vh_cpu_to_f32_serial(abuf, auxi, (vh_dtype)g->c_dtype, n);
+            xi = abuf;
+        }
+        vh_cpu_k_gelu_backward_serial(dst, xi, ti, n);
+    } else if (g->epilogue == VH_EPILOGUE_MUL_AUX) {
         const float *ai = auxi;
         if (g->c_dtype != VH_DTYPE_F32) {
             vh_cpu_to_f32_serial(abuf, auxi, (vh_dtype)g->c_dtype, n);
@@ -291,7 +305,8 @@ static vh_status finish(const vh_gemm_args *g, int64_t batch, const out_view *t,
         vh_cpu_k_mul(c->p, t->p, g->aux, rows * n, 0);
         return VH_STATUS_OK;
     }
-    const size_t row_floats = (size_t)(mul ? 2 * n : n); /* mul: and an aux row */
+    const int reads_aux = mul || g->epilogue == VH_EPILOGUE_GELU_BACKWARD;
+    const size_t row_floats = (size_t)(reads_aux ? 2 * n : n); /* and an aux row */
     float *rows_buf = vh_cpu_scratch_alloc(row_floats * sizeof(float));
     if (!rows_buf) return VH_STATUS_ERR_NOMEM;
     const size_t aux_es = vh_dtype_size((vh_dtype)g->c_dtype);
@@ -314,8 +329,8 @@ static vh_status finish(const vh_gemm_args *g, int64_t batch, const out_view *t,
             float *ci = c->p + q * c->sbatch + r * c->ld;
             const float *ri = res->p ? res->p + q * res->sbatch + r * res->ld : NULL;
             const void *ai =
-                mul ? (const char *)g->aux + (size_t)(q * g->stride_c + r * g->ldc) * aux_es
-                    : NULL;
+                reads_aux ? (const char *)g->aux + (size_t)(q * g->stride_c + r * g->ldc) * aux_es
+                          : NULL;
             if (!ri && beta == 0.0f) { /* straight into C */
                 epilogue_row(g, ci, ti, grad, ai, row + n);
                 continue;
@@ -680,6 +695,7 @@ typedef enum band_pass {
     BAND_PASS_GELU_TO_BF16, /* C = bf16(gelu(T)), aux = bf16(T), from the thread's own T */
     BAND_PASS_GELU_F32,     /* T in aux's band; C = gelu(T), GELU_GRAD's gelu'(T) over T */
     BAND_PASS_MUL_AUX,      /* C = T * aux in place: T is C's band */
+    BAND_PASS_GELU_BACKWARD_TO_BF16, /* C = bf16(gelu'(aux) bf16(T)), from the thread's own T */
 } band_pass;
 
 /* The calls whose pass would otherwise read T back from memory, all dense
@@ -696,10 +712,19 @@ typedef enum band_pass {
  * - fp32's fc2 data gradient (T * aux; unbanded, oneDNN's binary-mul
  *   post-op): T2's in the step 8-10% faster, against the same run's
  *   4160x192x768 A.B; T1's and the main job's (k 64, bands of 4 MFLOP)
- *   even or slower alone, so they keep the one call. */
+ *   even or slower alone, so they keep the one call.
+ * - AMP's fc2 data gradient with GELU_BACKWARD, against oneDNN writing the
+ *   bf16 C and gelu_backward reading it back, both ops together, ms a step,
+ *   interleaved pairs: T2 31.9-37.7 against 35.6-46.0, T3 34.9-44.1 against
+ *   43.3-53.0, T1 5.2-5.5 against 5.1-6.6 (k 64: even, kept for one rule). */
 static band_pass band_pass_of(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
     if (g->alpha != 1.0f) return BAND_PASS_NONE;
     if (gelu_to_bf16(g, batch) && v->a.dtype == VH_DTYPE_BF16) return BAND_PASS_GELU_TO_BF16;
+    if (g->epilogue == VH_EPILOGUE_GELU_BACKWARD && batch == 1 && g->beta == 0.0f &&
+        !g->residual && g->c_dtype == VH_DTYPE_BF16 && g->ldc == g->n &&
+        (v->a.dtype == VH_DTYPE_BF16 ||
+         g->k * g->n * (int64_t)sizeof(float) <= BAND_F32_MAX_B_BYTES))
+        return BAND_PASS_GELU_BACKWARD_TO_BF16;
     if (batch != 1 || g->beta != 0.0f || g->residual || g->c_dtype != VH_DTYPE_F32 ||
         g->ldc != g->n || v->a.dtype != VH_DTYPE_F32 ||
         g->k * g->n * (int64_t)sizeof(float) > BAND_F32_MAX_B_BYTES)
@@ -731,10 +756,9 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
 #pragma omp parallel if (bands > 1)
     {
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-        float *own = NULL;
-        if (pass == BAND_PASS_GELU_TO_BF16)
-            own = vh_cpu_scratch_alloc((size_t)(rows * n) * sizeof(float));
-        vh_status mine = pass != BAND_PASS_GELU_TO_BF16 || own ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
+        const int own_t = pass == BAND_PASS_GELU_TO_BF16 || pass == BAND_PASS_GELU_BACKWARD_TO_BF16;
+        float *own = own_t ? vh_cpu_scratch_alloc((size_t)(rows * n) * sizeof(float)) : NULL;
+        vh_status mine = !own_t || own ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < bands; i++) {
             if (mine != VH_STATUS_OK) continue;
@@ -743,9 +767,9 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
             band.m = r;
             operand a = v->a;
             a.p = (const char *)a.p + (size_t)(r0 * a.srow) * es;
-            float *t = pass == BAND_PASS_GELU_TO_BF16 ? own
-                       : pass == BAND_PASS_GELU_F32  ? (float *)g->aux + r0 * n
-                                                     : (float *)g->c + r0 * n;
+            float *t = own_t                        ? own
+                       : pass == BAND_PASS_GELU_F32 ? (float *)g->aux + r0 * n
+                                                    : (float *)g->c + r0 * n;
             const out_view tv = {t, r * n, n};
             vh_dnnl_matmul mm;
             describe(&mm, &band, 1, &a, &v->b, &tv);
@@ -755,6 +779,10 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
             if (pass == BAND_PASS_GELU_TO_BF16) {
                 vh_cpu_k_gelu_forward_f32_to_bf16_serial((uint16_t *)g->c + r0 * n,
                                                          (uint16_t *)g->aux + r0 * n, t, r * n);
+            } else if (pass == BAND_PASS_GELU_BACKWARD_TO_BF16) {
+                vh_cpu_k_gelu_backward_f32_to_bf16_serial((uint16_t *)g->c + r0 * n,
+                                                          (const uint16_t *)g->aux + r0 * n, t,
+                                                          r * n);
             } else if (pass == BAND_PASS_GELU_F32) {
                 if (g->epilogue == VH_EPILOGUE_GELU_GRAD)
                     vh_cpu_k_gelu_forward_grad_serial((float *)g->c + r0 * n, t, t, r * n);
@@ -816,8 +844,8 @@ static vh_status run(const vh_gemm_args *g, int64_t batch) {
      * 1; T * aux on f32 C and aux, one member: oneDNN 2.6's binary post-op
      * misreads some batched operands, see run_fused) */
     const int mul_fusable = g->epilogue != VH_EPILOGUE_MUL_AUX || mul_in_matmul(g, batch);
-    const int fusable =
-        multiply && !writes_aux(g) && mul_fusable && !(v.bias && g->alpha != 1.0f);
+    const int fusable = multiply && !writes_aux(g) && mul_fusable &&
+                        g->epilogue != VH_EPILOGUE_GELU_BACKWARD && !(v.bias && g->alpha != 1.0f);
     if (multiply && ksplit_fits(g, batch)) {
         if ((st = view_outputs(g, batch, &v)) != VH_STATUS_OK) return st;
         return run_ksplit(g, &v);
@@ -840,10 +868,11 @@ vh_status vh_cpu_gemm(vh_device *dev, const vh_gemm_args *in) {
         !vh_struct_upgrade(g, sizeof *g, in))
         return VH_STATUS_ERR_INVALID_ARG;
     if (!vh_cpu_is_float(g->ab_dtype) || !vh_cpu_is_float(g->c_dtype) ||
-        !vh_cpu_is_float(g->bias_dtype) || (unsigned)g->epilogue > VH_EPILOGUE_MUL_AUX)
+        !vh_cpu_is_float(g->bias_dtype) || (unsigned)g->epilogue > VH_EPILOGUE_GELU_BACKWARD)
         return VH_STATUS_ERR_INVALID_ARG;
-    /* T * aux reads aux, which C's stores would overwrite under it */
-    if (g->epilogue == VH_EPILOGUE_MUL_AUX && (!g->aux || g->aux == g->c))
+    /* T * aux and gelu'(aux) T read aux, which C's stores would overwrite under it */
+    if ((g->epilogue == VH_EPILOGUE_MUL_AUX || g->epilogue == VH_EPILOGUE_GELU_BACKWARD) &&
+        (!g->aux || g->aux == g->c))
         return VH_STATUS_ERR_INVALID_ARG;
     if (g->m < 0 || g->n < 0 || g->k < 0 || g->batch < 0) return VH_STATUS_ERR_INVALID_ARG;
     if (g->stride_a < 0 || g->stride_b < 0 || g->stride_c < 0)

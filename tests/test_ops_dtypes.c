@@ -325,6 +325,20 @@ static void assert_f32_values_equal(const char *what, const float *x, const floa
                      (double)x[i], (double)y[i]);
 }
 
+/* An epilogue that reads aux is refused without aux, or with aux = C (C's
+ * stores would overwrite it under the reads); taken otherwise. */
+static void assert_aux_checked(vh_epilogue epilogue) {
+    tens a = trand(VH_DTYPE_F32, 16, -1, 1), c = tnew(VH_DTYPE_F32, 16);
+    vh_gemm_args g = {.struct_size = sizeof g, .m = 4, .n = 4, .k = 4, .alpha = 1.0f, .a = a.p,
+                      .lda = 4, .b = a.p, .ldb = 4, .c = c.p, .ldc = 4, .epilogue = epilogue};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
+    g.aux = c.p;
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
+    g.aux = a.p;
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    tfree(&a), tfree(&c);
+}
+
 static void gelu_grad_route_case(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t pad) {
     const int64_t ldc = n + pad, sc = m * ldc, bc = batch > 1 ? batch : 1, len = bc * sc;
     tens a = trand(VH_DTYPE_F32, bc * m * k, -1, 1), b = trand(VH_DTYPE_F32, bc * k * n, -1, 1);
@@ -419,17 +433,7 @@ static void test_gemm_gelu_backward_routes(void **state) {
         gelu_backward_route_case(kTypes[ti], 1, 37, 19, 23, 3);
         gelu_backward_route_case(kTypes[ti], 3, 13, 11, 17, 0);
     }
-    /* Refused: without aux, or on C itself. */
-    tens a = trand(VH_DTYPE_F32, 16, -1, 1), c = tnew(VH_DTYPE_F32, 16);
-    vh_gemm_args g = {.struct_size = sizeof g, .m = 4, .n = 4, .k = 4, .alpha = 1.0f, .a = a.p,
-                      .lda = 4, .b = a.p, .ldb = 4, .c = c.p, .ldc = 4,
-                      .epilogue = VH_EPILOGUE_GELU_BACKWARD};
-    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
-    g.aux = c.p;
-    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
-    g.aux = a.p;
-    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
-    tfree(&a), tfree(&c);
+    assert_aux_checked(VH_EPILOGUE_GELU_BACKWARD);
 }
 
 /* ---- AMP fc1's GELU pass, bit for bit -----------------------------------------
@@ -515,17 +519,12 @@ static void test_gemm_gelu_grad_routes(void **state) {
     gelu_grad_route_case(1, 37, 19, 23, 0);
     gelu_grad_route_case(1, 200, 96, 64, 3);
     gelu_grad_route_case(3, 13, 11, 17, 0);
-    /* Refused: an epilogue past 2.7's, and T * aux without aux or on C itself. */
+    assert_aux_checked(VH_EPILOGUE_MUL_AUX);
+    /* Refused: an epilogue past 2.7's. */
     tens a = trand(VH_DTYPE_F32, 16, -1, 1), c = tnew(VH_DTYPE_F32, 16);
     vh_gemm_args g = {.struct_size = sizeof g, .m = 4, .n = 4, .k = 4, .alpha = 1.0f, .a = a.p,
-                      .lda = 4, .b = a.p, .ldb = 4, .c = c.p, .ldc = 4,
-                      .epilogue = VH_EPILOGUE_MUL_AUX};
-    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
-    g.aux = c.p;
-    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
-    g.aux = a.p;
-    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
-    g.epilogue = VH_EPILOGUE_GELU_BACKWARD + 1;
+                      .lda = 4, .b = a.p, .ldb = 4, .c = c.p, .ldc = 4, .aux = a.p,
+                      .epilogue = VH_EPILOGUE_GELU_BACKWARD + 1};
     assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_ERR_INVALID_ARG);
     tfree(&a), tfree(&c);
 }

@@ -19,13 +19,14 @@
  *   13.05).
  * - Xeon with AMX (model 207), 2 threads, T1 AMP, fc2's data gradient with
  *   the epilogue, ms a step, 4 interleaved pairs: table 5.03-5.12, computed
- *   4.35-4.49. There a lookup costs more than the math it saves: the loads
- *   go one lane at a time.
+ *   4.35-4.49; later, the race below: table 1.37-1.66, computed 1.29-1.80 ns
+ *   a value, each the faster in some process (a near tie: the lookups go
+ *   one lane at a time there).
  *
  * Two bf16 values per 32-bit word (low half first): every value of a loop
  * is 32-bit, so it vectorises at the full width of the clone (a loop mixing
  * 16- and 32-bit values gets half-width float vectors from GCC). */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime: the first call's timing */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime: the race's timings */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>

@@ -85,11 +85,13 @@ VH_SDK_API void vh_cpu_gemm16_reset(void);
 VH_SDK_API const char *vh_cpu_attention_routes(char *buf, size_t len);
 
 /* One line into buf (truncated to len), returned: how AMP's GELU backward
- * gets gelu'(x) of its bf16 pre-activations, from a 65536-entry table or
- * computed (the same bits), whichever the first call measured faster on
- * this CPU, e.g. "bf16 gelu': auto: computed (table 0.571, computed 0.402 ns
- * an element)"; VITHOST_CPU_GELU_GRAD16=table|computed|auto (default auto)
- * forces it. (ABI 2.7 additions) */
+ * (the op, and 2.7's GEMM epilogue) gets gelu'(x) of its bf16
+ * pre-activations: from a 65536-entry table or computed (the same bits).
+ * Under auto the process's first calls race the two, 2^21 values each, and
+ * the faster takes the rest, e.g. "bf16 gelu': auto: computed (in the step,
+ * table 1.473, computed 1.292 ns a value)"; before that it says "not decided
+ * yet". VITHOST_CPU_GELU_GRAD16=table|computed|auto (default auto) forces
+ * it. (The SDK of ABI 2.7) */
 VH_SDK_API const char *vh_cpu_gelu_grad16_summary(char *buf, size_t len);
 
 #ifdef __cplusplus

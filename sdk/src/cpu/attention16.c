@@ -40,23 +40,15 @@
  * the small-head blocks; the same roundings; VITHOST_CPU_ATTENTION16=onednn
  * keeps them here, and small heads on attention_small.c).
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime in strict C11 */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 
 #include <omp.h>
 
 #include "attention.h"
 #include "dnnl_engine.h"
-
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* vh_gemm16_timer of the batched Q K^T class: the proxy's dense operands
  * (their values do not matter to the time) on one path; widening converts
@@ -82,13 +74,13 @@ static double time_scores(void *ctx, int native, const vh_gemm16_shape *p) {
         mm.ab_dtype = native ? VH_DTYPE_BF16 : VH_DTYPE_F32;
         mm.c_dtype = VH_DTYPE_F32;
         mm.alpha = 1.0f;
-        const double t0 = seconds();
+        const double t0 = vh_cpu_seconds();
         const void *a = a16, *b = a16 + na;
         if (!native) {
             vh_cpu_to_f32(a32, a16, VH_DTYPE_BF16, na + nb);
             a = a32, b = a32 + na;
         }
-        if (vh_dnnl_matmul_run(&mm, a, b, NULL, c) == VH_STATUS_OK) t = seconds() - t0;
+        if (vh_dnnl_matmul_run(&mm, a, b, NULL, c) == VH_STATUS_OK) t = vh_cpu_seconds() - t0;
     }
     vh_cpu_scratch_end(mark);
     return t;

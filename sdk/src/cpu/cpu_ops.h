@@ -316,6 +316,8 @@ VH_CPU_HIDDEN void vh_cpu_softmax_rows(float *p, int64_t rows, int64_t cols);
 /* dx += gelu'(x) * dout; overwrite: dx = 0 + gelu'(x) * dout, dx not read. */
 VH_CPU_HIDDEN void vh_cpu_k_gelu_backward(float *dx, const float *x, const float *dout,
                                           int64_t n, int overwrite);
+/* Seconds on the monotonic clock (clock.c): the timed choices' stopwatch. */
+VH_CPU_HIDDEN double vh_cpu_seconds(void);
 /* dx = 0 + gelu'(x) * dout (overwrite) on the caller's thread. */
 VH_CPU_HIDDEN void vh_cpu_k_gelu_backward_serial(float *dx, const float *x, const float *dout,
                                                  int64_t n);

@@ -26,13 +26,11 @@
  * Two bf16 values per 32-bit word (low half first): every value of a loop
  * is 32-bit, so it vectorises at the full width of the clone (a loop mixing
  * 16- and 32-bit values gets half-width float vectors from GCC). */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime: the race's timings */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "vithost/vh_cpu_engine.h"
 
@@ -169,12 +167,6 @@ static struct {
     double seconds[2];
 } choice = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, WAY_RACING, 0, 0, {0, 0}, {0.0, 0.0}};
 
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void choose(void) {
     table_fill(table16);
     const char *env = getenv("VITHOST_CPU_GELU_GRAD16");
@@ -240,22 +232,22 @@ void vh_cpu_k_gelu_backward_bf16_serial(uint16_t *dx, const uint16_t *x, const u
                                         int64_t n, int overwrite) {
     int racing;
     const int way = way_for_call(&racing);
-    const double t0 = racing ? seconds() : 0.0;
+    const double t0 = racing ? vh_cpu_seconds() : 0.0;
     if (way == WAY_COMPUTED)
         op_span_computed(dx, x, dout, n, overwrite);
     else
         op_span_table(dx, x, dout, n, overwrite);
-    if (racing) race_add(way, n, seconds() - t0);
+    if (racing) race_add(way, n, vh_cpu_seconds() - t0);
 }
 
 void vh_cpu_k_gelu_backward_f32_to_bf16_serial(uint16_t *dx, const uint16_t *x, const float *t,
                                                int64_t n) {
     int racing;
     const int way = way_for_call(&racing);
-    const double t0 = racing ? seconds() : 0.0;
+    const double t0 = racing ? vh_cpu_seconds() : 0.0;
     if (way == WAY_COMPUTED)
         epilogue_span_computed(dx, x, t, n);
     else
         epilogue_span_table(dx, x, t, n);
-    if (racing) race_add(way, n, seconds() - t0);
+    if (racing) race_add(way, n, vh_cpu_seconds() - t0);
 }

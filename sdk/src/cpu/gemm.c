@@ -72,11 +72,9 @@
  * A plain matmul oneDNN refuses (odd strides) is retried on dense copies, and
  * only then done by a plain loop (never seen on the ViT's shapes).
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime: the GEMM path timings */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 
 #include "cpu_ops.h"
 #include "dnnl_engine.h"
@@ -365,12 +363,6 @@ typedef struct gemm_views {
 
 /* ---- 16-bit operands: native or widened (gemm_choice.c decides) ----------- */
 
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* A weight gradient's layout, A^T.B (k the tokens): its A is the layer's
  * input, which forward wrote long before (flush_from_forward). */
 static int weight_gradient(const vh_gemm_args *g) { return g->trans_a && !g->trans_b; }
@@ -434,7 +426,7 @@ static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
          * pass after either kernel, left out */
         const int mul = p->mul_aux && mul_in_matmul(g, max1(g->batch)) && g->ldc == g->n;
         if (p->dtype == VH_DTYPE_F32) flush_from_forward(g, mul);
-        const double t0 = seconds();
+        const double t0 = vh_cpu_seconds();
         operand a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
         operand b = operand_of(g->b, g->ab_dtype, g->trans_b, g->ldb, g->stride_b);
         if (p->batch > 1 && g->batch <= 1) { /* halves of k (path16): as run_ksplit */
@@ -451,7 +443,7 @@ static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
         if (st == VH_STATUS_OK)
             st = vh_dnnl_matmul_run_binary(&mm, a.p, b.p, NULL, mm.mul_aux ? g->aux : NULL,
                                            NULL, c.p);
-        if (st == VH_STATUS_OK) t = seconds() - t0;
+        if (st == VH_STATUS_OK) t = vh_cpu_seconds() - t0;
     }
     vh_cpu_scratch_end(mark);
     return t;

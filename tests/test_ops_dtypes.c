@@ -791,6 +791,53 @@ static void gelu_backward_every_bf16(int overwrite, int64_t skew) {
     free(g), free(d), free(x16), free(g16), free(d16), free(xw), free(gw), free(dw);
 }
 
+/* bf16 gelu_backward adding to dx: each value is dx + dout gelu'(x) in fp32, as the fp32 op
+ * computes it (one FMA on a CPU that has them), rounded once. Random values almost never
+ * tell one FMA from a product rounded before the add: the two differ in the last bit of an
+ * fp32, and that bit moves the bf16 rounding about once in 2^16. So this searches for triples
+ * (x, dout, dx) where the two roundings give different bf16 results, then checks the op on
+ * them against the fp32 op. A kernel that splits the FMA where the fp32 op keeps it fails
+ * here (gelu_grad16.c's gathers, ctest's forced table way). */
+static void test_gelu_backward_bf16_fma(void **state) {
+    (void)state;
+    enum { N = 67 }; /* four vectors of 16 and a tail */
+    float *one = malloc(65536 * sizeof(float)), *xs = malloc(65536 * sizeof(float));
+    float *grad = malloc(65536 * sizeof(float));
+    assert_non_null(one), assert_non_null(xs), assert_non_null(grad);
+    for (int i = 0; i < 65536; i++) one[i] = 1.0f, xs[i] = vh_bf16_to_f32((uint16_t)i);
+    /* gelu'(x) as the fp32 op holds it: dx = 0 + 1 gelu'(x) */
+    vh_eltwise_args e = {.struct_size = sizeof e, .n = 65536, .dtype = VH_DTYPE_F32, .x = xs,
+                         .dout = one, .dx = grad, .overwrite = 1};
+    assert_int_equal(ops->gelu_backward(ops->device, &e), VH_STATUS_OK);
+    uint16_t x16[N], g16[N], d16[N];
+    float xw[N], gw[N], dw[N];
+    int found = 0;
+    rng_state = 5081;
+    for (int64_t tries = 0; found < N && tries < ((int64_t)1 << 26); tries++) {
+        const uint16_t x = (uint16_t)(rnd() * 65536.0), g = vh_f32_to_bf16((float)(rnd() * 4 - 2));
+        const uint16_t d = vh_f32_to_bf16((float)(rnd() * 4 - 2));
+        const float gx = grad[x], gf = vh_bf16_to_f32(g), df = vh_bf16_to_f32(d);
+        if (!isfinite(gx) || gx == 0.0f) continue;
+        volatile float product = gf * gx; /* rounded: no contraction across the volatile */
+        const float split = product + df, fused = fmaf(gf, gx, df);
+        if (vh_f32_to_bf16(split) == vh_f32_to_bf16(fused)) continue;
+        x16[found] = x, g16[found] = g, d16[found] = d;
+        xw[found] = xs[x], gw[found] = gf, dw[found] = df;
+        found++;
+    }
+    assert_int_equal(found, N); /* about one in 2^17 tries */
+    vh_eltwise_args b = {.struct_size = sizeof b, .n = N, .dtype = VH_DTYPE_BF16, .x = x16,
+                         .dout = g16, .dx = d16};
+    assert_int_equal(ops->gelu_backward(ops->device, &b), VH_STATUS_OK);
+    b.dtype = VH_DTYPE_F32, b.x = xw, b.dout = gw, b.dx = dw;
+    assert_int_equal(ops->gelu_backward(ops->device, &b), VH_STATUS_OK);
+    for (int i = 0; i < N; i++)
+        if (d16[i] != vh_f32_to_bf16(dw[i]))
+            fail_msg("gelu_backward adding, bf16 x 0x%04x: 0x%04x, want 0x%04x", x16[i], d16[i],
+                     vh_f32_to_bf16(dw[i]));
+    free(one), free(xs), free(grad);
+}
+
 /* gelu_grad16.c's race: under auto, the first calls alternate table and
  * computed until each has done 2^21 values, then one way is named with both
  * rates; forced, the summary names the variable. The bits are the same
@@ -1372,6 +1419,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_bf16_exact),
         cmocka_unit_test(test_gemm_gelu_grad_routes),
         cmocka_unit_test(test_gemm_gelu_backward_routes),
+        cmocka_unit_test(test_gelu_backward_bf16_fma),
         cmocka_unit_test(test_gelu_grad16_choice),
         cmocka_unit_test(test_gemm_gelu_bf16_bits),
         cmocka_unit_test(test_layernorm_dtypes),

@@ -92,13 +92,13 @@ ALWAYS_INLINE __m512i bcast_pair(const char *p) {
     return _mm512_set1_epi32(w);
 }
 
-ALWAYS_INLINE __m512 widen16(const void *p) {
-    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* To bf16, nearest even, NaN kept quiet (vcvtneps2bf16 would flush subnormals). */
+/* To bf16, nearest even, NaN kept quiet (vcvtneps2bf16 would flush
+ * subnormals); and back (vh_avx512_widen_bf16). */
 #include "bf16_round_avx512.h"
+
+ALWAYS_INLINE __m512 widen16(const void *p) {
+    return vh_avx512_widen_bf16(_mm256_loadu_si256((const __m256i *)p));
+}
 
 /* ---- products --------------------------------------------------------------
  * C[R x 16V] (+)= alpha sum over K pairs of A[r][pair] . B[pair][16V]: A's
@@ -336,8 +336,7 @@ ALWAYS_INLINE void grad_row(const float *dp, const char *prow, vh_dtype pt, uint
         const __mmask16 m = c >= n ? 0 : n - c >= 16 ? 0xffff : (__mmask16)((1u << (n - c)) - 1);
         const __m512 p = pt == VH_DTYPE_F32
             ? _mm512_maskz_loadu_ps(m, (const float *)prow + c)
-            : _mm512_castsi512_ps(_mm512_slli_epi32(
-                  _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)prow + c)), 16));
+            : vh_avx512_widen_bf16(_mm256_maskz_loadu_epi16(m, (const uint16_t *)prow + c));
         acc = _mm512_fmadd_ps(_mm512_loadu_ps(dp + c), p, acc);
     }
     const __m512 rs = _mm512_set1_ps(_mm512_reduce_add_ps(acc));
@@ -350,7 +349,7 @@ ALWAYS_INLINE void grad_row(const float *dp, const char *prow, vh_dtype pt, uint
         } else {
             const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)prow + c);
             _mm256_storeu_si256((__m256i *)(p16 + c), h);
-            p = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            p = vh_avx512_widen_bf16(h);
         }
         const __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + c), rs));
         _mm256_storeu_si256((__m256i *)(ds16 + c), vh_avx512_round_bf16(ds));

@@ -1,7 +1,7 @@
 /* bf16_round_avx512.h - 16 floats to bf16 with vh_cpu_bf16_round32's integer
  * steps (nearest even, NaN made quiet: (bits >> 16) | 0x40), packed to 16
- * bits: for kernels written with AVX-512 intrinsics (attention_dot16.c,
- * gelu16.c). Where subnormals may occur it is the exact one: vcvtneps2bf16
+ * bits, and 16 bf16 back to floats (exact): for kernels written with
+ * AVX-512 intrinsics (attention_dot16.c, gelu16.c, gelu_grad16.c). Where subnormals may occur it is the exact one: vcvtneps2bf16
  * reads subnormal inputs as zero. Include it after the `#pragma GCC target`
  * that builds the file's AVX-512 code. */
 #ifndef VH_CPU_BF16_ROUND_AVX512_H
@@ -17,6 +17,11 @@ __attribute__((always_inline)) static inline __m256i vh_avx512_round_bf16(__m512
     r = _mm512_srli_epi32(r, 16);
     const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
     return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
+}
+
+/* 16 bf16 values (16-bit lanes of h) widened to floats: the bits shifted up. */
+__attribute__((always_inline)) static inline __m512 vh_avx512_widen_bf16(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 #endif

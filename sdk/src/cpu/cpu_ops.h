@@ -68,9 +68,16 @@ static inline int vh_cpu_has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("x86-64-v3") != 0;
 }
+/* The same for the AVX-512 clone (x86-64-v4): kernels written with AVX-512
+ * intrinsics under `#pragma GCC target("arch=x86-64-v4")`. */
+static inline int vh_cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("x86-64-v4") != 0;
+}
 #else
 #define VH_CPU_CLONES
 static inline int vh_cpu_has_avx2(void) { return 0; }
+static inline int vh_cpu_has_avx512(void) { return 0; }
 #endif
 
 /* ---- host memory (pages.c) -------------------------------------------------

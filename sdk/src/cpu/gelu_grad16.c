@@ -160,8 +160,7 @@ VH_CPU_CLONES static void epilogue_span_table(uint16_t *dx, const uint16_t *x, c
 #include "bf16_round_avx512.h"
 
 __attribute__((always_inline)) static inline __m512 widen16(const uint16_t *p) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    return vh_avx512_widen_bf16(_mm256_loadu_si256((const __m256i *)(const void *)p));
 }
 
 /* table16[x] for 16 bf16 x */
@@ -184,8 +183,7 @@ static int64_t op_gather_v4(uint16_t *dx, const uint16_t *x, const uint16_t *dou
 static int64_t epilogue_gather_v4(uint16_t *dx, const uint16_t *x, const float *t, int64_t n) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m512i d16 = _mm512_cvtepu16_epi32(vh_avx512_round_bf16(_mm512_loadu_ps(t + i)));
-        const __m512 d = _mm512_castsi512_ps(_mm512_slli_epi32(d16, 16));
+        const __m512 d = vh_avx512_widen_bf16(vh_avx512_round_bf16(_mm512_loadu_ps(t + i)));
         const __m512 y = _mm512_fmadd_ps(d, lookup16(x + i), _mm512_setzero_ps());
         _mm256_storeu_si256((__m256i *)(void *)(dx + i), vh_avx512_round_bf16(y));
     }
@@ -194,24 +192,13 @@ static int64_t epilogue_gather_v4(uint16_t *dx, const uint16_t *x, const float *
 
 #pragma GCC pop_options
 
-static int has_v4(void) {
-    static int has = -1; /* the same in every thread */
-    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
-    if (h < 0) {
-        __builtin_cpu_init();
-        h = __builtin_cpu_supports("x86-64-v4") != 0;
-        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
-    }
-    return h;
-}
-
 static int64_t op_gather(uint16_t *dx, const uint16_t *x, const uint16_t *dout, int64_t n,
                          int overwrite) {
-    return has_v4() ? op_gather_v4(dx, x, dout, n, overwrite) : 0;
+    return vh_cpu_has_avx512() ? op_gather_v4(dx, x, dout, n, overwrite) : 0;
 }
 
 static int64_t epilogue_gather(uint16_t *dx, const uint16_t *x, const float *t, int64_t n) {
-    return has_v4() ? epilogue_gather_v4(dx, x, t, n) : 0;
+    return vh_cpu_has_avx512() ? epilogue_gather_v4(dx, x, t, n) : 0;
 }
 #else
 static int64_t op_gather(uint16_t *dx, const uint16_t *x, const uint16_t *dout, int64_t n,

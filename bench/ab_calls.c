@@ -5,8 +5,9 @@
  * percent; here both builds see the same seconds. Also says whether the
  * two builds' outputs have the same bits on the same inputs.
  *
- *   build/bench/ab_calls LIB_A LIB_B REPS attention B N H Dh [f32|bf16]
- *   build/bench/ab_calls LIB_A LIB_B REPS gemm M N K [none|gelu|gelu_grad]
+ *   build/bench/ab_calls [--b-env VAR=VALUE] LIB_A LIB_B REPS attention B N H Dh [f32|bf16]
+ *   build/bench/ab_calls [--b-env VAR=VALUE] LIB_A LIB_B REPS gemm M N K
+ *                        [none|gelu|gelu_grad|mul|gelu_backward] [f32|bf16]
  *
  * LIB_A and LIB_B are paths of two copies of libvhsdk.so.0.* (the
  * copies ab_libs.sh takes: cp build/lib/libvhsdk.so* DIR before and after a
@@ -16,11 +17,17 @@
  * through the two tables: a copy linked in would come first in the global
  * scope, and each loaded copy's calls to the SDK's exported functions would
  * bind to it. attention: the op's forward, then its backward
- * (overwrite, ABI 2.6), on batch-first qkv, probs f32. gemm: f32 C = A B^T
+ * (overwrite, ABI 2.6), on batch-first qkv, probs f32. gemm: C = A B^T
  * + bias as a linear layer's forward, with the epilogue named (aux
- * receives T or gelu'(T)), operands pushed out of the caches (64 MiB
- * written) before each pair. Prints, per op, both builds' median and
- * minimum ms and B's median over A's.
+ * receives T or gelu'(T)), or with mul and gelu_backward C = A B as the
+ * data gradient of fc2 (aux, an input, is gelu'(T) or T), every tensor
+ * f32, or bf16 as AMP's (gelu: its fc1), operands pushed out of the caches (64 MiB written) before each
+ * pair. Prints, per op, both builds' median and minimum ms and B's median
+ * over A's.
+ *
+ * --b-env VAR=VALUE sets VAR for B's calls alone (unset for A's): a route
+ * that the library reads from the environment at every call (such as
+ * VITHOST_CPU_PACK_B) compared within one build, two copies of it.
  *
  * Run it again with LIB_A and LIB_B swapped: on Zen 4 one copy of the very
  * same library ran the main job's attention forward (B 128, N 16, H 8, Dh
@@ -83,6 +90,19 @@ static void report(const char *what, double *ta, double *tb, int reps) {
            tb[reps / 2] / ta[reps / 2]);
 }
 
+/* --b-env: VAR=VALUE for B's calls; NULL when not given. */
+static char *g_b_env_name;
+static const char *g_b_env_value;
+
+/* The environment of side i's next call. */
+static void side_env(int i) {
+    if (!g_b_env_name) return;
+    if (i == 1)
+        setenv(g_b_env_name, g_b_env_value, 1);
+    else
+        unsetenv(g_b_env_name);
+}
+
 _Noreturn static void die_status(const char *op, vh_status st) {
     fprintf(stderr, "ab_calls: %s failed: status %d\n", op, (int)st);
     exit(1);
@@ -131,6 +151,7 @@ static int run_attention(const vh_device_ops *d[2], int reps, char **arg, int na
         for (int j = 0; j < 2; j++) {
             const int i = (r & 1) ? 1 - j : j; /* A B, B A, A B, ... */
             vh_status st;
+            side_env(i);
             const double t0 = bench_now();
             if ((st = d[i]->attention_forward(d[i]->device, &s[i].a)) != VH_STATUS_OK)
                 die_status("attention_forward", st);
@@ -159,22 +180,31 @@ static int run_gemm(const vh_device_ops *d[2], int reps, char **arg, int nargs) 
     if (nargs < 3) return 0;
     const int64_t m = atoll(arg[0]), n = atoll(arg[1]), k = atoll(arg[2]);
     const char *ep_name = nargs > 3 ? arg[3] : "none";
-    const vh_epilogue ep = strcmp(ep_name, "gelu") == 0        ? VH_EPILOGUE_GELU
-                           : strcmp(ep_name, "gelu_grad") == 0 ? VH_EPILOGUE_GELU_GRAD
-                                                               : VH_EPILOGUE_NONE;
-    if (m < 1 || n < 1 || k < 1 || (ep == VH_EPILOGUE_NONE && strcmp(ep_name, "none") != 0))
+    const char *dt_name = nargs > 4 ? arg[4] : "f32";
+    const vh_epilogue ep = strcmp(ep_name, "gelu") == 0            ? VH_EPILOGUE_GELU
+                           : strcmp(ep_name, "gelu_grad") == 0     ? VH_EPILOGUE_GELU_GRAD
+                           : strcmp(ep_name, "mul") == 0           ? VH_EPILOGUE_MUL_AUX
+                           : strcmp(ep_name, "gelu_backward") == 0 ? VH_EPILOGUE_GELU_BACKWARD
+                                                                   : VH_EPILOGUE_NONE;
+    /* the backward's epilogues: C = dY W (B not transposed), aux an input */
+    const int backward = ep == VH_EPILOGUE_MUL_AUX || ep == VH_EPILOGUE_GELU_BACKWARD;
+    const vh_dtype dt = strcmp(dt_name, "bf16") == 0 ? VH_DTYPE_BF16 : VH_DTYPE_F32;
+    if (m < 1 || n < 1 || k < 1 || (ep == VH_EPILOGUE_NONE && strcmp(ep_name, "none") != 0) ||
+        (dt == VH_DTYPE_F32 && strcmp(dt_name, "f32") != 0))
         return 0;
-    float *a = alloc_or_die((size_t)(m * k) * sizeof(float));
-    float *b = alloc_or_die((size_t)(n * k) * sizeof(float));
-    float *bias = alloc_or_die((size_t)n * sizeof(float));
-    bench_fill(a, VH_DTYPE_F32, (size_t)(m * k), 1);
-    bench_fill(b, VH_DTYPE_F32, (size_t)(n * k), 2);
-    bench_fill(bias, VH_DTYPE_F32, (size_t)n, 3);
-    float *c[2], *aux[2];
+    const size_t es = dt == VH_DTYPE_BF16 ? 2 : 4; /* not vh_dtype_size: no libvhsdk linked in */
+    void *a = alloc_or_die((size_t)(m * k) * es);
+    void *b = alloc_or_die((size_t)(n * k) * es);
+    void *bias = alloc_or_die((size_t)n * es);
+    bench_fill(a, dt, (size_t)(m * k), 1);
+    bench_fill(b, dt, (size_t)(n * k), 2);
+    bench_fill(bias, dt, (size_t)n, 3);
+    void *c[2], *aux[2];
     double *tm[2];
     for (int i = 0; i < 2; i++) {
-        c[i] = alloc_or_die((size_t)(m * n) * sizeof(float));
-        aux[i] = alloc_or_die((size_t)(m * n) * sizeof(float));
+        c[i] = alloc_or_die((size_t)(m * n) * es);
+        aux[i] = alloc_or_die((size_t)(m * n) * es);
+        if (backward) bench_fill(aux[i], dt, (size_t)(m * n), 4);
         tm[i] = alloc_or_die((size_t)reps * sizeof(double));
     }
     char *flush = alloc_or_die(FLUSH_BYTES);
@@ -185,11 +215,13 @@ static int run_gemm(const vh_device_ops *d[2], int reps, char **arg, int nargs) 
             vh_gemm_args g;
             memset(&g, 0, sizeof g);
             g.struct_size = sizeof g;
-            g.trans_b = 1; /* X W^T, W stored out x in */
+            g.trans_b = !backward; /* X W^T, W stored out x in; dY W */
             g.m = m, g.n = n, g.k = k, g.alpha = 1.0f;
-            g.a = a, g.lda = k, g.b = b, g.ldb = k, g.c = c[i], g.ldc = n, g.bias = bias;
-            g.ab_dtype = g.c_dtype = g.bias_dtype = VH_DTYPE_F32;
+            g.a = a, g.lda = k, g.b = b, g.ldb = backward ? n : k, g.c = c[i], g.ldc = n;
+            g.bias = backward ? NULL : bias;
+            g.ab_dtype = g.c_dtype = g.bias_dtype = dt;
             g.epilogue = ep, g.aux = ep != VH_EPILOGUE_NONE ? aux[i] : NULL;
+            side_env(i);
             const double t0 = bench_now();
             const vh_status st = d[i]->gemm(d[i]->device, &g);
             const double t1 = bench_now();
@@ -197,11 +229,11 @@ static int run_gemm(const vh_device_ops *d[2], int reps, char **arg, int nargs) 
             if (r >= 0) tm[i][r] = t1 - t0;
         }
     }
-    const size_t bytes = (size_t)(m * n) * sizeof(float);
+    const size_t bytes = (size_t)(m * n) * es;
     const int same = memcmp(c[0], c[1], bytes) == 0 &&
                      (ep == VH_EPILOGUE_NONE || memcmp(aux[0], aux[1], bytes) == 0);
-    printf("gemm %lldx%lldx%lld f32 A.B^T +bias, epilogue %s, %d calls each:\n", (long long)m,
-           (long long)n, (long long)k, ep_name, reps);
+    printf("gemm %lldx%lldx%lld %s %s, epilogue %s, %d calls each:\n", (long long)m,
+           (long long)n, (long long)k, dt_name, backward ? "A.B" : "A.B^T +bias", ep_name, reps);
     report("gemm", tm[0], tm[1], reps);
     printf("C%s: %s bits\n", ep == VH_EPILOGUE_NONE ? "" : " and aux",
            same ? "the same" : "DIFFERENT");
@@ -209,6 +241,16 @@ static int run_gemm(const vh_device_ops *d[2], int reps, char **arg, int nargs) 
 }
 
 int main(int argc, char **argv) {
+    if (argc > 2 && strcmp(argv[1], "--b-env") == 0) {
+        char *eq = strchr(argv[2], '=');
+        if (!eq || eq == argv[2]) {
+            fprintf(stderr, "ab_calls: --b-env wants VAR=VALUE, not %s\n", argv[2]);
+            return 2;
+        }
+        *eq = '\0';
+        g_b_env_name = argv[2], g_b_env_value = eq + 1;
+        argv += 2, argc -= 2;
+    }
     const int reps = argc > 3 ? atoi(argv[3]) : 0;
     int ok = 0;
     if (argc > 4 && reps > 0 && strcmp(argv[1], argv[2]) != 0) {
@@ -225,8 +267,10 @@ int main(int argc, char **argv) {
     }
     if (!ok) {
         fprintf(stderr,
-                "usage: ab_calls LIB_A LIB_B REPS attention B N H Dh [f32|bf16]\n"
-                "       ab_calls LIB_A LIB_B REPS gemm M N K [none|gelu|gelu_grad]\n"
+                "usage: ab_calls [--b-env VAR=VALUE] LIB_A LIB_B REPS attention B N H Dh "
+                "[f32|bf16]\n"
+                "       ab_calls [--b-env VAR=VALUE] LIB_A LIB_B REPS gemm M N K "
+                "[none|gelu|gelu_grad|mul|gelu_backward] [f32|bf16]\n"
                 "(LIB_A and LIB_B: two different paths of libvhsdk.so.0.* copies)\n");
         return 2;
     }

@@ -279,6 +279,97 @@ static void test_fc1_gelu(void **state) {
     set_mode("auto");
 }
 
+/* Band calls so far whose B was packed once for all bands
+ * (vh_cpu_gemm_bands_summary's count). */
+static unsigned long long bands_packed(void) {
+    char line[256];
+    vh_cpu_gemm_bands_summary(line, sizeof line);
+    const char *p = strstr(line, "packed once for ");
+    return p ? strtoull(p + strlen("packed once for "), NULL, 10) : 0;
+}
+
+/* The three kinds of calls gemm.c runs in bands of rows, 300 rows (two
+ * bands of 128 and one of 44) of n 96, k 64. */
+typedef enum band_kind {
+    BAND_FC1_BF16,    /* AMP's fc1: C = bf16(gelu(T)), aux = bf16(T), B transposed */
+    BAND_FC2_DX_BF16, /* AMP's fc2 data gradient: C = bf16(gelu'(aux) T), B plain */
+    BAND_FC1_F32,     /* fp32's fc1: C = gelu(T), aux = gelu'(T), B transposed */
+} band_kind;
+
+/* C and aux (written, or read by BAND_FC2_DX_BF16) of one call, B packed
+ * (pack 1) or not (VITHOST_CPU_PACK_B=0). */
+static void run_band_call(band_kind kind, int pack, void *c, void *aux) {
+    const int64_t m = 300, n = 96, k = 64;
+    const int f32 = kind == BAND_FC1_F32, fc1 = kind != BAND_FC2_DX_BF16;
+    const vh_dtype t = f32 ? VH_DTYPE_F32 : VH_DTYPE_BF16;
+    const size_t es = f32 ? 4 : 2;
+    char *a = malloc((size_t)(m * k) * es), *b = malloc((size_t)(k * n) * es);
+    char *bias = malloc((size_t)n * es);
+    assert_true(a && b && bias);
+    const uint64_t saved_rng = rng_state;
+    rng_state = 777; /* both calls of a kind on the same values */
+    for (int64_t i = 0; i < m * k + k * n + n + (fc1 ? 0 : m * n); i++) {
+        const float x = (float)rnd();
+        char *at = i < m * k               ? a + i * es
+                   : i < m * k + k * n     ? b + (i - m * k) * es
+                   : i < m * k + k * n + n ? bias + (i - m * k - k * n) * es
+                                           : (char *)aux + (i - m * k - k * n - n) * es;
+        if (f32)
+            memcpy(at, &x, 4);
+        else {
+            const uint16_t h = vh_f32_to_bf16(x);
+            memcpy(at, &h, 2);
+        }
+    }
+    if (pack)
+        unsetenv("VITHOST_CPU_PACK_B");
+    else
+        setenv("VITHOST_CPU_PACK_B", "0", 1);
+    vh_gemm_args g = {.struct_size = sizeof g, .trans_b = fc1, .m = m, .n = n, .k = k,
+                      .alpha = 1.0f, .a = a, .lda = k, .b = b, .ldb = fc1 ? k : n, .c = c,
+                      .ldc = n, .bias = fc1 ? bias : NULL, .ab_dtype = t, .c_dtype = t,
+                      .bias_dtype = t, .aux = aux,
+                      .epilogue = kind == BAND_FC1_BF16     ? VH_EPILOGUE_GELU
+                                  : kind == BAND_FC1_F32    ? VH_EPILOGUE_GELU_GRAD
+                                                            : VH_EPILOGUE_GELU_BACKWARD};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    unsetenv("VITHOST_CPU_PACK_B");
+    rng_state = saved_rng;
+    free(a), free(b), free(bias);
+}
+
+/* B packed once into the kernel's layout for all bands (gemm.c's pack_b)
+ * runs the same kernel on the same blocks as B given plain to every band:
+ * the same bits, for each kind of band call. Where the CPU multiplies bf16
+ * natively (oneDNN's brgemm wants pairs of k interleaved), the bf16 calls
+ * must have packed; a CPU whose f32 kernel reads B as it is may not. */
+static void test_bands_pack_b(void **state) {
+    (void)state;
+    set_mode("native");
+    const size_t bytes = (size_t)300 * 96 * 4;
+    for (int kind = BAND_FC1_BF16; kind <= BAND_FC1_F32; kind++) {
+        char *c[2], *aux[2];
+        for (int i = 0; i < 2; i++) {
+            c[i] = calloc(1, bytes), aux[i] = calloc(1, bytes);
+            assert_true(c[i] && aux[i]);
+        }
+        const unsigned long long before = bands_packed();
+        run_band_call((band_kind)kind, 0, c[0], aux[0]);
+        assert_true(bands_packed() == before); /* VITHOST_CPU_PACK_B=0 packs nothing */
+        run_band_call((band_kind)kind, 1, c[1], aux[1]);
+        const int packed = bands_packed() > before;
+        if (hw_bf16 && kind != BAND_FC1_F32 && !packed)
+            fail_msg("band kind %d: bf16 kernels, yet B was not packed", kind);
+        if (memcmp(c[0], c[1], bytes) != 0 || memcmp(aux[0], aux[1], bytes) != 0)
+            fail_msg("band kind %d: B packed (%s) and plain give other bits", kind,
+                     packed ? "it was" : "it was not");
+        printf("test_gemm16: band kind %d: B %s, the same bits as plain\n", kind,
+               packed ? "packed" : "not packed here");
+        for (int i = 0; i < 2; i++) free(c[i]), free(aux[i]);
+    }
+    set_mode("auto");
+}
+
 /* A buffer of `bytes` that ends where an unreadable page begins: touching
  * past its end faults. *base and *len: the mapping, for munmap. */
 static void *guarded(size_t bytes, void **base, size_t *len) {
@@ -433,6 +524,7 @@ int main(void) {
         cmocka_unit_test(test_forced_paths),
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_fc1_gelu),
+        cmocka_unit_test(test_bands_pack_b),
         cmocka_unit_test(test_invalid_value),
         cmocka_unit_test(test_f32_race_flushes_its_operands),
     };

@@ -17,6 +17,11 @@
  * - The implementation is oneDNN's first choice, or its gemm driver where the
  *   description asks for it (vh_dnnl_kernel): the primitive-descriptor
  *   iterator walks oneDNN's list to it.
+ * - B packed once for many calls (vh_dnnl_matmul_pack_b): a "query" entry
+ *   per plain description holds its kernel's B layout (weights "any") and
+ *   the reorder into it; descriptions with b_layout set take that layout
+ *   and check its fingerprint when created, so B packed for another kernel
+ *   (another shape or thread count) is refused, never misread.
  * - A description oneDNN cannot implement, or can only with its reference
  *   (scalar) implementation, is remembered as unsupported and reported to the
  *   caller, which then takes a plain-f32 route.
@@ -36,6 +41,12 @@
 #define MAX_DIMS (VH_DNNL_MAX_BATCH_DIMS + 2)
 
 enum { MEM_A, MEM_B, MEM_BIAS, MEM_C, MEM_AUX, MEM_RESIDUAL, MEM_SCRATCH, MEM_COUNT };
+enum { PACK_FROM, PACK_TO, PACK_SCRATCH, PACK_COUNT };
+
+/* The b_layout of the entry that answers vh_dnnl_matmul_packed_b_bytes and
+ * runs vh_dnnl_matmul_pack_b: the kernel's B layout, and the reorder into
+ * it, with no matmul primitive. A fingerprint is never this value. */
+#define B_LAYOUT_QUERY UINT64_MAX
 
 typedef struct entry {
     vh_dnnl_matmul key;
@@ -45,6 +56,14 @@ typedef struct entry {
     dnnl_primitive_t prim;
     dnnl_memory_t mem[MEM_COUNT];
     size_t scratch_bytes;
+    /* key.b_layout == B_LAYOUT_QUERY: the kernel's B layout (its
+     * fingerprint; packed_bytes 0 where it is B's plain one) and the reorder
+     * from plain B into it */
+    uint64_t layout;
+    size_t packed_bytes;
+    dnnl_primitive_t reorder;
+    dnnl_memory_t pack[PACK_COUNT];
+    size_t pack_scratch_bytes;
 } entry;
 
 typedef struct thread_cache {
@@ -58,10 +77,18 @@ static dnnl_engine_t g_engine;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_key_t g_key;
 
-static void entry_clear(entry *e) {
-    if (e->prim) dnnl_primitive_destroy(e->prim);
+/* Destroys the entry's oneDNN objects; the key stays. */
+static void entry_release(entry *e) {
+    if (e->prim) dnnl_primitive_destroy(e->prim), e->prim = NULL;
     for (int i = 0; i < MEM_COUNT; i++)
-        if (e->mem[i]) dnnl_memory_destroy(e->mem[i]);
+        if (e->mem[i]) dnnl_memory_destroy(e->mem[i]), e->mem[i] = NULL;
+    if (e->reorder) dnnl_primitive_destroy(e->reorder), e->reorder = NULL;
+    for (int i = 0; i < PACK_COUNT; i++)
+        if (e->pack[i]) dnnl_memory_destroy(e->pack[i]), e->pack[i] = NULL;
+}
+
+static void entry_clear(entry *e) {
+    entry_release(e);
     memset(e, 0, sizeof *e);
 }
 
@@ -133,6 +160,56 @@ static int md_init(dnnl_memory_desc_t *md, const vh_dnnl_matmul *mm, int64_t row
     return dnnl_memory_desc_init_by_strides(md, nb + 2, dims, dt_of(t), st) == dnnl_success;
 }
 
+/* A fingerprint of a memory layout (oneDNN 2.x's descriptor is a public
+ * struct; its padding bytes are not defined, so field by field). */
+static uint64_t mix(uint64_t h, int64_t v) {
+    for (int i = 0; i < 8; i++) h = (h ^ (uint64_t)((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t layout_of(const dnnl_memory_desc_t *md) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    h = mix(h, md->ndims), h = mix(h, md->data_type), h = mix(h, md->format_kind);
+    h = mix(h, md->offset0), h = mix(h, (int64_t)md->extra.flags);
+    for (int i = 0; i < md->ndims; i++)
+        h = mix(mix(mix(h, md->dims[i]), md->padded_dims[i]), md->padded_offsets[i]);
+    if (md->format_kind == dnnl_blocked) {
+        const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+        for (int i = 0; i < md->ndims; i++) h = mix(h, b->strides[i]);
+        h = mix(h, b->inner_nblks);
+        for (int i = 0; i < b->inner_nblks; i++) h = mix(mix(h, b->inner_blks[i]), b->inner_idxs[i]);
+    }
+    return h == 0 || h == B_LAYOUT_QUERY ? 1 : h;
+}
+
+/* The query entry's reorder from B as given (plain) into the kernel's
+ * layout `to`. */
+static int create_reorder(entry *e, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to) {
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    int ok = dnnl_primitive_attr_create(&attr) == dnnl_success &&
+             dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) ==
+                 dnnl_success &&
+             dnnl_reorder_primitive_desc_create(&pd, from, g_engine, to, g_engine, attr) ==
+                 dnnl_success &&
+             dnnl_primitive_create(&e->reorder, pd) == dnnl_success;
+    if (ok) {
+        const dnnl_memory_desc_t *sp =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        e->pack_scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
+        ok = dnnl_memory_create(&e->pack[PACK_FROM], from, g_engine, DNNL_MEMORY_NONE) ==
+                 dnnl_success &&
+             dnnl_memory_create(&e->pack[PACK_TO], to, g_engine, DNNL_MEMORY_NONE) ==
+                 dnnl_success &&
+             (!e->pack_scratch_bytes ||
+              dnnl_memory_create(&e->pack[PACK_SCRATCH], sp, g_engine, DNNL_MEMORY_NONE) ==
+                  dnnl_success);
+    }
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return ok;
+}
+
 /* The gemm implementation of a matmul ("gemm:jit"), or NULL when oneDNN
  * has none for it. */
 static dnnl_primitive_desc_t gemm_kernel(const dnnl_matmul_desc_t *desc,
@@ -174,8 +251,19 @@ static int create(entry *e) {
 
     /* oneDNN 2.x scales after the bias, alpha (A B + bias): not ours. */
     if (mm->has_bias && mm->alpha != 1.0f) return 0;
+    /* Packed B: the kernel's choice of layout ("any"), unbatched only. */
+    const int packed = mm->b_layout != 0;
+    dnnl_memory_desc_t b_any;
+    if (packed) {
+        const dnnl_dims_t dims = {mm->k, mm->n};
+        if (nb != 0 ||
+            dnnl_memory_desc_init_by_tag(&b_any, 2, dims, dt_of(mm->ab_dtype),
+                                         dnnl_format_tag_any) != dnnl_success)
+            return 0;
+    }
     dnnl_matmul_desc_t desc;
-    if (dnnl_matmul_desc_init(&desc, &a, &b, mm->has_bias ? &bias : NULL, &c) != dnnl_success)
+    if (dnnl_matmul_desc_init(&desc, &a, packed ? &b_any : &b, mm->has_bias ? &bias : NULL,
+                              &c) != dnnl_success)
         return 0;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
@@ -213,13 +301,37 @@ static int create(entry *e) {
             !impl || strncmp(impl, "ref", 3) == 0)
             ok = 0;
     }
-    if (ok) ok = dnnl_primitive_create(&e->prim, pd) == dnnl_success;
-    if (ok) {
+    const dnnl_memory_desc_t *b_md = &b;
+    const int query = mm->b_layout == B_LAYOUT_QUERY; /* runs no matmul */
+    if (ok && packed) {
+        b_md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+        ok = b_md != NULL;
+        if (ok && query) {
+            /* brgemm only: it copies a plain B into these blocks itself, so
+             * that packed and plain run the same sums. gemm:jit packs its own
+             * panels; its "any" merely transposes B, which changes its order
+             * of summation (seen on AVX2). */
+            const char *impl = NULL;
+            const int brgemm =
+                dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) ==
+                    dnnl_success &&
+                impl && strncmp(impl, "brg", 3) == 0;
+            e->layout = layout_of(b_md);
+            if (brgemm && !dnnl_memory_desc_equal(b_md, &b)) {
+                e->packed_bytes = dnnl_memory_desc_get_size(b_md);
+                ok = create_reorder(e, &b, b_md);
+            }
+        } else if (ok && layout_of(b_md) != mm->b_layout) {
+            ok = 0; /* packed for another kernel's layout (another shape, or thread count) */
+        }
+    }
+    if (ok && !query) ok = dnnl_primitive_create(&e->prim, pd) == dnnl_success;
+    if (ok && !query) {
         const dnnl_memory_desc_t *sp =
             dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         e->scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
         ok = dnnl_memory_create(&e->mem[MEM_A], &a, g_engine, DNNL_MEMORY_NONE) == dnnl_success &&
-             dnnl_memory_create(&e->mem[MEM_B], &b, g_engine, DNNL_MEMORY_NONE) == dnnl_success &&
+             dnnl_memory_create(&e->mem[MEM_B], b_md, g_engine, DNNL_MEMORY_NONE) == dnnl_success &&
              dnnl_memory_create(&e->mem[MEM_C], &c, g_engine, DNNL_MEMORY_NONE) == dnnl_success;
         if (ok && mm->has_bias)
             ok = dnnl_memory_create(&e->mem[MEM_BIAS], &bias, g_engine, DNNL_MEMORY_NONE) ==
@@ -257,9 +369,7 @@ static entry *lookup(thread_cache *tc, const vh_dnnl_matmul *mm) {
     oldest->last_use = ++tc->tick;
     tc->created++;
     if (!create(oldest)) {
-        for (int i = 0; i < MEM_COUNT; i++)
-            if (oldest->mem[i]) dnnl_memory_destroy(oldest->mem[i]), oldest->mem[i] = NULL;
-        if (oldest->prim) dnnl_primitive_destroy(oldest->prim), oldest->prim = NULL;
+        entry_release(oldest);
         oldest->unsupported = 1;
     }
     return oldest;
@@ -273,7 +383,8 @@ vh_status vh_dnnl_matmul_run(const vh_dnnl_matmul *mm, const void *a, const void
 vh_status vh_dnnl_matmul_run_binary(const vh_dnnl_matmul *mm, const void *a, const void *b,
                                     const float *bias, const void *aux, const void *residual,
                                     void *c) {
-    if ((mm->residual && !residual) || (mm->mul_aux && !aux)) return VH_STATUS_ERR_INVALID_ARG;
+    if ((mm->residual && !residual) || (mm->mul_aux && !aux) || mm->b_layout == B_LAYOUT_QUERY)
+        return VH_STATUS_ERR_INVALID_ARG;
     thread_cache *tc = this_cache();
     if (!tc) return VH_STATUS_ERR_UNSUPPORTED;
     entry *e = lookup(tc, mm);
@@ -320,6 +431,45 @@ vh_status vh_dnnl_matmul_run_binary(const vh_dnnl_matmul *mm, const void *a, con
     if (st == dnnl_success) st = dnnl_stream_wait(tc->stream);
     vh_cpu_scratch_end(mark);
     return st == dnnl_success ? VH_STATUS_OK : VH_STATUS_ERR_DEVICE;
+}
+
+/* The query entry of plain description mm (NULL: no packing for it). */
+static entry *query_entry(thread_cache *tc, const vh_dnnl_matmul *mm) {
+    if (!tc || mm->b_layout != 0) return NULL;
+    vh_dnnl_matmul q = *mm;
+    q.b_layout = B_LAYOUT_QUERY;
+    entry *e = lookup(tc, &q);
+    return e->unsupported || !e->packed_bytes ? NULL : e;
+}
+
+size_t vh_dnnl_matmul_packed_b_bytes(const vh_dnnl_matmul *mm) {
+    const entry *e = query_entry(this_cache(), mm);
+    return e ? e->packed_bytes : 0;
+}
+
+vh_status vh_dnnl_matmul_pack_b(const vh_dnnl_matmul *mm, const void *b, void *packed,
+                                uint64_t *layout) {
+    thread_cache *tc = this_cache();
+    entry *e = query_entry(tc, mm);
+    if (!e) return VH_STATUS_ERR_UNSUPPORTED;
+    vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
+    void *scratch = e->pack_scratch_bytes ? vh_cpu_scratch_alloc(e->pack_scratch_bytes) : NULL;
+    if (e->pack_scratch_bytes && !scratch) {
+        vh_cpu_scratch_end(mark);
+        return VH_STATUS_ERR_NOMEM;
+    }
+    dnnl_memory_set_data_handle(e->pack[PACK_FROM], (void *)(uintptr_t)b);
+    dnnl_memory_set_data_handle(e->pack[PACK_TO], packed);
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_FROM, e->pack[PACK_FROM]},
+                               {DNNL_ARG_TO, e->pack[PACK_TO]},
+                               {DNNL_ARG_SCRATCHPAD, e->pack[PACK_SCRATCH]}};
+    if (scratch) dnnl_memory_set_data_handle(e->pack[PACK_SCRATCH], scratch);
+    dnnl_status_t st = dnnl_primitive_execute(e->reorder, tc->stream, scratch ? 3 : 2, args);
+    if (st == dnnl_success) st = dnnl_stream_wait(tc->stream);
+    vh_cpu_scratch_end(mark);
+    if (st != dnnl_success) return VH_STATUS_ERR_DEVICE;
+    *layout = e->layout;
+    return VH_STATUS_OK;
 }
 
 uint64_t vh_dnnl_primitives_created(void) {

@@ -37,6 +37,10 @@ typedef struct vh_dnnl_matmul {
     int64_t sa[VH_DNNL_MAX_BATCH_DIMS + 2];
     int64_t sb[VH_DNNL_MAX_BATCH_DIMS + 2];
     int64_t sc[VH_DNNL_MAX_BATCH_DIMS + 2];
+    /* 0: B is read through sb. Otherwise B is packed (vh_dnnl_matmul_pack_b)
+     * in the layout with this fingerprint; a kernel that reads another
+     * layout is unsupported, and the caller runs plain B instead. */
+    uint64_t b_layout;
     /* 4-byte members last: no padding, so byte comparison is exact */
     int32_t batch_dims;  /* 0, 1 or 2 */
     vh_dtype ab_dtype;   /* f32 or bf16 (bf16 only where vh_gemm16_native) */
@@ -50,7 +54,7 @@ typedef struct vh_dnnl_matmul {
     int32_t mul_aux;     /* T * aux (binary post-op) where gelu would be; not with gelu */
 } vh_dnnl_matmul;
 
-_Static_assert(sizeof(vh_dnnl_matmul) == 17 * 8 + 10 * 4, "vh_dnnl_matmul has no padding");
+_Static_assert(sizeof(vh_dnnl_matmul) == 18 * 8 + 10 * 4, "vh_dnnl_matmul has no padding");
 
 /* oneDNN 2.x has two matmul implementations for these CPUs: brgemm (its
  * first choice on AVX-512: B copied into blocks, A read in place where it
@@ -77,6 +81,22 @@ VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run_binary(const vh_dnnl_matmul *mm, cons
                                                   const void *b, const float *bias,
                                                   const void *aux, const void *residual,
                                                   void *c);
+
+/* B packed once for many calls: the row bands of one GEMM (gemm.c's
+ * run_bands). oneDNN's brgemm copies a B it is given plain into its own
+ * blocks at every call (bf16 always: pairs of k interleaved for the dot
+ * products; f32 where B is transposed), and a band of 128 rows pays for the
+ * whole copy each time. For a plain, unbatched description mm (b_layout 0):
+ * the bytes of B in the layout its kernel reads (oneDNN's weights format
+ * "any"), 0 where that is B's plain layout already, or the kernel is not
+ * brgemm (only brgemm runs the same sums on packed and plain B). */
+VH_CPU_HIDDEN size_t vh_dnnl_matmul_packed_b_bytes(const vh_dnnl_matmul *mm);
+/* Writes B (read through mm's strides) into `packed`, 64-byte aligned and
+ * vh_dnnl_matmul_packed_b_bytes(mm) long, in that layout (all threads, outside
+ * a parallel region), and the layout's fingerprint to *layout: run
+ * descriptions with b_layout = *layout on it. */
+VH_CPU_HIDDEN vh_status vh_dnnl_matmul_pack_b(const vh_dnnl_matmul *mm, const void *b,
+                                              void *packed, uint64_t *layout);
 
 /* ISA levels of oneDNN's effective ISA (the CPU's, capped by
  * ONEDNN_MAX_CPU_ISA), which our own kernels are held to as well: a test

@@ -72,9 +72,14 @@
  * A plain matmul oneDNN refuses (odd strides) is retried on dense copies, and
  * only then done by a plain loop (never seen on the ViT's shapes).
  */
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "vithost/vh_cpu_engine.h"
 
 #include "cpu_ops.h"
 #include "dnnl_engine.h"
@@ -728,6 +733,44 @@ static band_pass band_pass_of(const vh_gemm_args *g, int64_t batch, const gemm_v
     return BAND_PASS_NONE;
 }
 
+/* B once in the layout the bands' kernel reads, for all bands (NULL where
+ * it reads B as it is, or VITHOST_CPU_PACK_B=0). oneDNN would otherwise
+ * copy B into that layout at every band's call: 13 times for T3's
+ * 1576-row calls. On the Xeon with AMX, T3's 1576 x 1536 x 384 in bands of
+ * 128 rows, 2 threads, ms a call, the matmuls alone: bf16 4.3-4.6 against
+ * 8.6-12.2 (B plain or transposed alike), f32 with B transposed 9.9-10.0
+ * against 16.3-17.6 (f32 with B plain is read in place: not packed). The
+ * same kernel on the same blocks, so the same sums (test_gemm16). */
+static _Atomic uint64_t g_band_calls, g_band_packed, g_band_unpacked_bands;
+static _Atomic int g_pack_off_seen; /* a call found VITHOST_CPU_PACK_B=0 */
+
+static int pack_b_off(void) {
+    const char *env = getenv("VITHOST_CPU_PACK_B"); /* each call: tests and ab_calls flip it */
+    return env && strcmp(env, "0") == 0;
+}
+
+static const void *pack_b(const vh_gemm_args *g, const gemm_views *v, int64_t rows,
+                          uint64_t *layout) {
+    *layout = 0;
+    if (pack_b_off()) {
+        g_pack_off_seen = 1;
+        return NULL;
+    }
+    vh_gemm_args band = *g;
+    band.m = rows;
+    const out_view tv = {NULL, rows * g->n, g->n};
+    vh_dnnl_matmul mm;
+    describe(&mm, &band, 1, &v->a, &v->b, &tv);
+    mm.has_bias = v->bias != NULL;
+    const size_t bytes = vh_dnnl_matmul_packed_b_bytes(&mm);
+    void *packed = bytes ? vh_cpu_scratch_alloc(bytes) : NULL;
+    if (!packed || vh_dnnl_matmul_pack_b(&mm, v->b.p, packed, layout) != VH_STATUS_OK) {
+        *layout = 0;
+        return NULL;
+    }
+    return packed;
+}
+
 /* Each thread runs its bands' matmuls alone (oneDNN inside a parallel
  * region runs on the calling thread) and the pass on each band right
  * after, while the band is in its L2. Bands are fixed by the shape, so the
@@ -745,6 +788,11 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
     const int64_t m = g->m, n = g->n, rows = band_rows(n), bands = (m + rows - 1) / rows;
     const size_t es = vh_dtype_size(v->a.dtype);
     vh_status st = VH_STATUS_OK;
+    vh_cpu_scratch_mark outer = vh_cpu_scratch_begin();
+    uint64_t layout = 0;
+    const void *packed = bands > 1 ? pack_b(g, v, rows, &layout) : NULL;
+    g_band_calls++;
+    if (packed) g_band_packed++;
 #pragma omp parallel if (bands > 1)
     {
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
@@ -766,7 +814,14 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
             vh_dnnl_matmul mm;
             describe(&mm, &band, 1, &a, &v->b, &tv);
             mm.has_bias = v->bias != NULL;
-            mine = vh_dnnl_matmul_run(&mm, a.p, v->b.p, v->bias, t);
+            mm.b_layout = layout;
+            mine = vh_dnnl_matmul_run(&mm, a.p, packed ? packed : v->b.p, v->bias, t);
+            if (mine == VH_STATUS_ERR_UNSUPPORTED && packed) {
+                /* this band's kernel reads another layout (a short band's may) */
+                g_band_unpacked_bands++;
+                mm.b_layout = 0;
+                mine = vh_dnnl_matmul_run(&mm, a.p, v->b.p, v->bias, t);
+            }
             if (mine != VH_STATUS_OK) continue;
             if (pass == BAND_PASS_GELU_TO_BF16) {
                 vh_cpu_k_gelu_forward_f32_to_bf16_serial((uint16_t *)g->c + r0 * n,
@@ -790,7 +845,21 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
         if (mine != VH_STATUS_OK && st == VH_STATUS_OK) st = mine;
         vh_cpu_scratch_end(mark);
     }
+    vh_cpu_scratch_end(outer);
     return st;
+}
+
+const char *vh_cpu_gemm_bands_summary(char *buf, size_t len) {
+    if (!buf || !len) return buf;
+    const unsigned long long calls = g_band_calls, packed = g_band_packed,
+                             unpacked = g_band_unpacked_bands;
+    if (!calls)
+        snprintf(buf, len, "no calls");
+    else
+        snprintf(buf, len, "%llu calls in bands of rows: B packed once for %llu%s%s", calls,
+                 packed, g_pack_off_seen ? " (VITHOST_CPU_PACK_B=0 seen)" : "",
+                 unpacked ? ", some bands' kernels read B plain" : "");
+    return buf;
 }
 
 /* ---- a long k and a small C: two halves of k side by side ------------------ */

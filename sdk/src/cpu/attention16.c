@@ -208,7 +208,10 @@ static void softmax_to_p16(float *s, uint16_t *p16, float *pad, int64_t rows, in
 
 /* dqkv += the dense f32 (3, c, N, Dh) gradients of q, k and v of heads h0 ..
  * h0+c-1 of sample b, each element rounded once (what a sum post-op on the
- * bf16 tensor does). Touches only those heads' spans: tasks run at once.
+ * bf16 tensor does); with overwrite, dqkv = them, with the bits adding to
+ * zeros gives (+ 0.0f turns -0 into +0, as 0 + -0 does), never reading
+ * dqkv: the call's tasks cover every span of it, so the zeroing pass and
+ * the reads go. Touches only those heads' spans: tasks run at once.
  * Cloned per ISA, its loop vectorised: built for the baseline and inlined,
  * backward_task itself was 13% of the op's samples on T3's shape (a Xeon
  * with AMX, perf), 7% as this clone. */
@@ -216,14 +219,20 @@ VH_CPU_CLONES static void scatter_add_heads(const vh_attention_args *a, const fl
                                              int64_t b, int64_t h0, int64_t c) {
     const int64_t N = a->tokens, Dh = a->head_dim, H = a->heads, nd = c * N * Dh;
     uint16_t *base = (uint16_t *)a->dqkv + b * a->qkv_batch_stride + h0 * Dh;
+    const int overwrite = a->overwrite != 0;
     for (int64_t n = 0; n < N; n++)
         for (int64_t w = 0; w < 3; w++)
             for (int64_t h = 0; h < c; h++) {
                 uint16_t *span = base + n * a->qkv_token_stride + (w * H + h) * Dh;
                 const float *gi = g + w * nd + (h * N + n) * Dh;
+                if (overwrite) {
 #pragma omp simd
-                for (int64_t d = 0; d < Dh; d++)
-                    span[d] = vh_cpu_bf16_round(vh_cpu_bf16_widen(span[d]) + gi[d]);
+                    for (int64_t d = 0; d < Dh; d++) span[d] = vh_cpu_bf16_round(gi[d] + 0.0f);
+                } else {
+#pragma omp simd
+                    for (int64_t d = 0; d < Dh; d++)
+                        span[d] = vh_cpu_bf16_round(vh_cpu_bf16_widen(span[d]) + gi[d]);
+                }
             }
 }
 
@@ -354,7 +363,7 @@ vh_status vh_cpu_attention16_dot_backward(const vh_attention_args *a) {
 
 vh_status vh_cpu_attention16_backward(const vh_attention_args *a) {
     if (!applies(a)) return VH_STATUS_ERR_UNSUPPORTED;
-    if (a->overwrite) vh_cpu_attention_zero_dqkv(a); /* the tasks add */
+    /* with overwrite the tasks write dqkv (scatter_add_heads), else add */
     vh_status st = run_tasks(a, 1);
     /* dqkv may be added to already: the widened path must not run after it */
     if (st == VH_STATUS_ERR_UNSUPPORTED) st = VH_STATUS_ERR_INTERNAL;

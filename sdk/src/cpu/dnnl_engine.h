@@ -84,9 +84,9 @@ VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run_binary(const vh_dnnl_matmul *mm, cons
 
 /* B packed once for many calls: the row bands of one GEMM (gemm.c's
  * run_bands). oneDNN's brgemm copies a B it is given plain into its own
- * blocks at every call (bf16 always: pairs of k interleaved for the dot
- * products; f32 where B is transposed), and a band of 128 rows pays for the
- * whole copy each time. For a plain, unbatched description mm (b_layout 0):
+ * blocks at every call (bf16: pairs of k interleaved for the dot products;
+ * f32: blocks of 16 x 64), and a band of 128 rows pays for the whole copy
+ * each time. For a plain, unbatched description mm (b_layout 0):
  * the bytes of B in the layout its kernel reads (oneDNN's weights format
  * "any"), 0 where that is B's plain layout already, or the kernel is not
  * brgemm (only brgemm runs the same sums on packed and plain B). */

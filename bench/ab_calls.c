@@ -20,10 +20,10 @@
  * (overwrite, ABI 2.6), on batch-first qkv, probs f32. gemm: C = A B^T
  * + bias as a linear layer's forward, with the epilogue named (aux
  * receives T or gelu'(T)), or with mul and gelu_backward C = A B as the
- * data gradient of fc2 (aux, an input, is gelu'(T) or T), every tensor
- * f32, or bf16 as AMP's (gelu: its fc1), operands pushed out of the caches (64 MiB written) before each
- * pair. Prints, per op, both builds' median and minimum ms and B's median
- * over A's.
+ * data gradient of fc2 (aux, an input, is gelu'(T) or T); every tensor
+ * f32, or bf16 as AMP's (gelu: its fc1); operands pushed out of the caches
+ * (64 MiB written) before each pair. Prints, per op, both builds' median
+ * and minimum ms and B's median over A's.
  *
  * --b-env VAR=VALUE sets VAR for B's calls alone (unset for A's): a route
  * that the library reads from the environment at every call (such as

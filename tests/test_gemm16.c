@@ -14,7 +14,9 @@
  * says and the test prints: not a failure.
  *
  * Also the race of the f32 GEMMs' two oneDNN kernels on real timings, its
- * operands at guard pages (test_f32_race_flushes_its_operands).
+ * operands at guard pages (test_f32_race_flushes_its_operands), and B
+ * packed once for a GEMM's bands of rows against B given plain to each
+ * band: the same bits (test_bands_pack_b).
  */
 #define _DEFAULT_SOURCE /* POSIX 2008 and MAP_ANONYMOUS */
 #include <math.h>

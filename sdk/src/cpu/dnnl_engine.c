@@ -132,12 +132,16 @@ static dnnl_data_type_t dt_of(vh_dtype t) {
     }
 }
 
-static uint64_t hash_of(const vh_dnnl_matmul *mm) {
-    const unsigned char *p = (const unsigned char *)mm;
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < sizeof *mm; i++) h = (h ^ p[i]) * 1099511628211ull;
+/* FNV-1a over n bytes, from h (FNV_OFFSET to start). */
+#define FNV_OFFSET 1469598103934665603ull
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
     return h;
 }
+
+static uint64_t hash_of(const vh_dnnl_matmul *mm) { return fnv1a(FNV_OFFSET, mm, sizeof *mm); }
 
 /* A plain strided descriptor: batch dims then the two matrix dims. A batch
  * stride of 0 makes that dim 1 (broadcast). */
@@ -162,13 +166,10 @@ static int md_init(dnnl_memory_desc_t *md, const vh_dnnl_matmul *mm, int64_t row
 
 /* A fingerprint of a memory layout (oneDNN 2.x's descriptor is a public
  * struct; its padding bytes are not defined, so field by field). */
-static uint64_t mix(uint64_t h, int64_t v) {
-    for (int i = 0; i < 8; i++) h = (h ^ (uint64_t)((v >> (8 * i)) & 0xff)) * 1099511628211ull;
-    return h;
-}
+static uint64_t mix(uint64_t h, int64_t v) { return fnv1a(h, &v, sizeof v); }
 
 static uint64_t layout_of(const dnnl_memory_desc_t *md) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    uint64_t h = FNV_OFFSET;
     h = mix(h, md->ndims), h = mix(h, md->data_type), h = mix(h, md->format_kind);
     h = mix(h, md->offset0), h = mix(h, (int64_t)md->extra.flags);
     for (int i = 0; i < md->ndims; i++)

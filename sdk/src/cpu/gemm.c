@@ -744,26 +744,29 @@ static band_pass band_pass_of(const vh_gemm_args *g, int64_t batch, const gemm_v
  * transposed, goes into blocks of 16 x 64 too). The same kernel on the
  * same blocks, so the same sums (test_gemm16). */
 static _Atomic uint64_t g_band_calls, g_band_packed, g_band_unpacked_bands;
-static _Atomic int g_pack_off_seen; /* a call found VITHOST_CPU_PACK_B=0 */
 
 static int pack_b_off(void) {
     const char *env = getenv("VITHOST_CPU_PACK_B"); /* each call: tests and ab_calls flip it */
     return env && strcmp(env, "0") == 0;
 }
 
+/* The matmul of a band of r rows (dense T of n columns, B plain: b_layout
+ * 0). Only the shape and strides count: the pointers go to the run. */
+static void describe_band(vh_dnnl_matmul *mm, const vh_gemm_args *g, const gemm_views *v,
+                          int64_t r) {
+    vh_gemm_args band = *g;
+    band.m = r;
+    const out_view tv = {NULL, r * g->n, g->n};
+    describe(mm, &band, 1, &v->a, &v->b, &tv);
+    mm->has_bias = v->bias != NULL;
+}
+
 static const void *pack_b(const vh_gemm_args *g, const gemm_views *v, int64_t rows,
                           uint64_t *layout) {
     *layout = 0;
-    if (pack_b_off()) {
-        g_pack_off_seen = 1;
-        return NULL;
-    }
-    vh_gemm_args band = *g;
-    band.m = rows;
-    const out_view tv = {NULL, rows * g->n, g->n};
+    if (pack_b_off()) return NULL;
     vh_dnnl_matmul mm;
-    describe(&mm, &band, 1, &v->a, &v->b, &tv);
-    mm.has_bias = v->bias != NULL;
+    describe_band(&mm, g, v, rows);
     const size_t bytes = vh_dnnl_matmul_packed_b_bytes(&mm);
     void *packed = bytes ? vh_cpu_scratch_alloc(bytes) : NULL;
     if (!packed || vh_dnnl_matmul_pack_b(&mm, v->b.p, packed, layout) != VH_STATUS_OK) {
@@ -805,24 +808,19 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
         for (int64_t i = 0; i < bands; i++) {
             if (mine != VH_STATUS_OK) continue;
             const int64_t r0 = i * rows, r = m - r0 < rows ? m - r0 : rows;
-            vh_gemm_args band = *g;
-            band.m = r;
-            operand a = v->a;
-            a.p = (const char *)a.p + (size_t)(r0 * a.srow) * es;
+            const void *a = (const char *)v->a.p + (size_t)(r0 * v->a.srow) * es;
             float *t = own_t                        ? own
                        : pass == BAND_PASS_GELU_F32 ? (float *)g->aux + r0 * n
                                                     : (float *)g->c + r0 * n;
-            const out_view tv = {t, r * n, n};
             vh_dnnl_matmul mm;
-            describe(&mm, &band, 1, &a, &v->b, &tv);
-            mm.has_bias = v->bias != NULL;
+            describe_band(&mm, g, v, r);
             mm.b_layout = layout;
-            mine = vh_dnnl_matmul_run(&mm, a.p, packed ? packed : v->b.p, v->bias, t);
+            mine = vh_dnnl_matmul_run(&mm, a, packed ? packed : v->b.p, v->bias, t);
             if (mine == VH_STATUS_ERR_UNSUPPORTED && packed) {
                 /* this band's kernel reads another layout (a short band's may) */
                 g_band_unpacked_bands++;
                 mm.b_layout = 0;
-                mine = vh_dnnl_matmul_run(&mm, a.p, v->b.p, v->bias, t);
+                mine = vh_dnnl_matmul_run(&mm, a, v->b.p, v->bias, t);
             }
             if (mine != VH_STATUS_OK) continue;
             if (pass == BAND_PASS_GELU_TO_BF16) {
@@ -859,7 +857,7 @@ const char *vh_cpu_gemm_bands_summary(char *buf, size_t len) {
         snprintf(buf, len, "no calls");
     else
         snprintf(buf, len, "%llu calls in bands of rows: B packed once for %llu%s%s", calls,
-                 packed, g_pack_off_seen ? " (VITHOST_CPU_PACK_B=0 seen)" : "",
+                 packed, pack_b_off() ? " (VITHOST_CPU_PACK_B=0)" : "",
                  unpacked ? ", some bands' kernels read B plain" : "");
     return buf;
 }

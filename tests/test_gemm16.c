@@ -49,6 +49,7 @@ static const shape kShapes[] = {
     {0, 1, 1, 197, 96, 64}, {0, 0, 1, 130, 64, 192}, {1, 0, 1, 64, 48, 300},
     {0, 1, 4, 50, 50, 16},  {0, 0, 3, 50, 16, 50},   {1, 1, 1, 33, 17, 40},
     {0, 1, 1, 512, 256, 256}, {1, 0, 1, 256, 128, 1024},
+    {0, 1, 1, 300, 64, 1536}, /* B packed first, k long enough for other sums than plain */
 };
 #define NSHAPES (sizeof kShapes / sizeof kShapes[0])
 
@@ -372,6 +373,83 @@ static void test_bands_pack_b(void **state) {
     set_mode("auto");
 }
 
+/* One-call GEMMs of 256 rows or more whose B was packed first
+ * (vh_cpu_gemm_bands_summary's count). */
+static unsigned long long single_packed(void) {
+    char line[256];
+    vh_cpu_gemm_bands_summary(line, sizeof line);
+    const char *p = strstr(line, "B packed first for ");
+    return p ? strtoull(p + strlen("B packed first for "), NULL, 10) : 0;
+}
+
+/* C of one call of 400 rows, no bands: a linear layer's forward (C = A B^T
+ * + bias, B transposed) or a data gradient (C = A B, B plain), f32 or bf16
+ * in and out, B packed first (pack 1) or not (VITHOST_CPU_PACK_B=0). */
+static void run_single_call(int forward, vh_dtype t, int pack, void *c) {
+    const int64_t m = 400, n = 96, k = 80;
+    const size_t es = vh_dtype_size(t);
+    char *a = malloc((size_t)(m * k) * es), *b = malloc((size_t)(k * n) * es);
+    char *bias = malloc((size_t)n * es);
+    assert_true(a && b && bias);
+    const uint64_t saved_rng = rng_state;
+    rng_state = 4242; /* both calls of a kind on the same values */
+    for (int64_t i = 0; i < m * k + k * n + n; i++) {
+        const float x = (float)rnd();
+        char *at = i < m * k ? a + i * es : i < m * k + k * n ? b + (i - m * k) * es
+                                                              : bias + (i - m * k - k * n) * es;
+        if (t == VH_DTYPE_F32)
+            memcpy(at, &x, 4);
+        else {
+            const uint16_t h = vh_f32_to_bf16(x);
+            memcpy(at, &h, 2);
+        }
+    }
+    if (pack)
+        unsetenv("VITHOST_CPU_PACK_B");
+    else
+        setenv("VITHOST_CPU_PACK_B", "0", 1);
+    vh_gemm_args g = {.struct_size = sizeof g, .trans_b = forward, .m = m, .n = n, .k = k,
+                      .alpha = 1.0f, .a = a, .lda = k, .b = b, .ldb = forward ? k : n, .c = c,
+                      .ldc = n, .bias = forward ? bias : NULL, .ab_dtype = t, .c_dtype = t,
+                      .bias_dtype = t};
+    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
+    unsetenv("VITHOST_CPU_PACK_B");
+    rng_state = saved_rng;
+    free(a), free(b), free(bias);
+}
+
+/* A one-call GEMM of many rows packs B first (gemm.c's matmul_run), where
+ * oneDNN's brgemm would copy it into the same blocks itself: the same bits
+ * as B given plain, forward and data gradient, f32 and bf16. Where the CPU
+ * multiplies bf16 natively the bf16 calls must have packed. */
+static void test_single_pack_b(void **state) {
+    (void)state;
+    set_mode("native");
+    const size_t bytes = (size_t)400 * 96 * 4;
+    for (int kind = 0; kind < 4; kind++) {
+        const int forward = kind % 2;
+        const vh_dtype t = kind < 2 ? VH_DTYPE_F32 : VH_DTYPE_BF16;
+        char *c[2] = {calloc(1, bytes), calloc(1, bytes)};
+        assert_true(c[0] && c[1]);
+        const unsigned long long before = single_packed();
+        run_single_call(forward, t, 0, c[0]);
+        assert_true(single_packed() == before); /* VITHOST_CPU_PACK_B=0 packs nothing */
+        run_single_call(forward, t, 1, c[1]);
+        const int packed = single_packed() > before;
+        if (hw_bf16 && t == VH_DTYPE_BF16 && !packed)
+            fail_msg("%s bf16: bf16 kernels, yet B was not packed", forward ? "forward" : "dX");
+        if (memcmp(c[0], c[1], bytes) != 0)
+            fail_msg("%s %s: B packed (%s) and plain give other bits",
+                     forward ? "forward" : "dX", t == VH_DTYPE_F32 ? "f32" : "bf16",
+                     packed ? "it was" : "it was not");
+        printf("test_gemm16: one call, %s %s: B %s, the same bits as plain\n",
+               forward ? "forward" : "dX", t == VH_DTYPE_F32 ? "f32" : "bf16",
+               packed ? "packed" : "not packed here");
+        free(c[0]), free(c[1]);
+    }
+    set_mode("auto");
+}
+
 /* A buffer of `bytes` that ends where an unreadable page begins: touching
  * past its end faults. *base and *len: the mapping, for munmap. */
 static void *guarded(size_t bytes, void **base, size_t *len) {
@@ -527,6 +605,7 @@ int main(void) {
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_fc1_gelu),
         cmocka_unit_test(test_bands_pack_b),
+        cmocka_unit_test(test_single_pack_b),
         cmocka_unit_test(test_invalid_value),
         cmocka_unit_test(test_f32_race_flushes_its_operands),
     };

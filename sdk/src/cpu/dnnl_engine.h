@@ -82,14 +82,17 @@ VH_CPU_HIDDEN vh_status vh_dnnl_matmul_run_binary(const vh_dnnl_matmul *mm, cons
                                                   const void *aux, const void *residual,
                                                   void *c);
 
-/* B packed once for many calls: the row bands of one GEMM (gemm.c's
- * run_bands). oneDNN's brgemm copies a B it is given plain into its own
- * blocks at every call (bf16: pairs of k interleaved for the dot products;
- * f32: blocks of 16 x 64), and a band of 128 rows pays for the whole copy
- * each time. For a plain, unbatched description mm (b_layout 0):
+/* B packed once for many calls, the row bands of one GEMM (gemm.c's
+ * run_bands), or first for one call of many rows (gemm.c's matmul_run).
+ * oneDNN's brgemm copies a B it is given plain into its own blocks at
+ * every call (bf16: pairs of k interleaved for the dot products; f32:
+ * blocks of 16 x 64), and again for each chunk of rows it runs: a band of
+ * 128 rows pays for the whole copy each time. For a plain, unbatched
+ * description mm (b_layout 0):
  * the bytes of B in the layout its kernel reads (oneDNN's weights format
  * "any"), 0 where that is B's plain layout already, or the kernel is not
- * brgemm (only brgemm runs the same sums on packed and plain B). */
+ * brgemm (only brgemm runs the same sums on packed and plain B, but for
+ * 16-bit operands with k of 1024 or more: see gemm.c's matmul_run). */
 VH_CPU_HIDDEN size_t vh_dnnl_matmul_packed_b_bytes(const vh_dnnl_matmul *mm);
 /* Writes B (read through mm's strides) into `packed`, 64-byte aligned and
  * vh_dnnl_matmul_packed_b_bytes(mm) long, in that layout (all threads, outside

@@ -156,6 +156,47 @@ typedef struct out_view {
     int64_t sbatch, ld;
 } out_view;
 
+static int pack_b_off(void) {
+    const char *env = getenv("VITHOST_CPU_PACK_B"); /* each call: tests and ab_calls flip it */
+    return env && strcmp(env, "0") == 0;
+}
+
+/* Rows from which one unbatched call packs B itself (matmul_run). */
+#define PACK_MIN_ROWS 256
+
+static _Atomic uint64_t g_single_calls, g_single_packed;
+
+/* One matmul. With many rows and no batch, B goes first into the blocks its
+ * kernel reads (vh_dnnl_matmul_pack_b, once for the call): oneDNN's brgemm
+ * would copy a plain B into them for each chunk of rows it runs. On the
+ * Xeon with AMX, 2 threads, `ab_calls --b-env VITHOST_CPU_PACK_B=0`
+ * (operands flushed, 30 pairs), a linear layer's forward, unpacked /
+ * packed: bf16 T2 qkv 4160x576x192 1.25, fc2 4160x192x768 1.19, proj
+ * 1.10, T3 qkv 1576x1152x384 1.04, fc2 1576x384x1536 1.19; f32 1.00-1.06.
+ * In the step (`vithost bench --ops`, 3 interleaved pairs), GEMMs: T2 and
+ * T3 AMP 2-2.5% faster, fp32 even. The same kernel on the same blocks: the
+ * same sums (test_gemm16), but for 16-bit operands with k of 1024 or more,
+ * where brgemm given B plain sums k in other chunks (both in fp32; the
+ * last bits differ). */
+static vh_status matmul_run(const vh_dnnl_matmul *mm, const void *a, const void *b,
+                            const float *bias, const void *aux, const void *residual, void *c) {
+    if (mm->batch_dims == 0 && mm->b_layout == 0 && mm->m >= PACK_MIN_ROWS && !pack_b_off()) {
+        g_single_calls++;
+        vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
+        const size_t bytes = vh_dnnl_matmul_packed_b_bytes(mm);
+        void *packed = bytes ? vh_cpu_scratch_alloc(bytes) : NULL;
+        vh_dnnl_matmul p = *mm;
+        vh_status st = VH_STATUS_ERR_UNSUPPORTED;
+        if (packed && vh_dnnl_matmul_pack_b(mm, b, packed, &p.b_layout) == VH_STATUS_OK) {
+            st = vh_dnnl_matmul_run_binary(&p, a, packed, bias, aux, residual, c);
+            if (st != VH_STATUS_ERR_UNSUPPORTED) g_single_packed++;
+        }
+        vh_cpu_scratch_end(mark);
+        if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
+    }
+    return vh_dnnl_matmul_run_binary(mm, a, b, bias, aux, residual, c);
+}
+
 static void describe(vh_dnnl_matmul *mm, const vh_gemm_args *g, int64_t batch,
                      const operand *a, const operand *b, const out_view *c) {
     vh_dnnl_matmul_init(mm);
@@ -212,7 +253,7 @@ static vh_status plain(const vh_gemm_args *g, int64_t batch, operand a, operand 
     vh_dnnl_matmul mm;
     describe(&mm, g, batch, &a, &b, t);
     mm.has_bias = fused_bias;
-    vh_status st = vh_dnnl_matmul_run(&mm, a.p, b.p, bias, t->p);
+    vh_status st = matmul_run(&mm, a.p, b.p, bias, NULL, NULL, t->p);
     if (st == VH_STATUS_ERR_UNSUPPORTED) {
         /* Dense copies in fp32, which oneDNN always takes. */
         if ((st = densify(&a, batch, g->m, g->k)) != VH_STATUS_OK ||
@@ -446,8 +487,7 @@ static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
         describe(&mm, &pg, p->batch, &a, &b, &c);
         mm.mul_aux = mul;
         if (st == VH_STATUS_OK)
-            st = vh_dnnl_matmul_run_binary(&mm, a.p, b.p, NULL, mm.mul_aux ? g->aux : NULL,
-                                           NULL, c.p);
+            st = matmul_run(&mm, a.p, b.p, NULL, mm.mul_aux ? g->aux : NULL, NULL, c.p);
         if (st == VH_STATUS_OK) t = vh_cpu_seconds() - t0;
     }
     vh_cpu_scratch_end(mark);
@@ -567,7 +607,7 @@ static vh_status run_fused(const vh_gemm_args *g, int64_t batch, gemm_views *v) 
         mm.gelu = gelu;
         mm.mul_aux = mul;
         mm.residual = 1;
-        st = vh_dnnl_matmul_run_binary(&mm, v->a.p, v->b.p, v->bias, aux, v->res.p, v->c.p);
+        st = matmul_run(&mm, v->a.p, v->b.p, v->bias, aux, v->res.p, v->c.p);
         if (st == VH_STATUS_OK && !v->c32)
             block_from_f32(g->c, g->c_dtype, v->c.p, batch, g->stride_c, g->m, g->ldc, g->n);
         if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
@@ -578,7 +618,7 @@ static vh_status run_fused(const vh_gemm_args *g, int64_t batch, gemm_views *v) 
     mm.gelu = gelu;
     mm.mul_aux = mul;
     mm.sum = v->res.p ? (v->res_is_c ? 1.0f + g->beta : 1.0f) : g->beta;
-    st = vh_dnnl_matmul_run_binary(&mm, v->a.p, v->b.p, v->bias, aux, NULL, v->c.p);
+    st = matmul_run(&mm, v->a.p, v->b.p, v->bias, aux, NULL, v->c.p);
     if (st == VH_STATUS_OK && !v->c32)
         block_from_f32(g->c, g->c_dtype, v->c.p, batch, g->stride_c, g->m, g->ldc, g->n);
     if (st == VH_STATUS_ERR_UNSUPPORTED && v->res.p && !v->res_is_c) {
@@ -660,8 +700,8 @@ static vh_status run_direct16(const vh_gemm_args *g, int64_t batch, const gemm_v
     mm.residual = res_other;
     mm.sum = res_is_c ? 1.0f + g->beta : g->beta;
     if (res_other)
-        return vh_dnnl_matmul_run_binary(&mm, v->a.p, v->b.p, v->bias, NULL, g->residual, g->c);
-    return vh_dnnl_matmul_run(&mm, v->a.p, v->b.p, v->bias, g->c);
+        return matmul_run(&mm, v->a.p, v->b.p, v->bias, NULL, g->residual, g->c);
+    return matmul_run(&mm, v->a.p, v->b.p, v->bias, NULL, NULL, g->c);
 }
 
 /* ---- bands of rows, one thread each ----------------------------------------- */
@@ -744,11 +784,6 @@ static band_pass band_pass_of(const vh_gemm_args *g, int64_t batch, const gemm_v
  * transposed, goes into blocks of 16 x 64 too). The same kernel on the
  * same blocks, so the same sums (test_gemm16). */
 static _Atomic uint64_t g_band_calls, g_band_packed, g_band_unpacked_bands;
-
-static int pack_b_off(void) {
-    const char *env = getenv("VITHOST_CPU_PACK_B"); /* each call: tests and ab_calls flip it */
-    return env && strcmp(env, "0") == 0;
-}
 
 /* The matmul of a band of r rows (dense T of n columns, B plain: b_layout
  * 0). Only the shape and strides count: the pointers go to the run. */
@@ -852,13 +887,18 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
 const char *vh_cpu_gemm_bands_summary(char *buf, size_t len) {
     if (!buf || !len) return buf;
     const unsigned long long calls = g_band_calls, packed = g_band_packed,
-                             unpacked = g_band_unpacked_bands;
+                             unpacked = g_band_unpacked_bands, single = g_single_calls,
+                             single_packed = g_single_packed;
+    int at = 0;
     if (!calls)
-        snprintf(buf, len, "no calls");
+        at = snprintf(buf, len, "no calls in bands");
     else
-        snprintf(buf, len, "%llu calls in bands of rows: B packed once for %llu%s%s", calls,
-                 packed, pack_b_off() ? " (VITHOST_CPU_PACK_B=0)" : "",
-                 unpacked ? ", some bands' kernels read B plain" : "");
+        at = snprintf(buf, len, "%llu calls in bands of rows: B packed once for %llu%s", calls,
+                      packed, unpacked ? ", some bands' kernels read B plain" : "");
+    if (at >= 0 && (size_t)at < len)
+        snprintf(buf + at, len - (size_t)at, "; %llu one-call GEMMs of %d+ rows: B packed first for %llu%s",
+                 single, PACK_MIN_ROWS, single_packed,
+                 pack_b_off() ? " (VITHOST_CPU_PACK_B=0)" : "");
     return buf;
 }
 

@@ -161,7 +161,11 @@ static int pack_b_off(void) {
     return env && strcmp(env, "0") == 0;
 }
 
-/* Rows from which one unbatched call packs B itself (matmul_run). */
+/* Rows from which one unbatched call packs B itself (matmul_run), where
+ * they are at least B's k too: a weight gradient (m 192-1536 against k
+ * 1576-6400 tokens) has a large B that brgemm copies few times, and a pass
+ * over it first made T2's slower (768x192x4160: 12.2-12.4 -> 16.5-17.5 ms
+ * a step in bf16, f32 45.3-45.8 -> 48.3-54.7). */
 #define PACK_MIN_ROWS 256
 
 static _Atomic uint64_t g_single_calls, g_single_packed;
@@ -170,17 +174,22 @@ static _Atomic uint64_t g_single_calls, g_single_packed;
  * kernel reads (vh_dnnl_matmul_pack_b, once for the call): oneDNN's brgemm
  * would copy a plain B into them for each chunk of rows it runs. On the
  * Xeon with AMX, 2 threads, `ab_calls --b-env VITHOST_CPU_PACK_B=0`
- * (operands flushed, 30 pairs), a linear layer's forward, unpacked /
- * packed: bf16 T2 qkv 4160x576x192 1.25, fc2 4160x192x768 1.19, proj
- * 1.10, T3 qkv 1576x1152x384 1.04, fc2 1576x384x1536 1.19; f32 1.00-1.06.
- * In the step (`vithost bench --ops`, 3 interleaved pairs), GEMMs: T2 and
- * T3 AMP 2-2.5% faster, fp32 even. The same kernel on the same blocks: the
- * same sums (test_gemm16), but for 16-bit operands with k of 1024 or more,
- * where brgemm given B plain sums k in other chunks (both in fp32; the
- * last bits differ). */
+ * (operands flushed, 30 pairs, three sets), a linear layer's forward,
+ * unpacked / packed: bf16 T2 qkv 4160x576x192 1.20-1.25, fc2 4160x192x768
+ * 0.95-1.19, proj 1.10, T3 qkv 1576x1152x384 0.99-1.04, fc2 1576x384x1536
+ * 1.03-1.19; f32 1.00-1.09; T1's (k 64) 0.99-1.11. In the step (`vithost
+ * bench --ops`, per shape), AMP's plain data gradients: T2's 4160x192x768
+ * 10.2 -> 7.3 ms, T3's 1576x384x1536 15.3 -> 11.8. The same kernel on the
+ * same blocks: the same sums (test_gemm16), but for 16-bit operands with k
+ * of 1024 or more, where brgemm given B plain sums k in other chunks (both
+ * in fp32; the last bits differ). */
 static vh_status matmul_run(const vh_dnnl_matmul *mm, const void *a, const void *b,
                             const float *bias, const void *aux, const void *residual, void *c) {
-    if (mm->batch_dims == 0 && mm->b_layout == 0 && mm->m >= PACK_MIN_ROWS && !pack_b_off()) {
+    /* f32 B read in rows (sb[1], the column stride, 1) is left plain: packed
+     * first, T2's data gradients ran 1-7% slower in the step (3 pairs) */
+    const int b_rows_f32 = mm->ab_dtype == VH_DTYPE_F32 && mm->sb[1] == 1;
+    if (mm->batch_dims == 0 && mm->b_layout == 0 && mm->m >= PACK_MIN_ROWS && mm->m >= mm->k &&
+        !b_rows_f32 && !pack_b_off()) {
         g_single_calls++;
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
         const size_t bytes = vh_dnnl_matmul_packed_b_bytes(mm);

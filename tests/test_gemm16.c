@@ -291,6 +291,26 @@ static unsigned long long bands_packed(void) {
     return p ? strtoull(p + strlen("packed once for "), NULL, 10) : 0;
 }
 
+/* x at `at`, as f32 or rounded to bf16. */
+static void store_value(char *at, int f32, float x) {
+    if (f32) {
+        memcpy(at, &x, 4);
+    } else {
+        const uint16_t h = vh_f32_to_bf16(x);
+        memcpy(at, &h, 2);
+    }
+}
+
+/* The call with B packed (pack 1) or not (VITHOST_CPU_PACK_B=0). */
+static void gemm_packed_or_not(const vh_gemm_args *g, int pack) {
+    if (pack)
+        unsetenv("VITHOST_CPU_PACK_B");
+    else
+        setenv("VITHOST_CPU_PACK_B", "0", 1);
+    assert_int_equal(ops->gemm(ops->device, g), VH_STATUS_OK);
+    unsetenv("VITHOST_CPU_PACK_B");
+}
+
 /* The three kinds of calls gemm.c runs in bands of rows, 300 rows (two
  * bands of 128 and one of 44) of n 96, k 64. */
 typedef enum band_kind {
@@ -317,17 +337,8 @@ static void run_band_call(band_kind kind, int pack, void *c, void *aux) {
                    : i < m * k + k * n     ? b + (i - m * k) * es
                    : i < m * k + k * n + n ? bias + (i - m * k - k * n) * es
                                            : (char *)aux + (i - m * k - k * n - n) * es;
-        if (f32)
-            memcpy(at, &x, 4);
-        else {
-            const uint16_t h = vh_f32_to_bf16(x);
-            memcpy(at, &h, 2);
-        }
+        store_value(at, f32, x);
     }
-    if (pack)
-        unsetenv("VITHOST_CPU_PACK_B");
-    else
-        setenv("VITHOST_CPU_PACK_B", "0", 1);
     vh_gemm_args g = {.struct_size = sizeof g, .trans_b = fc1, .m = m, .n = n, .k = k,
                       .alpha = 1.0f, .a = a, .lda = k, .b = b, .ldb = fc1 ? k : n, .c = c,
                       .ldc = n, .bias = fc1 ? bias : NULL, .ab_dtype = t, .c_dtype = t,
@@ -335,8 +346,7 @@ static void run_band_call(band_kind kind, int pack, void *c, void *aux) {
                       .epilogue = kind == BAND_FC1_BF16     ? VH_EPILOGUE_GELU
                                   : kind == BAND_FC1_F32    ? VH_EPILOGUE_GELU_GRAD
                                                             : VH_EPILOGUE_GELU_BACKWARD};
-    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
-    unsetenv("VITHOST_CPU_PACK_B");
+    gemm_packed_or_not(&g, pack);
     rng_state = saved_rng;
     free(a), free(b), free(bias);
 }
@@ -397,23 +407,13 @@ static void run_single_call(int forward, vh_dtype t, int pack, void *c) {
         const float x = (float)rnd();
         char *at = i < m * k ? a + i * es : i < m * k + k * n ? b + (i - m * k) * es
                                                               : bias + (i - m * k - k * n) * es;
-        if (t == VH_DTYPE_F32)
-            memcpy(at, &x, 4);
-        else {
-            const uint16_t h = vh_f32_to_bf16(x);
-            memcpy(at, &h, 2);
-        }
+        store_value(at, t == VH_DTYPE_F32, x);
     }
-    if (pack)
-        unsetenv("VITHOST_CPU_PACK_B");
-    else
-        setenv("VITHOST_CPU_PACK_B", "0", 1);
     vh_gemm_args g = {.struct_size = sizeof g, .trans_b = forward, .m = m, .n = n, .k = k,
                       .alpha = 1.0f, .a = a, .lda = k, .b = b, .ldb = forward ? k : n, .c = c,
                       .ldc = n, .bias = forward ? bias : NULL, .ab_dtype = t, .c_dtype = t,
                       .bias_dtype = t};
-    assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
-    unsetenv("VITHOST_CPU_PACK_B");
+    gemm_packed_or_not(&g, pack);
     rng_state = saved_rng;
     free(a), free(b), free(bias);
 }

@@ -87,10 +87,11 @@ VH_SDK_API const char *vh_cpu_attention_routes(char *buf, size_t len);
 /* One line into buf (truncated to len), returned: how many of this
  * process's GEMMs ran in bands of rows (a thread's GELU pass on each band
  * while it is in cache) and for how many B was packed once into the
- * kernel's layout for all bands; then how many ran as one call of 256 rows
- * or more, and for how many B was packed into that layout first. E.g.
- * "288 calls in bands of rows: B packed once for 288; 1200 one-call GEMMs
- * of 256+ rows: B packed first for 840" ("no calls in bands; ..." before
+ * kernel's layout for all bands; then, of the GEMMs run as one call that
+ * could take B packed (unbatched, 256+ rows and at least k), for how many
+ * B was packed into that layout first. E.g. "288 calls in bands of rows: B
+ * packed once for 288; B packed first for 840 of 840 one-call GEMMs that
+ * could take it (256+ rows, at least k)" ("no calls in bands; ..." before
  * any). VITHOST_CPU_PACK_B=0 turns the packing off.
  * (The SDK of ABI 2.8) */
 VH_SDK_API const char *vh_cpu_gemm_bands_summary(char *buf, size_t len);

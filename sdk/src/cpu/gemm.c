@@ -905,8 +905,10 @@ const char *vh_cpu_gemm_bands_summary(char *buf, size_t len) {
         at = snprintf(buf, len, "%llu calls in bands of rows: B packed once for %llu%s", calls,
                       packed, unpacked ? ", some bands' kernels read B plain" : "");
     if (at >= 0 && (size_t)at < len)
-        snprintf(buf + at, len - (size_t)at, "; %llu one-call GEMMs of %d+ rows: B packed first for %llu%s",
-                 single, PACK_MIN_ROWS, single_packed,
+        snprintf(buf + at, len - (size_t)at,
+                 "; B packed first for %llu of %llu one-call GEMMs that could take it (%d+ "
+                 "rows, at least k)%s",
+                 single_packed, single, PACK_MIN_ROWS,
                  pack_b_off() ? " (VITHOST_CPU_PACK_B=0)" : "");
     return buf;
 }

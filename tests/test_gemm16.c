@@ -16,7 +16,8 @@
  * Also the race of the f32 GEMMs' two oneDNN kernels on real timings, its
  * operands at guard pages (test_f32_race_flushes_its_operands), and B
  * packed once for a GEMM's bands of rows against B given plain to each
- * band: the same bits (test_bands_pack_b).
+ * band: the same bits (test_bands_pack_b); and B packed first for one call
+ * of many rows, the same (test_single_pack_b).
  */
 #define _DEFAULT_SOURCE /* POSIX 2008 and MAP_ANONYMOUS */
 #include <math.h>
@@ -49,7 +50,7 @@ static const shape kShapes[] = {
     {0, 1, 1, 197, 96, 64}, {0, 0, 1, 130, 64, 192}, {1, 0, 1, 64, 48, 300},
     {0, 1, 4, 50, 50, 16},  {0, 0, 3, 50, 16, 50},   {1, 1, 1, 33, 17, 40},
     {0, 1, 1, 512, 256, 256}, {1, 0, 1, 256, 128, 1024},
-    {0, 1, 1, 300, 64, 1536}, /* B packed first, k long enough for other sums than plain */
+    {0, 1, 1, 1040, 64, 1040}, /* B packed first (m >= k), k long enough for other sums */
 };
 #define NSHAPES (sizeof kShapes / sizeof kShapes[0])
 

@@ -283,14 +283,16 @@ static void test_fc1_gelu(void **state) {
     set_mode("auto");
 }
 
-/* Band calls so far whose B was packed once for all bands
- * (vh_cpu_gemm_bands_summary's count). */
-static unsigned long long bands_packed(void) {
+/* The count after `key` in vh_cpu_gemm_bands_summary's line, 0 if absent. */
+static unsigned long long packing_count(const char *key) {
     char line[256];
     vh_cpu_gemm_bands_summary(line, sizeof line);
-    const char *p = strstr(line, "packed once for ");
-    return p ? strtoull(p + strlen("packed once for "), NULL, 10) : 0;
+    const char *p = strstr(line, key);
+    return p ? strtoull(p + strlen(key), NULL, 10) : 0;
 }
+
+/* Band calls so far whose B was packed once for all bands. */
+static unsigned long long bands_packed(void) { return packing_count("packed once for "); }
 
 /* x at `at`, as f32 or rounded to bf16. */
 static void store_value(char *at, int f32, float x) {
@@ -384,14 +386,8 @@ static void test_bands_pack_b(void **state) {
     set_mode("auto");
 }
 
-/* One-call GEMMs of 256 rows or more whose B was packed first
- * (vh_cpu_gemm_bands_summary's count). */
-static unsigned long long single_packed(void) {
-    char line[256];
-    vh_cpu_gemm_bands_summary(line, sizeof line);
-    const char *p = strstr(line, "B packed first for ");
-    return p ? strtoull(p + strlen("B packed first for "), NULL, 10) : 0;
-}
+/* One-call GEMMs of 256 rows or more whose B was packed first. */
+static unsigned long long single_packed(void) { return packing_count("B packed first for "); }
 
 /* C of one call of 400 rows, no bands: a linear layer's forward (C = A B^T
  * + bias, B transposed) or a data gradient (C = A B, B plain), f32 or bf16

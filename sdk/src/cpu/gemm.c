@@ -170,6 +170,20 @@ static int pack_b_off(void) {
 
 static _Atomic uint64_t g_single_calls, g_single_packed;
 
+/* B of description mm (plain, unbatched) written into the caller's scratch
+ * in the layout its kernel reads; *layout: that layout's fingerprint, for
+ * mm's b_layout. NULL where the kernel reads B as it is (or no memory). */
+static const void *pack_described(const vh_dnnl_matmul *mm, const void *b, uint64_t *layout) {
+    *layout = 0;
+    const size_t bytes = vh_dnnl_matmul_packed_b_bytes(mm);
+    void *packed = bytes ? vh_cpu_scratch_alloc(bytes) : NULL;
+    if (!packed || vh_dnnl_matmul_pack_b(mm, b, packed, layout) != VH_STATUS_OK) {
+        *layout = 0;
+        return NULL;
+    }
+    return packed;
+}
+
 /* One matmul. With many rows and no batch, B goes first into the blocks its
  * kernel reads (vh_dnnl_matmul_pack_b, once for the call): oneDNN's brgemm
  * would copy a plain B into them for each chunk of rows it runs. On the
@@ -192,11 +206,10 @@ static vh_status matmul_run(const vh_dnnl_matmul *mm, const void *a, const void 
         !b_rows_f32 && !pack_b_off()) {
         g_single_calls++;
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-        const size_t bytes = vh_dnnl_matmul_packed_b_bytes(mm);
-        void *packed = bytes ? vh_cpu_scratch_alloc(bytes) : NULL;
         vh_dnnl_matmul p = *mm;
+        const void *packed = pack_described(mm, b, &p.b_layout);
         vh_status st = VH_STATUS_ERR_UNSUPPORTED;
-        if (packed && vh_dnnl_matmul_pack_b(mm, b, packed, &p.b_layout) == VH_STATUS_OK) {
+        if (packed) {
             st = vh_dnnl_matmul_run_binary(&p, a, packed, bias, aux, residual, c);
             if (st != VH_STATUS_ERR_UNSUPPORTED) g_single_packed++;
         }
@@ -811,13 +824,7 @@ static const void *pack_b(const vh_gemm_args *g, const gemm_views *v, int64_t ro
     if (pack_b_off()) return NULL;
     vh_dnnl_matmul mm;
     describe_band(&mm, g, v, rows);
-    const size_t bytes = vh_dnnl_matmul_packed_b_bytes(&mm);
-    void *packed = bytes ? vh_cpu_scratch_alloc(bytes) : NULL;
-    if (!packed || vh_dnnl_matmul_pack_b(&mm, v->b.p, packed, layout) != VH_STATUS_OK) {
-        *layout = 0;
-        return NULL;
-    }
-    return packed;
+    return pack_described(&mm, v->b.p, layout);
 }
 
 /* Each thread runs its bands' matmuls alone (oneDNN inside a parallel

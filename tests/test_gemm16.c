@@ -16,8 +16,11 @@
  * Also the race of the f32 GEMMs' two oneDNN kernels on real timings, its
  * operands at guard pages (test_f32_race_flushes_its_operands), and B
  * packed once for a GEMM's bands of rows against B given plain to each
- * band: the same bits (test_bands_pack_b); and B packed first for one call
- * of many rows, the same (test_single_pack_b).
+ * band: the same bits (test_bands_pack_b); fp32 fc1's aux streamed out of
+ * the bands against stored, the same (test_bands_stream_aux), and streamed
+ * only while the device's tensors outgrow the L3
+ * (test_stream_follows_tensor_bytes); and B packed
+ * first for one call of many rows, the same (test_single_pack_b).
  */
 #define _DEFAULT_SOURCE /* POSIX 2008 and MAP_ANONYMOUS */
 #include <math.h>
@@ -285,7 +288,7 @@ static void test_fc1_gelu(void **state) {
 
 /* The count after `key` in vh_cpu_gemm_bands_summary's line, 0 if absent. */
 static unsigned long long packing_count(const char *key) {
-    char line[256];
+    char line[512];
     vh_cpu_gemm_bands_summary(line, sizeof line);
     const char *p = strstr(line, key);
     return p ? strtoull(p + strlen(key), NULL, 10) : 0;
@@ -304,14 +307,17 @@ static void store_value(char *at, int f32, float x) {
     }
 }
 
+/* The call with the engine's defaults (route NULL), or with the route the
+ * variable `route` names set to `value` ("0": off). */
+static void gemm_with_route(const vh_gemm_args *g, const char *route, const char *value) {
+    if (route) setenv(route, value, 1);
+    assert_int_equal(ops->gemm(ops->device, g), VH_STATUS_OK);
+    if (route) unsetenv(route);
+}
+
 /* The call with B packed (pack 1) or not (VITHOST_CPU_PACK_B=0). */
 static void gemm_packed_or_not(const vh_gemm_args *g, int pack) {
-    if (pack)
-        unsetenv("VITHOST_CPU_PACK_B");
-    else
-        setenv("VITHOST_CPU_PACK_B", "0", 1);
-    assert_int_equal(ops->gemm(ops->device, g), VH_STATUS_OK);
-    unsetenv("VITHOST_CPU_PACK_B");
+    gemm_with_route(g, pack ? NULL : "VITHOST_CPU_PACK_B", "0");
 }
 
 /* The three kinds of calls gemm.c runs in bands of rows, 300 rows (two
@@ -322,9 +328,12 @@ typedef enum band_kind {
     BAND_FC1_F32,     /* fp32's fc1: C = gelu(T), aux = gelu'(T), B transposed */
 } band_kind;
 
-/* C and aux (written, or read by BAND_FC2_DX_BF16) of one call, B packed
- * (pack 1) or not (VITHOST_CPU_PACK_B=0). */
-static void run_band_call(band_kind kind, int pack, void *c, void *aux) {
+/* C and aux (written, or read by BAND_FC2_DX_BF16) of one call, with the
+ * engine's defaults (route NULL) or with the variable `route` set to
+ * `value` (VITHOST_CPU_PACK_B=0: B plain; VITHOST_CPU_STREAM=0 or 1: aux
+ * stored or streamed). */
+static void run_band_call(band_kind kind, const char *route, const char *value, void *c,
+                          void *aux) {
     const int64_t m = 300, n = 96, k = 64;
     const int f32 = kind == BAND_FC1_F32, fc1 = kind != BAND_FC2_DX_BF16;
     const vh_dtype t = f32 ? VH_DTYPE_F32 : VH_DTYPE_BF16;
@@ -349,7 +358,7 @@ static void run_band_call(band_kind kind, int pack, void *c, void *aux) {
                       .epilogue = kind == BAND_FC1_BF16     ? VH_EPILOGUE_GELU
                                   : kind == BAND_FC1_F32    ? VH_EPILOGUE_GELU_GRAD
                                                             : VH_EPILOGUE_GELU_BACKWARD};
-    gemm_packed_or_not(&g, pack);
+    gemm_with_route(&g, route, value);
     rng_state = saved_rng;
     free(a), free(b), free(bias);
 }
@@ -370,9 +379,9 @@ static void test_bands_pack_b(void **state) {
             assert_true(c[i] && aux[i]);
         }
         const unsigned long long before = bands_packed();
-        run_band_call((band_kind)kind, 0, c[0], aux[0]);
+        run_band_call((band_kind)kind, "VITHOST_CPU_PACK_B", "0", c[0], aux[0]);
         assert_true(bands_packed() == before); /* VITHOST_CPU_PACK_B=0 packs nothing */
-        run_band_call((band_kind)kind, 1, c[1], aux[1]);
+        run_band_call((band_kind)kind, NULL, NULL, c[1], aux[1]);
         const int packed = bands_packed() > before;
         if (hw_bf16 && kind != BAND_FC1_F32 && !packed)
             fail_msg("band kind %d: bf16 kernels, yet B was not packed", kind);
@@ -384,6 +393,57 @@ static void test_bands_pack_b(void **state) {
         for (int i = 0; i < 2; i++) free(c[i]), free(aux[i]);
     }
     set_mode("auto");
+}
+
+/* fp32's fc1 aux, gelu'(T), streamed out of each band's chunks (gemm.c's
+ * stream_gelu_band) holds the bits that storing it holds, and so does C,
+ * for every band and chunk: 300 rows make bands of 128, 128 and 44, each
+ * of 2048-element chunks and a shorter last. */
+static void test_bands_stream_aux(void **state) {
+    (void)state;
+    const size_t bytes = (size_t)300 * 96 * 4;
+    char *c[2], *aux[2];
+    for (int i = 0; i < 2; i++) {
+        c[i] = calloc(1, bytes), aux[i] = calloc(1, bytes);
+        assert_true(c[i] && aux[i]);
+    }
+    run_band_call(BAND_FC1_F32, "VITHOST_CPU_STREAM", "0", c[0], aux[0]);
+    run_band_call(BAND_FC1_F32, "VITHOST_CPU_STREAM", "1", c[1], aux[1]);
+    if (memcmp(aux[0], aux[1], bytes) != 0)
+        fail_msg("fp32 fc1: aux streamed holds other bits than aux stored");
+    if (memcmp(c[0], c[1], bytes) != 0) fail_msg("fp32 fc1: C differs with aux streamed");
+    for (int i = 0; i < 2; i++) free(c[i]), free(aux[i]);
+}
+
+/* fp32 GELU band calls so far whose aux was streamed. */
+static unsigned long long streamed_count(void) {
+    return packing_count("aux streamed past the caches in ");
+}
+
+/* Left to itself, the engine streams fc1's aux only while the device's
+ * tensors hold more than the L3 (stream.c): not with this test's few
+ * tensors, yes with one more of the L3's size and a MiB, not again once it
+ * is freed. Nothing of that tensor is touched: no page of it is used. */
+static void test_stream_follows_tensor_bytes(void **state) {
+    (void)state;
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    const size_t big = (l3 > 0 ? (size_t)l3 : (size_t)32 << 20) + ((size_t)1 << 20);
+    const size_t bytes = (size_t)300 * 96 * 4;
+    char *c = calloc(1, bytes), *aux = calloc(1, bytes);
+    assert_true(c && aux);
+    unsigned long long before = streamed_count();
+    run_band_call(BAND_FC1_F32, NULL, NULL, c, aux);
+    assert_true(streamed_count() == before);
+    void *held = NULL;
+    assert_int_equal(ops->alloc(ops->device, big, &held), VH_STATUS_OK);
+    run_band_call(BAND_FC1_F32, NULL, NULL, c, aux);
+    assert_true(streamed_count() == before + 1);
+    ops->free(ops->device, held);
+    run_band_call(BAND_FC1_F32, NULL, NULL, c, aux);
+    assert_true(streamed_count() == before + 1);
+    printf("test_gemm16: fc1's aux streamed with %zu MiB of tensors, not without\n",
+           big >> 20);
+    free(c), free(aux);
 }
 
 /* One-call GEMMs of 256 rows or more whose B was packed first. */
@@ -602,6 +662,8 @@ int main(void) {
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_fc1_gelu),
         cmocka_unit_test(test_bands_pack_b),
+        cmocka_unit_test(test_bands_stream_aux),
+        cmocka_unit_test(test_stream_follows_tensor_bytes),
         cmocka_unit_test(test_single_pack_b),
         cmocka_unit_test(test_invalid_value),
         cmocka_unit_test(test_f32_race_flushes_its_operands),

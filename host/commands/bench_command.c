@@ -379,7 +379,7 @@ void bench_print(const vh_run *run, const vh_bench_result *r, FILE *out) {
         }
     }
     if (run->device->kind == VH_DEVICE_KIND_CPU) {
-        char line[256]; /* which kernels attention ran on (sdk/src/cpu/attention*.c) */
+        char line[512]; /* which kernels attention ran on (sdk/src/cpu/attention*.c) */
         fprintf(out, "  attention   %s\n", vh_cpu_attention_routes(line, sizeof line));
         fprintf(out, "  bands       %s\n", vh_cpu_gemm_bands_summary(line, sizeof line));
         if (r->compute_dtype == VH_DTYPE_BF16) /* gelu_grad16.c's choice */

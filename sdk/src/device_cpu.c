@@ -26,7 +26,7 @@ struct vh_event {
 static vh_status cpu_alloc(vh_device *dev, size_t bytes, void **out) {
     (void)dev;
     if (!out) return VH_STATUS_ERR_INVALID_ARG;
-    void *p = vh_cpu_pages_alloc(bytes);
+    void *p = vh_cpu_tensor_alloc(bytes);
     if (!p) return VH_STATUS_ERR_NOMEM;
     *out = p;
     return VH_STATUS_OK;
@@ -34,7 +34,7 @@ static vh_status cpu_alloc(vh_device *dev, size_t bytes, void **out) {
 
 static void cpu_free(vh_device *dev, void *ptr) {
     (void)dev;
-    free(ptr);
+    vh_cpu_tensor_free(ptr);
 }
 
 static vh_status cpu_copy(vh_device *dev, void *dst, const void *src, size_t bytes,

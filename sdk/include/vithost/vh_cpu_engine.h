@@ -92,8 +92,12 @@ VH_SDK_API const char *vh_cpu_attention_routes(char *buf, size_t len);
  * B was packed into that layout first. E.g. "288 calls in bands of rows: B
  * packed once for 288; B packed first for 840 of 840 one-call GEMMs that
  * could take it (256+ rows, at least k)" ("no calls in bands; ..." before
- * any). VITHOST_CPU_PACK_B=0 turns the packing off.
- * (The SDK of ABI 2.8) */
+ * any). VITHOST_CPU_PACK_B=0 turns the packing off. After fp32 GELU calls
+ * in bands, it adds in how many of them the aux kept for the backward pass
+ * was written with non-temporal stores: "; fp32 GELU's aux streamed past
+ * the caches in 24 of 24 calls" (streamed while the device's tensors hold
+ * more than the L3; VITHOST_CPU_STREAM=0 or 1 forces it).
+ * (The SDK of ABI 2.8; the streaming count came later, in the text alone) */
 VH_SDK_API const char *vh_cpu_gemm_bands_summary(char *buf, size_t len);
 
 /* One line into buf (truncated to len), returned: how AMP's GELU backward

@@ -85,6 +85,22 @@ static inline int vh_cpu_has_avx512(void) { return 0; }
  * up on 2 MiB pages where the kernel grants them (pages.c says why). NULL
  * when out of memory. */
 VH_CPU_HIDDEN void *vh_cpu_pages_alloc(size_t bytes);
+/* The same for the device's tensors, counted: vh_cpu_tensor_bytes is the
+ * bytes of those alive (0 where the C library cannot say). Released by
+ * vh_cpu_tensor_free. */
+VH_CPU_HIDDEN void *vh_cpu_tensor_alloc(size_t bytes);
+VH_CPU_HIDDEN void vh_cpu_tensor_free(void *p);
+VH_CPU_HIDDEN int64_t vh_cpu_tensor_bytes(void);
+
+/* ---- non-temporal copies (stream.c) ----------------------------------------
+ * dst = src, `bytes` of it, written around the caches where the CPU can
+ * (for tensors read back only much later); vh_cpu_stream_fence after a
+ * thread's last such copy, before another thread may read dst.
+ * vh_cpu_stream_on: whether a tensor kept for the backward pass should be
+ * streamed (stream.c says when; VITHOST_CPU_STREAM=0 or 1 forces it). */
+VH_CPU_HIDDEN int vh_cpu_stream_on(void);
+VH_CPU_HIDDEN void vh_cpu_copy_stream(void *dst, const void *src, size_t bytes);
+VH_CPU_HIDDEN void vh_cpu_stream_fence(void);
 
 /* ---- scratch arena ---------------------------------------------------------
  * One per thread, for the temporaries of one op call (fp32 copies of bf16

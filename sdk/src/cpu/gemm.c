@@ -806,6 +806,8 @@ static band_pass band_pass_of(const vh_gemm_args *g, int64_t batch, const gemm_v
  * transposed, goes into blocks of 16 x 64 too). The same kernel on the
  * same blocks, so the same sums (test_gemm16). */
 static _Atomic uint64_t g_band_calls, g_band_packed, g_band_unpacked_bands;
+/* fp32 GELU calls in bands (aux kept), and those whose aux was streamed */
+static _Atomic uint64_t g_band_gelu32, g_band_streamed;
 
 /* The matmul of a band of r rows (dense T of n columns, B plain: b_layout
  * 0). Only the shape and strides count: the pointers go to the run. */
@@ -827,6 +829,31 @@ static const void *pack_b(const vh_gemm_args *g, const gemm_views *v, int64_t ro
     return pack_described(&mm, v->b.p, layout);
 }
 
+/* fp32's aux, the band's T or gelu'(T) kept for the backward pass, is
+ * written with non-temporal stores (stream.c) where the step's tensors
+ * outgrow the L3 (vh_cpu_stream_on; stream.c has the numbers): nothing
+ * reads it before the backward pass, which then reads it from memory
+ * either way, and ordinary stores would first read each of its lines from
+ * memory. The pass runs over the thread's own T in chunks that stay in L1,
+ * each streamed out after. Not for AMP's bf16 T: half the bytes, and its
+ * pass cut into chunks with a copy ran T2's fc1 at 21-24 ms a step against
+ * 21-23. C, which the next layer reads at once, stays in the caches:
+ * streaming fc2's data gradient out instead slowed it and the three GEMMs
+ * that read it (T2 fp32 steps of 586-592 ms against 556-569). */
+#define STREAM_CHUNK 2048 /* floats: 8 KiB of T, in L1 */
+
+static void stream_gelu_band(const vh_gemm_args *g, float *c, float *aux, float *t,
+                             int64_t count) {
+    for (int64_t o = 0; o < count; o += STREAM_CHUNK) {
+        const int64_t len = count - o < STREAM_CHUNK ? count - o : STREAM_CHUNK;
+        if (g->epilogue == VH_EPILOGUE_GELU_GRAD) /* gelu'(T) over T, then out */
+            vh_cpu_k_gelu_forward_grad_serial(c + o, t + o, t + o, len);
+        else
+            vh_cpu_k_gelu_forward_serial(c + o, t + o, len);
+        vh_cpu_copy_stream(aux + o, t + o, (size_t)len * sizeof(float));
+    }
+}
+
 /* Each thread runs its bands' matmuls alone (oneDNN inside a parallel
  * region runs on the calling thread) and the pass on each band right
  * after, while the band is in its L2. Bands are fixed by the shape, so the
@@ -843,16 +870,24 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
     if (pass == BAND_PASS_NONE) return VH_STATUS_ERR_UNSUPPORTED;
     const int64_t m = g->m, n = g->n, rows = band_rows(n), bands = (m + rows - 1) / rows;
     const size_t es = vh_dtype_size(v->a.dtype);
+    const int stream = vh_cpu_stream_on();
     vh_status st = VH_STATUS_OK;
     vh_cpu_scratch_mark outer = vh_cpu_scratch_begin();
     uint64_t layout = 0;
     const void *packed = bands > 1 ? pack_b(g, v, rows, &layout) : NULL;
     g_band_calls++;
     if (packed) g_band_packed++;
+    if (pass == BAND_PASS_GELU_F32) {
+        g_band_gelu32++;
+        if (stream) g_band_streamed++;
+    }
 #pragma omp parallel if (bands > 1)
     {
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
-        const int own_t = pass == BAND_PASS_GELU_TO_BF16 || pass == BAND_PASS_GELU_BACKWARD_TO_BF16;
+        /* the thread's own T: for the bf16 passes, and where aux is streamed */
+        const int streamed = stream && pass == BAND_PASS_GELU_F32;
+        const int own_t = streamed || pass == BAND_PASS_GELU_TO_BF16 ||
+                          pass == BAND_PASS_GELU_BACKWARD_TO_BF16;
         float *own = own_t ? vh_cpu_scratch_alloc((size_t)(rows * n) * sizeof(float)) : NULL;
         vh_status mine = !own_t || own ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
 #pragma omp for schedule(dynamic, 1)
@@ -874,7 +909,9 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
                 mine = vh_dnnl_matmul_run(&mm, a, v->b.p, v->bias, t);
             }
             if (mine != VH_STATUS_OK) continue;
-            if (pass == BAND_PASS_GELU_TO_BF16) {
+            if (streamed) {
+                stream_gelu_band(g, (float *)g->c + r0 * n, (float *)g->aux + r0 * n, t, r * n);
+            } else if (pass == BAND_PASS_GELU_TO_BF16) {
                 vh_cpu_k_gelu_forward_f32_to_bf16_serial((uint16_t *)g->c + r0 * n,
                                                          (uint16_t *)g->aux + r0 * n, t, r * n);
             } else if (pass == BAND_PASS_GELU_BACKWARD_TO_BF16) {
@@ -892,6 +929,7 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
                 for (int64_t j = 0; j < r * n; j++) t[j] *= x[j];
             }
         }
+        if (streamed) vh_cpu_stream_fence();
 #pragma omp critical(vh_gemm_bands)
         if (mine != VH_STATUS_OK && st == VH_STATUS_OK) st = mine;
         vh_cpu_scratch_end(mark);
@@ -912,11 +950,16 @@ const char *vh_cpu_gemm_bands_summary(char *buf, size_t len) {
         at = snprintf(buf, len, "%llu calls in bands of rows: B packed once for %llu%s", calls,
                       packed, unpacked ? ", some bands' kernels read B plain" : "");
     if (at >= 0 && (size_t)at < len)
+        at += snprintf(buf + at, len - (size_t)at,
+                       "; B packed first for %llu of %llu one-call GEMMs that could take it "
+                       "(%d+ rows, at least k)%s",
+                       single_packed, single, PACK_MIN_ROWS,
+                       pack_b_off() ? " (VITHOST_CPU_PACK_B=0)" : "");
+    const unsigned long long gelu32 = g_band_gelu32, streamed = g_band_streamed;
+    if (gelu32 && at >= 0 && (size_t)at < len)
         snprintf(buf + at, len - (size_t)at,
-                 "; B packed first for %llu of %llu one-call GEMMs that could take it (%d+ "
-                 "rows, at least k)%s",
-                 single_packed, single, PACK_MIN_ROWS,
-                 pack_b_off() ? " (VITHOST_CPU_PACK_B=0)" : "");
+                 "; fp32 GELU's aux streamed past the caches in %llu of %llu calls", streamed,
+                 gelu32);
     return buf;
 }
 

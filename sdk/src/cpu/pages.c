@@ -19,10 +19,14 @@
  * small buffers stay on small pages and cost no more memory.
  * VITHOST_CPU_HUGEPAGES=0 turns the advice off (to compare). */
 #define _DEFAULT_SOURCE /* madvise */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#if defined(__GLIBC__)
+#include <malloc.h> /* malloc_usable_size */
+#endif
 
 #include "cpu_ops.h"
 
@@ -55,4 +59,33 @@ void *vh_cpu_pages_alloc(size_t bytes) {
     if (bytes > SIZE_MAX - SMALL_ALIGN) return NULL;
     const size_t rounded = (bytes + SMALL_ALIGN - 1) & ~(SMALL_ALIGN - 1);
     return aligned_alloc(SMALL_ALIGN, rounded ? rounded : SMALL_ALIGN);
+}
+
+/* The bytes of the device's live tensors (cpu_alloc's), as the allocator
+ * holds them: stream.c asks whether a step's tensors outgrow the caches.
+ * Without glibc's malloc_usable_size the count stays 0. */
+static _Atomic int64_t g_tensor_bytes;
+
+static int64_t held_bytes(void *p) {
+#if defined(__GLIBC__)
+    return p ? (int64_t)malloc_usable_size(p) : 0;
+#else
+    (void)p;
+    return 0;
+#endif
+}
+
+void *vh_cpu_tensor_alloc(size_t bytes) {
+    void *p = vh_cpu_pages_alloc(bytes);
+    atomic_fetch_add_explicit(&g_tensor_bytes, held_bytes(p), memory_order_relaxed);
+    return p;
+}
+
+void vh_cpu_tensor_free(void *p) {
+    atomic_fetch_sub_explicit(&g_tensor_bytes, held_bytes(p), memory_order_relaxed);
+    free(p);
+}
+
+int64_t vh_cpu_tensor_bytes(void) {
+    return atomic_load_explicit(&g_tensor_bytes, memory_order_relaxed);
 }

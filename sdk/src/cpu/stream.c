@@ -29,11 +29,12 @@
  * either way. Where the whole step fits, streaming would push to memory a
  * tensor the backward could have found in L3. On the AMX Xeon (L3 300
  * MiB), fp32's fc1 forward in the step, aux streamed against stored,
- * interleaved pairs of `vithost bench --ops`, ms a step:
- *   T2 (915 MiB of tensors)  65.0-66.4 against 68.3-70.4 (4 pairs)
- *   T3 (1179 MiB)            88.0-89.3 against 94.7-98.7 (3)
- *   T1 (245 MiB)             5.5-6.0 against 5.1-5.7 (3)
- *   the main job (195 MiB)   3.9-4.1 against 3.7-3.8 (3)
+ * interleaved pairs of `vithost bench --ops`, ms a step (tensors: model
+ * state and activations as that command reports them):
+ *   T2 (757 MiB of tensors)  65.0-66.4 against 68.3-70.4 (4 pairs)
+ *   T3 (909 MiB)             88.0-89.3 against 94.7-98.7 (3)
+ *   T1 (150 MiB)             5.5-6.0 against 5.1-5.7 (3)
+ *   the main job (104 MiB)   3.9-4.1 against 3.7-3.8 (3)
  * No L3 reported: L3_UNKNOWN_BYTES, the L3 of the smaller CPUs in
  * MACHINE-NOTES.md. VITHOST_CPU_STREAM=1 streams always, =0 never (tests,
  * and to compare); read at every call, so both run within one process. */

@@ -395,6 +395,11 @@ static void test_bands_pack_b(void **state) {
     set_mode("auto");
 }
 
+/* fp32 GELU band calls so far whose aux was streamed. */
+static unsigned long long streamed_count(void) {
+    return packing_count("aux streamed past the caches in ");
+}
+
 /* fp32's fc1 aux, gelu'(T), streamed out of each band's chunks (gemm.c's
  * stream_gelu_band) holds the bits that storing it holds, and so does C,
  * for every band and chunk: 300 rows make bands of 128, 128 and 44, each
@@ -407,17 +412,15 @@ static void test_bands_stream_aux(void **state) {
         c[i] = calloc(1, bytes), aux[i] = calloc(1, bytes);
         assert_true(c[i] && aux[i]);
     }
+    const unsigned long long before = streamed_count();
     run_band_call(BAND_FC1_F32, "VITHOST_CPU_STREAM", "0", c[0], aux[0]);
+    assert_true(streamed_count() == before);
     run_band_call(BAND_FC1_F32, "VITHOST_CPU_STREAM", "1", c[1], aux[1]);
+    assert_true(streamed_count() == before + 1);
     if (memcmp(aux[0], aux[1], bytes) != 0)
         fail_msg("fp32 fc1: aux streamed holds other bits than aux stored");
     if (memcmp(c[0], c[1], bytes) != 0) fail_msg("fp32 fc1: C differs with aux streamed");
     for (int i = 0; i < 2; i++) free(c[i]), free(aux[i]);
-}
-
-/* fp32 GELU band calls so far whose aux was streamed. */
-static unsigned long long streamed_count(void) {
-    return packing_count("aux streamed past the caches in ");
 }
 
 /* Left to itself, the engine streams fc1's aux only while the device's
@@ -431,7 +434,8 @@ static void test_stream_follows_tensor_bytes(void **state) {
     const size_t bytes = (size_t)300 * 96 * 4;
     char *c = calloc(1, bytes), *aux = calloc(1, bytes);
     assert_true(c && aux);
-    unsigned long long before = streamed_count();
+    unsetenv("VITHOST_CPU_STREAM"); /* the engine's own rule */
+    const unsigned long long before = streamed_count();
     run_band_call(BAND_FC1_F32, NULL, NULL, c, aux);
     assert_true(streamed_count() == before);
     void *held = NULL;

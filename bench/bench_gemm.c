@@ -11,7 +11,7 @@
  * which bench_step.py reads. Each line also gives the mean rate of the
  * same calls (a step's GEMMs run at their mean, not their best: on a
  * shared machine the two differ by the neighbours' share), and with
- * --cold the best rate with the operands out of cache (twice the L3 walked
+ * --cold the best rate with the operands out of cache (twice the L3 written
  * before each of as many more calls, as a step's other tensors push them
  * out; where it is close to the hot one, memory traffic is not what a
  * step's GEMMs lose). Without --cold the calls run back to back, as they
@@ -37,14 +37,12 @@
 
 #include "bench_common.h"
 
-/* Walked between the cold calls: twice this CPU's L3 as the C library
+/* Written between the cold calls: twice this CPU's L3 as the C library
  * reports it, and at least COLD_MIN_BYTES (twice the largest L3 of the
- * CPUs in MACHINE-NOTES.md before the AMX Xeon's 300 MiB). Each line is
- * read and written, so it comes into the caches and pushes the operands
- * out. memset would not do: glibc writes a buffer this large with
- * non-temporal stores, which leave the caches' other lines in place (on
- * the AMX Xeon, after 64 MiB of memset a 4160x576x192 call ran at its hot
- * rate, 307 GFLOP/s; after 512 MiB walked so, at 241). */
+ * CPUs in MACHINE-NOTES.md before the AMX Xeon's 300 MiB). Less than the
+ * L3 leaves the operands in it: on the AMX Xeon, a 4160x576x192 call after
+ * 64 MiB written ran at 316-323 GFLOP/s (its hot rate), after 600 MiB at
+ * 252-258, written by memset or line by line alike. */
 #define COLD_MIN_BYTES ((size_t)64 << 20)
 static size_t cold_bytes;
 
@@ -52,10 +50,6 @@ static size_t cold_size(void) {
     const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
     const size_t twice = l3 > 0 ? 2 * (size_t)l3 : 0;
     return twice > COLD_MIN_BYTES ? twice : COLD_MIN_BYTES;
-}
-
-static void push_out_caches(char *buf, size_t bytes, int round) {
-    for (size_t i = 0; i < bytes; i += 64) buf[i] = (char)(buf[i] + round);
 }
 
 typedef struct gemm_shape {
@@ -133,7 +127,7 @@ static void time_shape(const vh_device_ops *d, const gemm_shape *s, vh_dtype ab,
             total += dt;
             if (flop / dt > best_hot) best_hot = flop / dt;
             if (!cold_buf) continue;
-            push_out_caches(cold_buf, cold_bytes, r + 1);
+            memset(cold_buf, r + 1, cold_bytes);
             t0 = bench_now();
             d->gemm(d->device, &g);
             dt = bench_now() - t0;
@@ -165,7 +159,7 @@ int main(int argc, char **argv) {
     int reps = 5, vit_s16 = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--cold") == 0)
-            cold_buf = calloc(1, cold_bytes = cold_size()); /* NULL: the hot rates alone */
+            cold_buf = malloc(cold_bytes = cold_size()); /* NULL: the hot rates alone */
         else if (strcmp(argv[i], "--vit-s16") == 0)
             vit_s16 = 1;
         else if ((reps = atoi(argv[i])) < 1) {

@@ -870,22 +870,20 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
     if (pass == BAND_PASS_NONE) return VH_STATUS_ERR_UNSUPPORTED;
     const int64_t m = g->m, n = g->n, rows = band_rows(n), bands = (m + rows - 1) / rows;
     const size_t es = vh_dtype_size(v->a.dtype);
-    const int stream = vh_cpu_stream_on();
+    /* aux streamed from the thread's own T (stream_gelu_band) */
+    const int streamed = pass == BAND_PASS_GELU_F32 && vh_cpu_stream_on();
     vh_status st = VH_STATUS_OK;
     vh_cpu_scratch_mark outer = vh_cpu_scratch_begin();
     uint64_t layout = 0;
     const void *packed = bands > 1 ? pack_b(g, v, rows, &layout) : NULL;
     g_band_calls++;
     if (packed) g_band_packed++;
-    if (pass == BAND_PASS_GELU_F32) {
-        g_band_gelu32++;
-        if (stream) g_band_streamed++;
-    }
+    if (pass == BAND_PASS_GELU_F32) g_band_gelu32++;
+    if (streamed) g_band_streamed++;
 #pragma omp parallel if (bands > 1)
     {
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
         /* the thread's own T: for the bf16 passes, and where aux is streamed */
-        const int streamed = stream && pass == BAND_PASS_GELU_F32;
         const int own_t = streamed || pass == BAND_PASS_GELU_TO_BF16 ||
                           pass == BAND_PASS_GELU_BACKWARD_TO_BF16;
         float *own = own_t ? vh_cpu_scratch_alloc((size_t)(rows * n) * sizeof(float)) : NULL;

@@ -289,6 +289,11 @@ typedef struct fx {
 static const char *error_of(fx *f, vh_role role) { return f->run.hosts[role].error; }
 static vh_host *host_of(fx *f, vh_role role) { return &f->run.hosts[role].pub; }
 
+/* The sharding plugin fx_open sets up, and the optimizer caps it hands it
+ * (the host hands mta's: VH_OPTIM_CAP_HALF_GRADS; 0 is an ABI 2.8 host's). */
+static const char *fx_sharding = "ddp";
+static uint32_t fx_caps = 0;
+
 static vh_status fx_open_run(vh_run *run, const char *precision, const char *optim_keys,
                              vh_diag *d) {
     char recipe[2048];
@@ -296,10 +301,10 @@ static vh_status fx_open_run(vh_run *run, const char *precision, const char *opt
              "run: {batch_size: 4}\n"
              "model: {plugin: test_model}\n"
              "precision: %s\n"
-             "sharding: {plugin: ddp}\n"
+             "sharding: {plugin: %s}\n"
              "optim: {plugin: mta, lr: 0.01, weight_decay: 0.1%s%s}\n"
              "data: {plugin: test_data}\n",
-             precision, optim_keys ? ", " : "", optim_keys ? optim_keys : "");
+             precision, fx_sharding, optim_keys ? ", " : "", optim_keys ? optim_keys : "");
     setenv("VITHOST_PLUGIN_PATH", VH_TEST_PLUGIN_DIR, 1);
     vh_run_options opts = {.out = stdout};
     return run_open_text(run, "precision.yaml", recipe, &opts, d);
@@ -385,7 +390,7 @@ static void fx_open(fx *f, const char *precision, const char *optim_keys) {
         fail_msg("ddp create: %s", error_of(f, VH_ROLE_SHARDING));
     fx_policy(f);
     vh_sharding_setup s = {.struct_size = sizeof s, .table = &table, .policy = &f->policy,
-                           .state_slots = f->op->state_slots(f->mta)};
+                           .state_slots = f->op->state_slots(f->mta), .optim_caps = fx_caps};
     if (f->sh->setup(f->ddp, &s) != VH_STATUS_OK)
         fail_msg("ddp setup: %s", error_of(f, VH_ROLE_SHARDING));
     for (int32_t u = 0; u < NUM_UNITS; u++) {
@@ -540,6 +545,7 @@ static void test_amp_policies(void **state) {
     assert_int_equal(f.policy.fp32_param_flags, VH_PARAM_FLAG_NORM);
     assert_int_equal(f.policy.master_weights, 1);
     assert_true(f.pr->loss_scale(f.prec) == 1.0f);
+    assert_int_equal(f.policy.unit_loss_scale, 1);
     assert_int_equal(vh_policy_param_dtype(&f.policy, VH_PARAM_FLAG_NORM), VH_DTYPE_F32);
     assert_int_equal(vh_policy_grad_dtype(&f.policy, VH_PARAM_FLAG_DECAY), VH_DTYPE_BF16);
     f.pr->destroy(f.prec);
@@ -554,6 +560,7 @@ static void test_amp_policies(void **state) {
     assert_int_equal(f.policy.comm_dtype, VH_DTYPE_F32);
     assert_int_equal(f.policy.fp32_param_flags, 0);
     assert_true(f.pr->loss_scale(f.prec) == 65536.0f);
+    assert_int_equal(f.policy.unit_loss_scale, 0);
     f.pr->destroy(f.prec);
     run_close(&f.run);
 
@@ -573,6 +580,8 @@ static void test_amp_policies(void **state) {
     /* bf16 with loss scaling asked for; static keeps its scale */
     assert_int_equal(fx_try_precision(&f, "{plugin: amp, loss_scaling: static, init_scale: 128}"),
                      VH_STATUS_OK);
+    fx_policy(&f);
+    assert_int_equal(f.policy.unit_loss_scale, 0);
     assert_true(f.pr->loss_scale(f.prec) == 128.0f);
     assert_int_equal(f.pr->update(f.prec, 1), VH_STATUS_OK);
     assert_true(f.pr->loss_scale(f.prec) == 128.0f);
@@ -773,6 +782,74 @@ static void test_unscale_half_grads(void **state) {
     assert_non_null(strstr(error_of(&f, VH_ROLE_PRECISION), "i32 grads"));
     f.pr->destroy(f.prec);
     run_close(&f.run);
+}
+
+/* ---- 16-bit gradients straight to the optimizer (ABI 2.9) ------------------- */
+
+typedef struct half_run {
+    snapshot snap;
+    int half_slices;        /* slices handed over in bf16 */
+    vh_sharding_memory mem;
+} half_run;
+
+/* Five steps of `precision` on `sharding` (world fx_world) with fx_caps =
+ * caps: what they leave, and how the slices held the gradients. */
+static void run_half(const char *sharding, const char *precision, const char *optim_keys,
+                     uint32_t caps, half_run *out) {
+    fx f;
+    fx_sharding = sharding;
+    fx_caps = caps;
+    fx_open(&f, precision, optim_keys);
+    fx_sharding = "ddp";
+    fx_caps = 0;
+    memset(out, 0, sizeof *out);
+    for (int32_t i = 0; i < f.slices.count; i++) {
+        const vh_param_slice *sl = vh_param_slices_at(&f.slices, i);
+        assert_true(sl->grad_dtype == VH_DTYPE_F32 || sl->grad_dtype == VH_DTYPE_BF16);
+        out->half_slices += sl->grad_dtype == VH_DTYPE_BF16;
+    }
+    for (int k = 0; k < 5; k++) assert_int_equal(fx_step(&f, -1, 0), 0);
+    take(&f, &out->snap);
+    out->mem.struct_size = sizeof out->mem;
+    assert_int_equal(f.sh->memory(f.ddp, &out->mem), VH_STATUS_OK);
+    fx_close(&f);
+}
+
+/* An optimizer that reads bf16 gradients (mta: VH_OPTIM_CAP_HALF_GRADS)
+ * gets the replicas' reduced bf16 gradients as they are, under AMP-bf16
+ * without loss scaling, and the run's numbers are those of the f32 copies,
+ * bit for bit: compute copies, masters, optimizer state, with clipping by
+ * the global norm and with LAMB's per-tensor norms. Where the policy may
+ * scale (loss_scaling dynamic), or for FSDP (its shards are widened on
+ * arrival), the slices stay f32. */
+static void test_half_grads_same_numbers(void **state) {
+    (void)state;
+    static const char *const shardings[] = {"ddp", "zero1", "fsdp"};
+    static const char *const optims[] = {"clip_grad_norm: 0.5", "algo: lamb"};
+    for (int w = 1; w <= 2; w++)
+        for (size_t sh = 0; sh < 3; sh++)
+            for (size_t o = 0; o < 2; o++) {
+                if (w == 2 && sh > 0) continue; /* the fake rank has all-reduce only */
+                fx_world = w;
+                half_run f32, half;
+                run_half(shardings[sh], "{plugin: amp}", optims[o], 0, &f32);
+                run_half(shardings[sh], "{plugin: amp}", optims[o], VH_OPTIM_CAP_HALF_GRADS,
+                         &half);
+                fx_world = 1;
+                assert_int_equal(f32.half_slices, 0);
+                if (sh < 2) {
+                    /* embed.weight, embed.bias, fc.weight, head.weight, head.bias */
+                    assert_int_equal(half.half_slices, 5);
+                    assert_true(half.mem.grads < f32.mem.grads);
+                } else {
+                    assert_int_equal(half.half_slices, 0);
+                }
+                assert_memory_equal(&f32.snap, &half.snap, sizeof f32.snap);
+            }
+    half_run scaled;
+    run_half("ddp", "{plugin: amp, loss_scaling: dynamic}", NULL, VH_OPTIM_CAP_HALF_GRADS,
+             &scaled);
+    assert_int_equal(scaled.half_slices, 0);
 }
 
 /* growth_interval good steps in a row double the scale; an overflow
@@ -1297,6 +1374,7 @@ int main(void) {
         cmocka_unit_test(test_fp16_inf_skips_the_step),
         cmocka_unit_test(test_found_inf_agreed_across_ranks),
         cmocka_unit_test(test_unscale_half_grads),
+        cmocka_unit_test(test_half_grads_same_numbers),
         cmocka_unit_test(test_growth_after_interval),
         cmocka_unit_test(test_fp16_updates_f16_weights),
         cmocka_unit_test(test_mta_half_slices),

@@ -74,6 +74,7 @@ static const vh_vtable_member optim_members[] = {
     OPTIONAL(vh_optim_vtable, state_save),
     OPTIONAL(vh_optim_vtable, state_load),
     ONE_OF(vh_optim_vtable, update, step),
+    OPTIONAL(vh_optim_vtable, caps),
 };
 
 static const vh_vtable_member data_members[] = {

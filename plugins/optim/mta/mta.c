@@ -419,6 +419,13 @@ static vh_status mta_state_load(void *self, const void *buf, size_t bytes) {
     return VH_STATUS_OK;
 }
 
+/* step.c reads f16 and bf16 gradients through f32 views, on the CPU and
+ * in cuda_step.c's kernels alike. */
+static uint32_t mta_caps(void *self) {
+    (void)self;
+    return VH_OPTIM_CAP_HALF_GRADS;
+}
+
 static const vh_optim_vtable vtable = {
     .struct_size = sizeof(vh_optim_vtable),
     .create = mta_create,
@@ -428,6 +435,7 @@ static const vh_optim_vtable vtable = {
     .state_size = mta_state_size,
     .state_save = mta_state_save,
     .state_load = mta_state_load,
+    .caps = mta_caps,
 };
 
 VH_PLUGIN_DEFINE(VH_ROLE_OPTIM, "mta", "0.2.0",

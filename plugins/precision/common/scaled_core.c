@@ -52,6 +52,10 @@ vh_status scaled_core_create(vh_host *host, void **self, const scaled_spec *spec
         scaled_core_destroy(c);
         return st;
     }
+    /* A fixed scale of 1 (loss_scaling none) leaves the gradients' bits
+     * alone, so a sharding plugin may hand them to the optimizer as they are
+     * (ABI 2.9). A fixed scale survives state_load (the config's wins). */
+    c->config.policy.unit_loss_scale = c->sg.scaler.fixed && c->sg.scaler.scale == 1.0f;
     if (config.policy.grad_dtype == VH_DTYPE_F16 && strcmp(config.mode, "none") == 0)
         host->api->log(host, VH_LOG_LEVEL_WARN,
                        "fp16 without loss scaling: gradients below 2^-24 become zero "

@@ -97,6 +97,7 @@ static vh_status fp32_policy(void *self, vh_precision_policy *out) {
     full.state_dtype = VH_DTYPE_F32;
     full.fp32_param_flags = 0; /* nothing to keep apart: everything is f32 */
     full.master_weights = 1;   /* the sharding plugin may alias them to the params */
+    full.unit_loss_scale = 1;  /* loss_scale() is always 1 */
     return precision_policy_out(p->host, out, &full);
 }
 

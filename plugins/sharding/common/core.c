@@ -45,6 +45,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "vithost/vh_optim.h"
+
 const char *sh_dev_name(const sh_core *c) { return c->dev->name ? c->dev->name : "the device"; }
 
 /* ---- life cycle --------------------------------------------------------- */
@@ -293,6 +295,7 @@ vh_status sh_setup(void *self, const vh_sharding_setup *setup) {
     c->rank = c->comm->rank;
     c->policy = pol;
     c->state_slots = s.state_slots;
+    c->half_grads = (s.optim_caps & VH_OPTIM_CAP_HALF_GRADS) && pol.unit_loss_scale;
     st = plan_table(c);
     if (st == VH_STATUS_OK) st = c->ops->plan(c);
     if (st == VH_STATUS_OK) st = alloc_core(c);

@@ -10,7 +10,8 @@
  *     grads    the same, with the policy's gradient dtypes; what grads hands
  *              out and backward accumulates into
  *     grad32   f32 gradients for the parameters whose gradient dtype is not
- *              f32: the optimizer's input (see "Gradients in fp32")
+ *              f32: the wire's or the optimizer's (see "Gradients for the
+ *              optimizer")
  *
  * Each unit's buffers start where the previous unit's end; unit layouts are
  * multiples of 64 bytes, so every parameter stays aligned. The f32 masters
@@ -53,12 +54,18 @@
  * holds them end to end, so those runs are contiguous too). Other
  * combinations are refused at setup.
  *
- * Gradients in fp32. The optimizer receives f32 gradients (vh_param_slice).
- * For a parameter with f32 gradients the slice points into `grads`. For one
- * with f16/bf16 gradients it points into grad32, which is filled by
- *   - reduce, before the collective, when comm_dtype is f32;
- *   - wait, after the collectives, when they ran in the 16-bit dtype;
- *   - wait, for a unit that was not reduced in the step (no collective).
+ * Gradients for the optimizer (vh_param_slice.grad). For a parameter with
+ * f32 gradients the slice points into `grads`. For one with f16/bf16
+ * gradients:
+ *   - reduced in their own dtype, to an optimizer that reads 16-bit
+ *     gradients under a policy that leaves them alone (core.half_grads: the
+ *     optimizer's VH_OPTIM_CAP_HALF_GRADS and the policy's unit_loss_scale,
+ *     ABI 2.9), the slice points into `grads` too, in that dtype: no f32
+ *     copy, no conversion pass, the same numbers (they widen exactly);
+ *   - otherwise it points into grad32, which is filled by
+ *     - reduce, before the collective, when comm_dtype is f32;
+ *     - wait, after the collectives, when they ran in the 16-bit dtype;
+ *     - wait, for a unit that was not reduced in the step (no collective).
  */
 #include "sharding_core.h"
 
@@ -91,14 +98,16 @@ static void place_params(sh_core *c) {
             sh_rparam *rp = &r->params[un->first_param + i];
             rp->param_at = ru->param_at + p->param_at;
             rp->grad_at = ru->grad_at + p->grad_at;
-            rp->grad32_at = -1;
-            if (p->grad_dtype != VH_DTYPE_F32) {
-                rp->grad32_at = r->grad32_numel;
-                r->grad32_numel += p->numel;
-            }
             /* The wire: see "Wire dtype" above. */
             rp->in_grad32 = p->grad_dtype != VH_DTYPE_F32 && c->policy.comm_dtype == VH_DTYPE_F32;
             rp->wire = rp->in_grad32 ? VH_DTYPE_F32 : p->grad_dtype;
+            /* An f32 copy for the wire, or for an optimizer that reads only
+             * f32 (see "Gradients for the optimizer"). */
+            rp->grad32_at = -1;
+            if (p->grad_dtype != VH_DTYPE_F32 && (rp->in_grad32 || !c->half_grads)) {
+                rp->grad32_at = r->grad32_numel;
+                r->grad32_numel += p->numel;
+            }
             /* Its bytes on the wire: packed f32 in grad32, or its span of
              * `grads` up to the next parameter (padding included). */
             size_t span_end = i + 1 < un->num_params ? p[1].grad_at : un->grad_bytes;
@@ -253,11 +262,16 @@ void *sh_replica_piece_param(const sh_core *c, int32_t unit, const sh_piece *pc)
            (size_t)pc->offset * vh_dtype_size(c->params[n].param_dtype);
 }
 
-float *sh_replica_piece_grad(const sh_core *c, int32_t unit, const sh_piece *pc) {
-    const sh_rparam *p = &c->rep.params[c->units[unit].first_param + pc->param];
-    float *g = p->grad32_at < 0 ? (float *)(void *)((char *)c->rep.grads + p->grad_at)
-                                : c->rep.grad32 + p->grad32_at;
-    return g + pc->offset;
+void *sh_replica_piece_grad(const sh_core *c, int32_t unit, const sh_piece *pc,
+                            vh_dtype *dtype) {
+    const int32_t n = c->units[unit].first_param + pc->param;
+    const sh_rparam *p = &c->rep.params[n];
+    if (p->grad32_at >= 0) {
+        *dtype = VH_DTYPE_F32;
+        return c->rep.grad32 + p->grad32_at + pc->offset;
+    }
+    *dtype = c->params[n].grad_dtype; /* f32, or 16-bit with half_grads */
+    return (char *)c->rep.grads + p->grad_at + (size_t)pc->offset * vh_dtype_size(*dtype);
 }
 
 /* ---- per-unit calls ----------------------------------------------------- */

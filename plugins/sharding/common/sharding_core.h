@@ -174,9 +174,11 @@ typedef struct sh_strategy {
     /* Finishes what is in flight and frees what plan and alloc made; also
      * after a failed setup, so any of it may be missing. */
     void (*release)(sh_core *c);
-    /* The compute copy and the f32 gradient of one of this rank's pieces. */
+    /* The compute copy and the reduced gradient of one of this rank's
+     * pieces: the gradient in f32, or in its 16-bit dtype (*dtype) where
+     * the optimizer reads it so (sh_core.half_grads). */
     void *(*piece_param)(const sh_core *c, int32_t unit, const sh_piece *pc);
-    float *(*piece_grad)(const sh_core *c, int32_t unit, const sh_piece *pc);
+    void *(*piece_grad)(const sh_core *c, int32_t unit, const sh_piece *pc, vh_dtype *dtype);
     /* Sets what it keeps of the unit from `values`, the unit's N f32 values
      * in device memory: compute copies and (sh_shards_load) masters. */
     vh_status (*load_unit)(sh_core *c, int32_t unit, float *values);
@@ -207,6 +209,11 @@ struct sh_core {
     const vh_param_table *table; /* the setup's; lives as long as the model */
     vh_precision_policy policy;  /* the setup's, read into this SDK's struct */
     int32_t state_slots;
+    /* The optimizer reads 16-bit gradients (VH_OPTIM_CAP_HALF_GRADS) and the
+     * policy leaves them alone (unit_loss_scale): a replica hands the
+     * reduced f16/bf16 gradients over as they are, with no f32 copy
+     * (replica.c, "Gradients for the optimizer"). */
+    int half_grads;
     sh_unit *units;        /* host memory */
     int32_t num_units;
     sh_param *params;      /* host memory, every parameter of every unit in order */
@@ -339,7 +346,8 @@ vh_status sh_replica_plan(sh_core *c);
 vh_status sh_replica_alloc(sh_core *c);
 void sh_replica_release(sh_core *c);
 void *sh_replica_piece_param(const sh_core *c, int32_t unit, const sh_piece *pc);
-float *sh_replica_piece_grad(const sh_core *c, int32_t unit, const sh_piece *pc);
+void *sh_replica_piece_grad(const sh_core *c, int32_t unit, const sh_piece *pc,
+                            vh_dtype *dtype);
 /* Every compute copy of the unit and this rank's masters <- `values` (the
  * unit's f32 elements, on the device), broadcast from rank 0 first. */
 vh_status sh_replica_load_unit(sh_core *c, int32_t unit, float *values);

@@ -155,8 +155,9 @@ void sh_shards_slices(sh_core *c) {
             sl->flags = c->table->units[u].params[pc->param].flags;
             sl->master = sh_piece_master(c, u, pc);
             sl->master_dtype = sh_piece_master_dtype(c, u, pc);
-            sl->grad = c->ops->piece_grad(c, u, pc);
-            sl->grad_dtype = VH_DTYPE_F32;
+            vh_dtype grad_dtype = VH_DTYPE_F32;
+            sl->grad = c->ops->piece_grad(c, u, pc, &grad_dtype);
+            sl->grad_dtype = grad_dtype;
             for (int32_t k = 0; k < c->state_slots; k++)
                 sl->state[k] = c->state[k] + su->shard_at + pc->shard_elem;
             sl->state_dtype = VH_DTYPE_F32;

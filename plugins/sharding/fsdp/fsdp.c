@@ -251,7 +251,11 @@ static void *fsdp_piece_param(const sh_core *c, int32_t unit, const sh_piece *pc
     return (char *)fsdp_of_const(c)->packed + c->sd.units[unit].packed_at + pc->packed_at;
 }
 
-static float *fsdp_piece_grad(const sh_core *c, int32_t unit, const sh_piece *pc) {
+/* Always f32: a 16-bit reduce-scatter lands in a per-collective buffer
+ * that the next unit reuses, so the shard is kept widened in grad32. */
+static void *fsdp_piece_grad(const sh_core *c, int32_t unit, const sh_piece *pc,
+                             vh_dtype *dtype) {
+    *dtype = VH_DTYPE_F32;
     return fsdp_of_const(c)->grad32 + c->sd.units[unit].shard_at + pc->shard_elem;
 }
 

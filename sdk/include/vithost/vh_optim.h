@@ -90,7 +90,26 @@ typedef struct vh_optim_vtable {
      * learning rate the SDK's schedule gives (args->lr); *lr_out: the base
      * rate used (args->lr unless the plugin overrides it). */
     vh_status (*update)(void *self, const vh_optim_step_args *args, double *lr_out);
+    /* ---- ABI 2.9 ---- */
+    /* @optional(default: 0, nothing beyond ABI 2.8's contract). What the
+     * optimizer can take beyond f32 slices: VH_OPTIM_CAP_* bits. Called once,
+     * after create; the host hands the answer to the sharding plugin
+     * (vh_sharding_setup.optim_caps), which may then fill the slices
+     * accordingly. Never imposed: an optimizer without it gets what ABI 2.8
+     * gave it. */
+    uint32_t (*caps)(void *self);
 } vh_optim_vtable;
+
+/* vh_optim_vtable.caps bits (ABI 2.9). */
+enum {
+    /* update / step reads gradients in f16 and bf16 (slice.grad_dtype) as
+     * well as f32. A sharding plugin may then hand over the reduced 16-bit
+     * gradients as they are, where the precision policy leaves them alone
+     * (vh_precision_policy.unit_loss_scale), instead of an f32 copy: a
+     * conversion pass and the f32 copy's memory saved, the same numbers
+     * (bf16 and f16 widen to f32 exactly). */
+    VH_OPTIM_CAP_HALF_GRADS = 1u << 0,
+};
 
 #ifdef __cplusplus
 }

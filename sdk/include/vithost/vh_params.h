@@ -77,9 +77,11 @@ typedef struct vh_param_table {
 /* The part of one parameter this rank updates (all of it without sharding).
  *
  * Who converts what: the sharding plugin hands the optimizer gradients that
- * are reduced, unscaled (by the precision plugin) and in grad_dtype, which
- * is f32 under every shipped policy; an optimizer that cannot update a
- * dtype refuses it with VH_STATUS_ERR_UNSUPPORTED. The optimizer updates
+ * are reduced, unscaled (by the precision plugin) and in grad_dtype: f32,
+ * or (ABI 2.9) f16/bf16 when the optimizer said it reads them
+ * (VH_OPTIM_CAP_HALF_GRADS) and the policy leaves them alone
+ * (unit_loss_scale); an optimizer that cannot update a dtype refuses it
+ * with VH_STATUS_ERR_UNSUPPORTED. The optimizer updates
  * `master` (f32, or the parameter itself in f16 under full FP16 without
  * master weights) and its state (state_dtype, f32 by default); afterwards
  * the sharding plugin refreshes the compute copies from the masters. */

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define VH_ABI_MAJOR 2
-#define VH_ABI_MINOR 8
+#define VH_ABI_MINOR 9
 
 #define VH_PLUGIN_MAGIC 0x47505856u /* "VXPG" little-endian: a vithost plugin */
 #define VH_PLUGIN_SYMBOL "vh_plugin"

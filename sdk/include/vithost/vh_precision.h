@@ -38,6 +38,13 @@ typedef struct vh_precision_policy {
      * compute copies are refreshed from them; 0: it updates the compute
      * copy itself (full FP16 without master weights). */
     int32_t master_weights;
+    /* ---- ABI 2.9 ---- */
+    /* 1: loss_scale() is 1 at every step (no loss scaling, AMP-bf16's
+     * default), so unscale_and_check only checks: it leaves every gradient's
+     * bits as they are, in any dtype. A sharding plugin may then hand an
+     * optimizer that reads 16-bit gradients (VH_OPTIM_CAP_HALF_GRADS) the
+     * reduced ones without an f32 copy. 0 (an older policy): it may scale. */
+    int32_t unit_loss_scale;
 } vh_precision_policy;
 
 /* The dtype of a parameter's compute copy, and of its gradient, under a

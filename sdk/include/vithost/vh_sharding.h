@@ -54,6 +54,11 @@ typedef struct vh_sharding_setup {
     const vh_param_table *table;
     const vh_precision_policy *policy;
     int32_t state_slots; /* from the optimizer */
+    /* ---- ABI 2.9 ---- */
+    /* The optimizer's VH_OPTIM_CAP_* (vh_optim_vtable.caps; 0 without it):
+     * what the slices may hold besides f32. A plugin that ignores it hands
+     * f32 gradients, which every optimizer reads. */
+    uint32_t optim_caps;
 } vh_sharding_setup;
 
 /* How a sharding plugin writes and reads the optimizer state it owns, in

@@ -284,6 +284,7 @@ typedef struct fx {
     vh_unit_layout grad_layout[NUM_UNITS], param_layout[NUM_UNITS];
     vh_param_slices slices;
     int64_t step;
+    uint32_t caps; /* the optimizer caps ddp was set up with (fx_caps) */
 } fx;
 
 static const char *error_of(fx *f, vh_role role) { return f->run.hosts[role].error; }
@@ -389,6 +390,7 @@ static void fx_open(fx *f, const char *precision, const char *optim_keys) {
     if (f->sh->create(host_of(f, VH_ROLE_SHARDING), &f->ddp) != VH_STATUS_OK)
         fail_msg("ddp create: %s", error_of(f, VH_ROLE_SHARDING));
     fx_policy(f);
+    f->caps = fx_caps;
     vh_sharding_setup s = {.struct_size = sizeof s, .table = &table, .policy = &f->policy,
                            .state_slots = f->op->state_slots(f->mta), .optim_caps = fx_caps};
     if (f->sh->setup(f->ddp, &s) != VH_STATUS_OK)
@@ -474,7 +476,8 @@ static vh_status host_update(vh_host *host, const vh_optim_vtable *vt, void *sel
 }
 
 /* The host's step after backward (host/step.c): check, update or skip,
- * refresh, precision update. Returns found_inf. */
+ * refresh (refresh_updated after an optimizer that wrote the compute
+ * copies), precision update. Returns found_inf. */
 static int fx_finish_step(fx *f) {
     int found = -1;
     if (f->pr->unscale_and_check(f->prec, &f->slices, &found) != VH_STATUS_OK)
@@ -487,7 +490,10 @@ static int fx_finish_step(fx *f) {
                                 .has_grad_sum_sq = has, .grad_sum_sq = sq};
         if (host_update(host_of(f, VH_ROLE_OPTIM), f->op, f->mta, &a, 100) != VH_STATUS_OK)
             fail_msg("mta update: %s", error_of(f, VH_ROLE_OPTIM));
-        assert_int_equal(f->sh->refresh(f->ddp), VH_STATUS_OK);
+        if (f->caps & VH_OPTIM_CAP_WRITES_COMPUTE)
+            assert_int_equal(f->sh->refresh_updated(f->ddp), VH_STATUS_OK);
+        else
+            assert_int_equal(f->sh->refresh(f->ddp), VH_STATUS_OK);
     }
     assert_int_equal(f->pr->update(f->prec, found), VH_STATUS_OK);
     f->step++;
@@ -788,12 +794,40 @@ static void test_unscale_half_grads(void **state) {
 
 typedef struct half_run {
     snapshot snap;
-    int half_slices;        /* slices handed over in bf16 */
+    int half_slices;        /* slices handed over in bf16 (f16) */
+    int compute_slices;     /* slices with a compute copy for the optimizer to write */
     vh_sharding_memory mem;
 } half_run;
 
+/* Masters changed outside the optimizer, as the host's EMA swap changes
+ * them, then refresh: every compute copy must follow, whoever wrote it
+ * after the last update. */
+static void check_refresh_follows_masters(fx *f) {
+    for (int32_t i = 0; i < f->slices.count; i++) {
+        const vh_param_slice *sl = vh_param_slices_at(&f->slices, i);
+        assert_int_equal(sl->master_dtype, VH_DTYPE_F32);
+        for (int64_t k = 0; k < sl->count; k++) ((float *)sl->master)[k] += 0.25f;
+    }
+    assert_int_equal(f->sh->refresh(f->ddp), VH_STATUS_OK);
+    for (int32_t u = 0; u < NUM_UNITS; u++) {
+        float m[MAX_UNIT];
+        const void *p = NULL;
+        assert_int_equal(f->sh->store_unit(f->ddp, u, m), VH_STATUS_OK);
+        assert_int_equal(f->sh->gather(f->ddp, u, &p), VH_STATUS_OK);
+        for (int64_t k = 0; k < units[u].numel; k++) {
+            unsigned char want[4];
+            const vh_dtype t = elem_dtype(&f->param_layout[u], u, k);
+            put(want, t, m[k]);
+            assert_memory_equal(elem_ptr((void *)(uintptr_t)p, &f->param_layout[u], u, k), want,
+                                vh_dtype_size(t));
+        }
+        assert_int_equal(f->sh->release(f->ddp, u), VH_STATUS_OK);
+    }
+}
+
 /* Five steps of `precision` on `sharding` (world fx_world) with fx_caps =
- * caps: what they leave, and how the slices held the gradients. */
+ * caps: what they leave, and how the slices held the gradients and compute
+ * copies; then check_refresh_follows_masters. */
 static void run_half(const char *sharding, const char *precision, const char *optim_keys,
                      uint32_t caps, half_run *out) {
     fx f;
@@ -805,51 +839,74 @@ static void run_half(const char *sharding, const char *precision, const char *op
     memset(out, 0, sizeof *out);
     for (int32_t i = 0; i < f.slices.count; i++) {
         const vh_param_slice *sl = vh_param_slices_at(&f.slices, i);
-        assert_true(sl->grad_dtype == VH_DTYPE_F32 || sl->grad_dtype == VH_DTYPE_BF16);
-        out->half_slices += sl->grad_dtype == VH_DTYPE_BF16;
+        assert_true(sl->grad_dtype == VH_DTYPE_F32 || sl->grad_dtype == f.policy.grad_dtype);
+        out->half_slices += sl->grad_dtype != VH_DTYPE_F32;
+        if (vh_param_slice_compute(&f.slices, sl)) {
+            assert_int_equal(sl->compute_dtype, f.policy.param_dtype);
+            out->compute_slices++;
+        }
     }
     for (int k = 0; k < 5; k++) assert_int_equal(fx_step(&f, -1, 0), 0);
     take(&f, &out->snap);
     out->mem.struct_size = sizeof out->mem;
     assert_int_equal(f.sh->memory(f.ddp, &out->mem), VH_STATUS_OK);
+    check_refresh_follows_masters(&f);
     fx_close(&f);
 }
 
-/* An optimizer that reads bf16 gradients (mta: VH_OPTIM_CAP_HALF_GRADS)
+/* The optimizer caps of ABI 2.9 change where the work happens, never the
+ * numbers. An optimizer that reads bf16 gradients (VH_OPTIM_CAP_HALF_GRADS)
  * gets the replicas' reduced bf16 gradients as they are, under AMP-bf16
- * without loss scaling, and the run's numbers are those of the f32 copies,
- * bit for bit: compute copies, masters, optimizer state, with clipping by
- * the global norm and with LAMB's per-tensor norms. Where the policy may
- * scale (loss_scaling dynamic), or for FSDP (its shards are widened on
- * arrival), the slices stay f32. */
+ * without loss scaling; one that writes the compute copies
+ * (VH_OPTIM_CAP_WRITES_COMPUTE) does so after each update and the host calls
+ * refresh_updated. Either, both or neither: the same compute copies,
+ * masters and optimizer state, bit for bit, with clipping by the global norm
+ * and with LAMB's per-tensor norms, and refresh still follows masters
+ * changed outside the optimizer; the same for f16 weights with f32 masters.
+ * Where the policy may scale (loss_scaling dynamic), or for FSDP (its shards
+ * are widened on arrival), the gradients stay f32. */
 static void test_half_grads_same_numbers(void **state) {
     (void)state;
     static const char *const shardings[] = {"ddp", "zero1", "fsdp"};
     static const char *const optims[] = {"clip_grad_norm: 0.5", "algo: lamb"};
+    static const uint32_t caps[] = {VH_OPTIM_CAP_HALF_GRADS, VH_OPTIM_CAP_WRITES_COMPUTE,
+                                    VH_OPTIM_CAP_HALF_GRADS | VH_OPTIM_CAP_WRITES_COMPUTE};
     for (int w = 1; w <= 2; w++)
         for (size_t sh = 0; sh < 3; sh++)
             for (size_t o = 0; o < 2; o++) {
                 if (w == 2 && sh > 0) continue; /* the fake rank has all-reduce only */
                 fx_world = w;
-                half_run f32, half;
+                half_run f32;
                 run_half(shardings[sh], "{plugin: amp}", optims[o], 0, &f32);
-                run_half(shardings[sh], "{plugin: amp}", optims[o], VH_OPTIM_CAP_HALF_GRADS,
-                         &half);
-                fx_world = 1;
                 assert_int_equal(f32.half_slices, 0);
-                if (sh < 2) {
+                assert_int_equal(f32.compute_slices, 0);
+                for (size_t k = 0; k < 3; k++) {
+                    half_run half;
+                    run_half(shardings[sh], "{plugin: amp}", optims[o], caps[k], &half);
                     /* embed.weight, embed.bias, fc.weight, head.weight, head.bias */
-                    assert_int_equal(half.half_slices, 5);
-                    assert_true(half.mem.grads < f32.mem.grads);
-                } else {
-                    assert_int_equal(half.half_slices, 0);
+                    const int grads16 = (caps[k] & VH_OPTIM_CAP_HALF_GRADS) && sh < 2;
+                    assert_int_equal(half.half_slices, grads16 ? 5 : 0);
+                    if (grads16) assert_true(half.mem.grads < f32.mem.grads);
+                    assert_int_equal(half.compute_slices,
+                                     caps[k] & VH_OPTIM_CAP_WRITES_COMPUTE ? 5 : 0);
+                    assert_memory_equal(&f32.snap, &half.snap, sizeof f32.snap);
                 }
-                assert_memory_equal(&f32.snap, &half.snap, sizeof f32.snap);
+                fx_world = 1;
             }
+    /* f16 weights with f32 masters and no loss scaling: the same with f16 */
+    static const char fp16[] = "{plugin: fp16, master_weights: true, loss_scaling: none}";
+    half_run ref, both;
+    run_half("ddp", fp16, "clip_grad_norm: 0.5", 0, &ref);
+    run_half("ddp", fp16, "clip_grad_norm: 0.5",
+             VH_OPTIM_CAP_HALF_GRADS | VH_OPTIM_CAP_WRITES_COMPUTE, &both);
+    assert_int_equal(both.half_slices, 7);
+    assert_int_equal(both.compute_slices, 7);
+    assert_memory_equal(&ref.snap, &both.snap, sizeof ref.snap);
     half_run scaled;
-    run_half("ddp", "{plugin: amp, loss_scaling: dynamic}", NULL, VH_OPTIM_CAP_HALF_GRADS,
-             &scaled);
+    run_half("ddp", "{plugin: amp, loss_scaling: dynamic}", NULL,
+             VH_OPTIM_CAP_HALF_GRADS | VH_OPTIM_CAP_WRITES_COMPUTE, &scaled);
     assert_int_equal(scaled.half_slices, 0);
+    assert_int_equal(scaled.compute_slices, 5);
 }
 
 /* growth_interval good steps in a row double the scale; an overflow

@@ -160,9 +160,9 @@ static vh_status create_plugins(vh_session *s, vh_diag *d) {
          s->sharding->create(h[VH_ROLE_SHARDING], &s->self[VH_ROLE_SHARDING]));
     /* What the optimizer reads besides f32 slices (ABI 2.9), for the
      * sharding plugin to use or not. */
-    const uint32_t caps = s->optim->caps ? s->optim->caps(s->self[VH_ROLE_OPTIM]) : 0;
-    vh_sharding_setup ss = {.struct_size = sizeof ss, .table = s->table,
-                            .policy = &s->policy, .state_slots = slots, .optim_caps = caps};
+    s->optim_caps = s->optim->caps ? s->optim->caps(s->self[VH_ROLE_OPTIM]) : 0;
+    vh_sharding_setup ss = {.struct_size = sizeof ss, .table = s->table, .policy = &s->policy,
+                            .state_slots = slots, .optim_caps = s->optim_caps};
     CALL(s, VH_ROLE_SHARDING, "sharding.setup",
          s->sharding->setup(s->self[VH_ROLE_SHARDING], &ss));
     s->slices.items = NULL;

@@ -49,6 +49,7 @@ typedef struct vh_session {
     vh_unit_hooks hooks;
     vh_param_slices slices;
     int32_t state_slots;
+    uint32_t optim_caps;   /* VH_OPTIM_CAP_*, handed to the sharding plugin (ABI 2.9) */
     /* The optim section's shared keys (vh_optim_schedule.h), read when the
      * optimizer takes them (ABI 2.1: has_schedule); update's lr comes from it. */
     vh_optim_schedule schedule;

@@ -10,6 +10,8 @@
  *                          its pass computed, handed to the optimizer)
  *   optim.update (ABI 2.1; optim.step for a 2.0 optimizer) on the local
  *                        slices (skipped on overflow), sharding.refresh
+ *                        (refresh_updated, ABI 2.9, after an optimizer
+ *                        that wrote the compute copies itself)
  *   precision.update
  *
  * With run.grad_accum K > 1 (the loop's run_step, through session_step_begin
@@ -36,7 +38,8 @@ const char vh_step_order[] =
     "data.next, sharding.zero_grads, model.forward (sharding.gather/release per unit), "
     "precision.loss_scale, model.backward (sharding.gather/grads/reduce/release per unit, "
     "reversed), sharding.wait, precision.unscale_and_check, precision.grad_sum_sq (if it "
-    "has it), optim.update or optim.step (skipped on overflow), sharding.refresh, "
+    "has it), optim.update or optim.step (skipped on overflow), sharding.refresh (or "
+    "sharding.refresh_updated after an optimizer that wrote the compute copies), "
     "precision.update; with run.grad_accum K > 1, data.next to sharding.wait run K times per "
     "step after one zero_grads (sharding.set_sync 0, then 1 for the last; the loss scale / K; "
     "wait after the last only)";
@@ -158,7 +161,13 @@ static vh_status step_end(vh_session *s, int64_t step, double *lr, int *skipped,
             CALL(s, VH_ROLE_OPTIM, "optim.step",
                  s->optim->step(s->self[VH_ROLE_OPTIM], &s->slices, step, lr));
         }
-        CALL(s, VH_ROLE_SHARDING, "sharding.refresh", s->sharding->refresh(sharding));
+        /* An optimizer that wrote the compute copies leaves the sharding
+         * plugin the rest of refresh (ABI 2.9). */
+        if ((s->optim_caps & VH_OPTIM_CAP_WRITES_COMPUTE) && s->sharding->refresh_updated)
+            CALL(s, VH_ROLE_SHARDING, "sharding.refresh_updated",
+                 s->sharding->refresh_updated(sharding));
+        else
+            CALL(s, VH_ROLE_SHARDING, "sharding.refresh", s->sharding->refresh(sharding));
     } else {
         session_trace(s, "optim.step skipped: gradients overflowed");
     }

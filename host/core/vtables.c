@@ -63,6 +63,7 @@ static const vh_vtable_member sharding_members[] = {
     REQUIRED(vh_sharding_vtable, state_load),
     OPTIONAL(vh_sharding_vtable, memory),
     OPTIONAL(vh_sharding_vtable, set_sync),
+    OPTIONAL(vh_sharding_vtable, refresh_updated),
 };
 
 static const vh_vtable_member optim_members[] = {

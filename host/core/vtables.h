@@ -54,8 +54,9 @@ const vh_vtable_member *vtable_missing_required(vh_role role, const void *plugin
  * model's load_weights (the host's loader by name and shape), the precision
  * plugin's grad_sum_sq (the optimizer computes its own norm), the sharding
  * plugin's memory (no byte counts in the memory line) and set_sync (ABI 2.2:
- * run.grad_accum > 1 is refused), the optimizer's caps (ABI 2.9: no
- * capabilities, f32 slices). NULL when out of memory. */
+ * run.grad_accum > 1 is refused), the optimizer's caps and the sharding
+ * plugin's refresh_updated (ABI 2.9: no capabilities, f32 slices; refresh
+ * after every update). NULL when out of memory. */
 void *vtable_upgrade(vh_role role, const void *plugin_vtable, size_t plugin_size);
 
 #endif

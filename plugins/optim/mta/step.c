@@ -38,6 +38,7 @@
 
 #include "algos.h"
 #include "cuda_step.h"
+#include "clones.h"
 #include "mta.h"
 #include "vithost/vh_optim_schedule.h"
 #include "vithost/vh_types.h"
@@ -71,33 +72,40 @@ static inline float *thread_scratch(const mta *o, int which) {
     return o->work.scratch + (2 * t + (size_t)which) * (size_t)MTA_CHUNK_ELEMS;
 }
 
-/* bf16 widens by a shift and rounds by vh_f32_to_bf16's integer steps,
- * written here so the loops vectorize (a call per element through the SDK
- * cost more than the update itself: T3 AMP's optimizer phase went from 28 to
- * 42-44 ms with bf16 gradients read that way). f16 stays with the SDK's
+/* bf16 rows: widened to f32 for the kernels (exact: a shift) and rounded
+ * back to nearest even, NaN made quiet (vh_f32_to_bf16's steps, bit for
+ * bit). Vector loops, with AVX-512 and AVX2 clones (clones.h): one SDK call
+ * per element cost more than the update itself (T3 AMP's optimizer phase
+ * went from 28 to 42-44 ms with bf16 gradients read that way), and the
+ * baseline's SSE2 rounding cost as much as the refresh pass it replaces (6
+ * ms a step). Static, so no ifunc resolver is exported. f16 keeps the SDK's
  * scalar conversions (full FP16 only). */
-static void load_f32(float *dst, const void *src, vh_dtype dtype, int64_t n) {
-    const uint16_t *h = src;
-    if (dtype == VH_DTYPE_F16) {
-        for (int64_t i = 0; i < n; i++) dst[i] = vh_f16_to_f32(h[i]);
-        return;
-    }
+MTA_CLONES static void bf16_widen(float *dst, const uint16_t *src, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) {
-        const uint32_t u = (uint32_t)h[i] << 16;
+        const uint32_t u = (uint32_t)src[i] << 16;
         memcpy(&dst[i], &u, sizeof u);
     }
 }
 
-static void store_bf16(uint16_t *h, const float *v, int64_t n) {
+MTA_CLONES static void bf16_round(uint16_t *dst, const float *src, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;
-        memcpy(&u, &v[i], sizeof u);
+        memcpy(&u, &src[i], sizeof u);
         const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
         const uint32_t quiet = (u >> 16) | 0x40u;
-        h[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+        dst[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
     }
+}
+
+static void load_f32(float *dst, const void *src, vh_dtype dtype, int64_t n) {
+    const uint16_t *h = src;
+    if (dtype == VH_DTYPE_BF16) {
+        bf16_widen(dst, h, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = vh_f16_to_f32(h[i]);
 }
 
 /* Elements [b, b + n) of a slice's master as f32: in place, or loaded. */
@@ -117,7 +125,24 @@ static inline void master_store(const vh_param_slice *sl, int64_t b, int64_t n,
     if (sl->master_dtype == VH_DTYPE_F16)
         for (int64_t i = 0; i < n; i++) h[i] = vh_f32_to_f16(v[i]);
     else
-        store_bf16(h, v, n);
+        bf16_round(h, v, n);
+}
+
+/* After an update: the new values into the slice's compute copy, where the
+ * sharding plugin handed one (VH_OPTIM_CAP_WRITES_COMPUTE), rounded as its
+ * refresh would round them, while the chunk is in cache. */
+static inline void compute_store(const vh_param_slices *slices, const vh_param_slice *sl,
+                                 int64_t b, int64_t n, const float *v) {
+    void *compute = vh_param_slice_compute(slices, sl);
+    if (!compute) return;
+    if (sl->compute_dtype == VH_DTYPE_BF16) {
+        bf16_round((uint16_t *)compute + b, v, n);
+    } else if (sl->compute_dtype == VH_DTYPE_F16) {
+        uint16_t *h = (uint16_t *)compute + b;
+        for (int64_t i = 0; i < n; i++) h[i] = vh_f32_to_f16(v[i]);
+    } else {
+        memcpy((float *)compute + b, v, (size_t)n * sizeof(float));
+    }
 }
 
 static inline const float *grad_view(const mta *o, const vh_param_slice *sl, int64_t b,
@@ -129,9 +154,10 @@ static inline const float *grad_view(const mta *o, const vh_param_slice *sl, int
 }
 
 /* The kernels of algos.c are fp32: masters and gradients in f32, f16 or
- * bf16 are read through f32 views; the state must be f32. Anything else is
- * refused by name rather than misread. */
-static vh_status check_dtypes(mta *o, int32_t s, const vh_param_slice *sl) {
+ * bf16 are read through f32 views; the state must be f32; a compute copy to
+ * write (`compute`) is f32, f16 or bf16. Anything else is refused by name
+ * rather than misread. */
+static vh_status check_dtypes(mta *o, int32_t s, const vh_param_slice *sl, const void *compute) {
     const char *what = NULL;
     vh_dtype dtype = VH_DTYPE_F32;
     if (sl->master_dtype != VH_DTYPE_F32 && !is_half(sl->master_dtype))
@@ -140,11 +166,13 @@ static vh_status check_dtypes(mta *o, int32_t s, const vh_param_slice *sl) {
         what = "gradient", dtype = sl->grad_dtype;
     else if (o->state_slots > 0 && sl->state_dtype != VH_DTYPE_F32)
         what = "optimizer state", dtype = sl->state_dtype;
+    else if (compute && sl->compute_dtype != VH_DTYPE_F32 && !is_half(sl->compute_dtype))
+        what = "compute copy", dtype = sl->compute_dtype;
     if (!what) return VH_STATUS_OK;
     return o->host->api->fail(o->host, VH_STATUS_ERR_UNSUPPORTED,
                               "slice %d (unit %d, param %d) holds its %s in %s; mta updates "
-                              "masters and gradients in f32, f16 or bf16 and keeps its state in "
-                              "f32 (a policy with state_dtype f32)",
+                              "masters, gradients and compute copies in f32, f16 or bf16 and "
+                              "keeps its state in f32 (a policy with state_dtype f32)",
                               (int)s, (int)sl->unit, (int)sl->param, what, vh_dtype_name(dtype));
 }
 
@@ -169,7 +197,7 @@ static vh_status check_slices(mta *o, const vh_param_slices *slices, int *any_ha
                                    "table (layer_decay, freeze) does not have",
                                    (int)s, (int)sl->unit, (int)sl->param);
         if (sl->count == 0) continue;
-        vh_status st = check_dtypes(o, s, sl);
+        vh_status st = check_dtypes(o, s, sl, vh_param_slice_compute(slices, sl));
         if (st != VH_STATUS_OK) return st;
         if (is_half(sl->master_dtype) || is_half(sl->grad_dtype)) *any_half = 1;
         const char *missing = !sl->master ? "master values" : !sl->grad ? "gradient" : NULL;
@@ -279,6 +307,7 @@ static void adamw_pass(mta *o, const vh_param_slices *slices, double lr, float g
         mta_adamw_chunk(&as, decays(sl) ? ds : 1.0f, p, grad_view(o, sl, b, n),
                         f32_at(sl->state[0], b), f32_at(sl->state[1], b), n);
         master_store(sl, b, n, p);
+        compute_store(slices, sl, b, n, p);
     }
 }
 
@@ -305,6 +334,7 @@ static void sgd_pass(mta *o, const vh_param_slices *slices, double lr, float gra
         mta_sgd_chunk(&as, decays(sl) ? wd : 0.0f, p, grad_view(o, sl, b, n),
                       with_momentum ? f32_at(sl->state[0], b) : NULL, n);
         master_store(sl, b, n, p);
+        compute_store(slices, sl, b, n, p);
     }
 }
 
@@ -361,6 +391,7 @@ static vh_status lamb_passes(mta *o, const vh_param_slices *slices, double lr,
         mta_lamb_apply_chunk(&a, wd_sl, (float)(lr * mta_lr_scale(o, sl) * ratio), p, f32_at(sl->state[0], b),
                              f32_at(sl->state[1], b), n);
         master_store(sl, b, n, p);
+        compute_store(slices, sl, b, n, p);
     }
     return VH_STATUS_OK;
 }

@@ -296,6 +296,7 @@ vh_status sh_setup(void *self, const vh_sharding_setup *setup) {
     c->policy = pol;
     c->state_slots = s.state_slots;
     c->half_grads = (s.optim_caps & VH_OPTIM_CAP_HALF_GRADS) && pol.unit_loss_scale;
+    c->writes_compute = (s.optim_caps & VH_OPTIM_CAP_WRITES_COMPUTE) != 0;
     st = plan_table(c);
     if (st == VH_STATUS_OK) st = c->ops->plan(c);
     if (st == VH_STATUS_OK) st = alloc_core(c);
@@ -516,19 +517,26 @@ vh_status sh_slices(void *self, vh_param_slices *out) {
     return VH_STATUS_OK;
 }
 
-vh_status sh_refresh(void *self) {
+static vh_status refresh_call(void *self, int updated) {
     sh_core *c = self;
     if (!c) return VH_STATUS_ERR_INVALID_ARG;
+    const char *call = updated ? "refresh_updated" : "refresh";
     if (!c->ready)
-        return c->host->api->fail(c->host, VH_STATUS_ERR_INVALID_ARG, "refresh before setup");
+        return c->host->api->fail(c->host, VH_STATUS_ERR_INVALID_ARG, "%s before setup", call);
     for (int32_t u = 0; u < c->num_units; u++)
         if (c->units[u].gathered > 0)
             return c->host->api->fail(c->host, VH_STATUS_ERR_INVALID_ARG,
-                                      "refresh while unit %d (%s) is gathered: the model's copy "
+                                      "%s while unit %d (%s) is gathered: the model's copy "
                                       "would change under it (release it first)",
-                                      (int)u, sh_unit_name(&c->units[u]));
-    return c->ops->refresh(c);
+                                      call, (int)u, sh_unit_name(&c->units[u]));
+    return c->ops->refresh(c, updated);
 }
+
+vh_status sh_refresh(void *self) { return refresh_call(self, 0); }
+
+/* After an update: the optimizer wrote the compute copies of the slices that
+ * carry them (only with writes_compute; otherwise this is refresh). */
+vh_status sh_refresh_updated(void *self) { return refresh_call(self, 1); }
 
 /* ---- optimizer state and memory ------------------------------------------ */
 

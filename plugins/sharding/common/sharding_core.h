@@ -188,7 +188,10 @@ typedef struct sh_strategy {
     vh_status (*grads)(sh_core *c, int32_t unit, void **grads);
     vh_status (*reduce)(sh_core *c, int32_t unit);     /* marked reduced already */
     vh_status (*wait)(sh_core *c);
-    vh_status (*refresh)(sh_core *c);
+    /* updated 0: refresh; 1: refresh_updated, after an optimizer that
+     * wrote the compute copies of the slices whose compute is set
+     * (core.writes_compute). */
+    vh_status (*refresh)(sh_core *c, int updated);
     /* params, grads and comm_buffers; the core fills masters and state. */
     void (*memory)(const sh_core *c, vh_sharding_memory *m);
     /* Optional (NULL: nothing to do). set_sync was called: a micro-batch
@@ -214,6 +217,10 @@ struct sh_core {
      * reduced f16/bf16 gradients over as they are, with no f32 copy
      * (replica.c, "Gradients for the optimizer"). */
     int half_grads;
+    /* The optimizer writes the compute copies (VH_OPTIM_CAP_WRITES_COMPUTE):
+     * the slices of pieces with a separate compute copy carry it, and
+     * refresh_updated leaves those pieces alone. */
+    int writes_compute;
     sh_unit *units;        /* host memory */
     int32_t num_units;
     sh_param *params;      /* host memory, every parameter of every unit in order */
@@ -248,6 +255,7 @@ vh_status sh_reduce(void *self, int32_t unit);
 vh_status sh_wait(void *self);
 vh_status sh_slices(void *self, vh_param_slices *out);
 vh_status sh_refresh(void *self);
+vh_status sh_refresh_updated(void *self);
 vh_status sh_state_save(void *self, const vh_state_io *io);
 vh_status sh_state_load(void *self, const vh_state_io *io);
 vh_status sh_memory(void *self, vh_sharding_memory *out);
@@ -265,7 +273,8 @@ vh_status sh_set_sync(void *self, int32_t sync);
         .store_unit = sh_store_unit, .zero_grads = sh_zero_grads, .gather = sh_gather,       \
         .release = sh_release, .grads = sh_grads, .reduce = sh_reduce, .wait = sh_wait,      \
         .slices = sh_slices, .refresh = sh_refresh, .state_save = sh_state_save,             \
-        .state_load = sh_state_load, .memory = sh_memory, .set_sync = sh_set_sync};          \
+        .state_load = sh_state_load, .memory = sh_memory, .set_sync = sh_set_sync,           \
+        .refresh_updated = sh_refresh_updated};                                              \
     VH_PLUGIN_DEFINE(VH_ROLE_SHARDING, name_, version_, description_, schema_, sh_plugin_vtable)
 
 static inline const char *sh_unit_name(const sh_unit *u) { return u->name ? u->name : "?"; }
@@ -319,8 +328,10 @@ vh_status sh_shards_load(sh_core *c, int32_t unit, const float *values, int comp
  * world * S elements (*all; free with sh_tmp_free): own pieces packed into
  * the shard, then all-gathered (not with one rank). */
 vh_status sh_shards_gather_masters(sh_core *c, int32_t unit, float **all);
-/* Own compute copies <- their separate f32 masters (after the optimizer). */
-vh_status sh_shards_refresh_local(sh_core *c);
+/* Own compute copies <- their separate f32 masters (after the optimizer);
+ * updated 1: only those the optimizer did not write (core.writes_compute:
+ * none then). */
+vh_status sh_shards_refresh_local(sh_core *c, int updated);
 /* Own pieces' compute copies into `packed` (the rank's C bytes of the unit). */
 vh_status sh_shards_pack(sh_core *c, int32_t unit, void *packed);
 /* Starts the all-gather of the unit's packed pieces (`mine`, C bytes, live

@@ -161,6 +161,13 @@ void sh_shards_slices(sh_core *c) {
             for (int32_t k = 0; k < c->state_slots; k++)
                 sl->state[k] = c->state[k] + su->shard_at + pc->shard_elem;
             sl->state_dtype = VH_DTYPE_F32;
+            /* The optimizer writes a separate compute copy itself. */
+            sl->compute = NULL;
+            sl->compute_dtype = VH_DTYPE_F32;
+            if (c->writes_compute && pc->master_at >= 0) {
+                sl->compute = c->ops->piece_param(c, u, pc);
+                sl->compute_dtype = param_of(c, u, pc)->param_dtype;
+            }
         }
     }
 }
@@ -212,7 +219,8 @@ vh_status sh_shards_gather_masters(sh_core *c, int32_t unit, float **all) {
     return st;
 }
 
-vh_status sh_shards_refresh_local(sh_core *c) {
+vh_status sh_shards_refresh_local(sh_core *c, int updated) {
+    if (updated && c->writes_compute) return VH_STATUS_OK; /* the optimizer wrote them all */
     for (int32_t u = 0; u < c->num_units; u++) {
         const sh_shard_unit *su = &c->sd.units[u];
         for (int32_t j = su->own_first; j < su->own_first + su->own_count; j++) {

@@ -520,14 +520,14 @@ static vh_status fsdp_micro_start(sh_core *c) {
     return st;
 }
 
-static vh_status fsdp_refresh(sh_core *c) {
+static vh_status fsdp_refresh(sh_core *c, int updated) {
     fsdp *d = fsdp_of(c);
     vh_status st = prefetch_drop(d);
     if (st != VH_STATUS_OK) return st;
     /* Gathered copies held over (ZeRO-2, evaluation) are out of date now. */
     for (int32_t u = 0; u < c->num_units; u++)
         sh_tmp_free(c, &d->units[u].full, c->units[u].param_bytes);
-    return sh_shards_refresh_local(c);
+    return sh_shards_refresh_local(c, updated);
 }
 
 /* See "Memory"; an aliased master is counted once, under params. */

@@ -65,8 +65,8 @@ static vh_status gather_unit(sh_core *c, int32_t unit) {
     return st;
 }
 
-static vh_status zero1_refresh(sh_core *c) {
-    vh_status st = sh_shards_refresh_local(c);
+static vh_status zero1_refresh(sh_core *c, int updated) {
+    vh_status st = sh_shards_refresh_local(c, updated);
     for (int32_t u = 0; u < c->num_units && st == VH_STATUS_OK && c->sd.world > 1; u++)
         st = gather_unit(c, u);
     return st;

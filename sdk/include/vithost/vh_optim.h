@@ -109,6 +109,14 @@ enum {
      * conversion pass and the f32 copy's memory saved, the same numbers
      * (bf16 and f16 widen to f32 exactly). */
     VH_OPTIM_CAP_HALF_GRADS = 1u << 0,
+    /* After updating a slice's master, update / step writes the new values
+     * into slice.compute (vh_param_slice_compute, where not NULL) in
+     * slice.compute_dtype, rounded to nearest even as vh_f32_to_bf16 and
+     * vh_f32_to_f16 round: the bits sharding.refresh would write, while
+     * they are in cache. A frozen slice it does not update keeps its compute
+     * copy, which already holds those bits. The host then calls the sharding
+     * plugin's refresh_updated instead of refresh. */
+    VH_OPTIM_CAP_WRITES_COMPUTE = 1u << 1,
 };
 
 #ifdef __cplusplus

@@ -94,6 +94,13 @@ typedef struct vh_param_slice {
     void *grad;          /* the gradient, reduced and unscaled */
     void *state[VH_OPTIM_MAX_STATE_SLOTS]; /* optimizer state, count each */
     int32_t master_dtype, grad_dtype, state_dtype; /* vh_dtype */
+    /* ---- ABI 2.9 (read through vh_param_slice_compute) ---- */
+    /* The slice's elements in the compute copy, for an optimizer that
+     * writes them (VH_OPTIM_CAP_WRITES_COMPUTE) after each update, in
+     * compute_dtype; NULL where the sharding plugin refreshes them itself
+     * (the compute copy is the master, or the optimizer cannot). */
+    void *compute;
+    int32_t compute_dtype; /* vh_dtype */
 } vh_param_slice;
 
 /* The size of a vh_param_slice as ABI 2.0 shipped it: the least item_size
@@ -138,6 +145,13 @@ VH_SDK_API vh_status vh_param_slices_check(const vh_param_slices *s, char *why, 
 
 static inline vh_param_slice *vh_param_slices_at(const vh_param_slices *s, int32_t i) {
     return (vh_param_slice *)((char *)s->items + (size_t)i * s->item_size);
+}
+
+/* A slice's compute member (ABI 2.9): NULL when the list's items predate it
+ * (a 2.0-2.8 producer) or the producer left it NULL. */
+static inline void *vh_param_slice_compute(const vh_param_slices *s, const vh_param_slice *sl) {
+    const size_t end = offsetof(vh_param_slice, compute_dtype) + sizeof sl->compute_dtype;
+    return s->item_size >= end ? sl->compute : NULL;
 }
 
 /* Fills a parameter's fp32 values by its init rule, from a seed that the

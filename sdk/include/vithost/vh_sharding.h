@@ -146,6 +146,15 @@ typedef struct vh_sharding_vtable {
      * once: PyTorch's no_sync. The host calls it before each micro-batch's
      * forward, never with reductions in flight. */
     vh_status (*set_sync)(void *self, int32_t sync);
+    /* ---- ABI 2.9 ---- */
+    /* @optional(default: refresh). Called instead of refresh right after an
+     * optimizer update, when the optimizer writes compute copies
+     * (VH_OPTIM_CAP_WRITES_COMPUTE in setup's optim_caps): the slices whose
+     * compute member the plugin set hold the new values already; do the
+     * rest of refresh (convert the others, gather, drop stale copies). Every
+     * other change of the masters (the host's EMA swap) is followed by
+     * refresh, as before. */
+    vh_status (*refresh_updated)(void *self);
 } vh_sharding_vtable;
 
 #ifdef __cplusplus

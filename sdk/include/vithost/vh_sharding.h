@@ -119,8 +119,10 @@ typedef struct vh_sharding_vtable {
      * global batch), still multiplied by the loss scale, in slice.grad_dtype. */
     vh_status (*wait)(void *self);
     /* @required. The local part the optimizer updates: fp32 master, grads,
-     * state. The list stays valid until destroy. @owns(the sharding plugin,
-     * its only writer) @lifetime(until destroy). */
+     * state. The list stays valid until destroy. Zero the items before
+     * filling them, so members of a later minor read as their defaults
+     * (2.9's compute: NULL). @owns(the sharding plugin, its only writer)
+     * @lifetime(until destroy). */
     vh_status (*slices)(void *self, vh_param_slices *out);
     /* @required. After the optimizer: refresh compute copies from the
      * masters (a conversion to each parameter's compute dtype; a no-op

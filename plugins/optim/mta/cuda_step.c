@@ -153,6 +153,9 @@ static vh_status fill_tensors(mta *o, const vh_param_slices *slices) {
         t.numel = sl->count;
         t.master_dtype = sl->master_dtype;
         t.grad_dtype = sl->grad_dtype;
+        /* the compute copy the sharding plugin handed over (ABI 2.9), if any */
+        t.copy = vh_param_slice_compute(slices, sl);
+        t.copy_dtype = t.copy ? sl->compute_dtype : VH_DTYPE_F32;
         t.decays = (sl->flags & VH_PARAM_FLAG_DECAY) != 0;
         c->tensors[s] = t;
     }

@@ -419,14 +419,12 @@ static vh_status mta_state_load(void *self, const void *buf, size_t bytes) {
     return VH_STATUS_OK;
 }
 
-/* step.c reads f16 and bf16 gradients through f32 views, on the CPU and
- * in cuda_step.c's kernels alike; the CPU passes also write the compute
- * copies (the CUDA kernels do not yet: the sharding plugin refreshes them). */
+/* step.c reads f16 and bf16 gradients through f32 views and writes the
+ * compute copies it is handed, on the CPU and in cuda_step.c's kernels
+ * alike (their `copy`). */
 static uint32_t mta_caps(void *self) {
-    const mta *o = self;
-    uint32_t caps = VH_OPTIM_CAP_HALF_GRADS;
-    if (o && !o->cuda) caps |= VH_OPTIM_CAP_WRITES_COMPUTE;
-    return caps;
+    (void)self;
+    return VH_OPTIM_CAP_HALF_GRADS | VH_OPTIM_CAP_WRITES_COMPUTE;
 }
 
 static const vh_optim_vtable vtable = {

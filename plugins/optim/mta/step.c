@@ -37,8 +37,8 @@
 #endif
 
 #include "algos.h"
-#include "cuda_step.h"
 #include "clones.h"
+#include "cuda_step.h"
 #include "mta.h"
 #include "vithost/vh_optim_schedule.h"
 #include "vithost/vh_types.h"

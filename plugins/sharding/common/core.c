@@ -278,6 +278,22 @@ static vh_status alloc_core(sh_core *c) {
     return st;
 }
 
+/* Says which slices take ABI 2.9's shortcuts, so a run's log shows whether
+ * the optimizer reads 16-bit gradients and writes the compute copies. */
+static void log_fused(const sh_core *c) {
+    int32_t half = 0, compute = 0;
+    vh_dtype dtype = VH_DTYPE_F32;
+    for (int32_t s = 0; s < c->sd.num_own; s++) {
+        if (c->slices[s].grad_dtype != VH_DTYPE_F32) half++, dtype = c->slices[s].grad_dtype;
+        if (c->slices[s].compute) compute++;
+    }
+    if (half == 0 && compute == 0) return;
+    c->host->api->log(c->host, VH_LOG_LEVEL_INFO,
+                      "of %d slices, the optimizer reads %d gradients in %s as reduced (no f32 "
+                      "copy) and writes %d compute copies itself",
+                      (int)c->sd.num_own, (int)half, vh_dtype_name(dtype), (int)compute);
+}
+
 vh_status sh_setup(void *self, const vh_sharding_setup *setup) {
     sh_core *c = self;
     if (!c) return VH_STATUS_ERR_INVALID_ARG;
@@ -308,6 +324,7 @@ vh_status sh_setup(void *self, const vh_sharding_setup *setup) {
     }
     sh_shards_slices(c);
     c->ready = 1;
+    log_fused(c);
     return VH_STATUS_OK;
 }
 

@@ -288,10 +288,13 @@ static void log_fused(const sh_core *c) {
         if (c->slices[s].compute) compute++;
     }
     if (half == 0 && compute == 0) return;
-    c->host->api->log(c->host, VH_LOG_LEVEL_INFO,
-                      "of %d slices, the optimizer reads %d gradients in %s as reduced (no f32 "
-                      "copy) and writes %d compute copies itself",
-                      (int)c->sd.num_own, (int)half, vh_dtype_name(dtype), (int)compute);
+    char reads[96] = "", writes[64] = "";
+    if (half > 0)
+        snprintf(reads, sizeof reads, "reads %d gradients in %s as reduced (no f32 copy)",
+                 (int)half, vh_dtype_name(dtype));
+    if (compute > 0) snprintf(writes, sizeof writes, "writes %d compute copies itself", (int)compute);
+    c->host->api->log(c->host, VH_LOG_LEVEL_INFO, "of %d slices, the optimizer %s%s%s",
+                      (int)c->sd.num_own, reads, half > 0 && compute > 0 ? " and " : "", writes);
 }
 
 vh_status sh_setup(void *self, const vh_sharding_setup *setup) {

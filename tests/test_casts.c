@@ -290,15 +290,18 @@ static void test_round_trip_all(void **state) {
  * low bits), every bf16 value with the low halves that decide its rounding
  * (0, tie, tie +- 1, max), and every f16 value's f32 with the 13-bit low
  * parts around its rounding point. Run short (one thread) and long
- * (threaded). */
+ * (threaded), and through the public array functions (vh_convert_from_f32,
+ * vh_convert_to_f32: ABI 2.9, what a plugin's loops call). */
 static void test_scalar_array_sweep(void **state) {
     (void)state;
     size_t cap = (1u << 17) + (1u << 16) * 6 + (1u << 16) * 6, n = 0;
     float *f = malloc(cap * sizeof *f);
     uint16_t *h = malloc(cap * sizeof *h), *hs = malloc(cap * sizeof *hs);
+    uint16_t *hp = malloc(cap * sizeof *hp);
     assert_non_null(f);
     assert_non_null(h);
     assert_non_null(hs);
+    assert_non_null(hp);
     for (uint64_t u = 0; u <= 0xffffffffu; u += 65521u) f[n++] = from_bits((uint32_t)u);
     static const uint32_t bf_low[6] = {0x0000u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu, 0x0001u};
     for (uint32_t b = 0; b < 0x10000u; b++)
@@ -314,11 +317,27 @@ static void test_scalar_array_sweep(void **state) {
         convert(h, dt, f, VH_DTYPE_F32, n); /* threaded */
         for (size_t i = 0; i < n; i += 1000) /* short pieces, odd lengths */
             convert(hs + i, dt, f + i, VH_DTYPE_F32, n - i < 1000 ? n - i : 1000);
+        vh_convert_from_f32(hp, dt, f, (int64_t)n);
         for (size_t i = 0; i < n; i++) {
             const uint16_t want = t ? vh_f32_to_bf16(f[i]) : vh_f32_to_f16(f[i]);
-            if (h[i] != want || hs[i] != want) {
-                print_error("%s of 0x%08x: scalar 0x%04x, long array 0x%04x, short 0x%04x\n",
-                            vh_dtype_name(dt), bits(f[i]), want, h[i], hs[i]);
+            if (h[i] != want || hs[i] != want || hp[i] != want) {
+                print_error("%s of 0x%08x: scalar 0x%04x, long array 0x%04x, short 0x%04x, "
+                            "vh_convert_from_f32 0x%04x\n",
+                            vh_dtype_name(dt), bits(f[i]), want, h[i], hs[i], hp[i]);
+                fail();
+            }
+        }
+    }
+    /* back to f32 through vh_convert_to_f32: every 16-bit pattern, exact */
+    for (uint32_t x = 0; x < 0x10000u; x++) h[x] = (uint16_t)x;
+    for (int t = 0; t < 2; t++) {
+        const vh_dtype dt = t ? VH_DTYPE_BF16 : VH_DTYPE_F16;
+        vh_convert_to_f32(f, h, dt, 0x10000);
+        for (uint32_t x = 0; x < 0x10000u; x++) {
+            const float want = t ? vh_bf16_to_f32((uint16_t)x) : vh_f16_to_f32((uint16_t)x);
+            if (bits(f[x]) != bits(want)) {
+                print_error("vh_convert_to_f32 of %s 0x%04x: 0x%08x, want 0x%08x\n",
+                            vh_dtype_name(dt), x, bits(f[x]), bits(want));
                 fail();
             }
         }
@@ -339,7 +358,7 @@ static void test_scalar_array_sweep(void **state) {
             }
         }
     }
-    free(f), free(h), free(hs);
+    free(f), free(h), free(hs), free(hp);
 }
 
 int main(void) {

@@ -139,6 +139,15 @@ void vh_cpu_from_f32_serial(void *dst, vh_dtype dst_dtype, const float *src, int
     from_f32_span(dst, dst_dtype, src, n);
 }
 
+/* The public names of the two spans (vh_types.h). */
+void vh_convert_to_f32(float *dst, const void *src, vh_dtype src_dtype, int64_t n) {
+    to_f32_span(dst, src, src_dtype, n);
+}
+
+void vh_convert_from_f32(void *dst, vh_dtype dst_dtype, const float *src, int64_t n) {
+    from_f32_span(dst, dst_dtype, src, n);
+}
+
 /* Threaded in fixed pieces above CONVERT_PAR (a parallel region costs about
  * a microsecond, so a short array stays on the caller's thread). */
 #define CONVERT_PIECE ((int64_t)1 << 14)

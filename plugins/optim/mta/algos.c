@@ -1,6 +1,5 @@
 /* algos.c - the element-wise update kernels (formulas in algos.h). */
 #include "algos.h"
-#include "clones.h"
 
 #include <math.h>
 #include <string.h>
@@ -22,11 +21,18 @@ static void zero_moments(int fresh, float *m, float *v, int64_t n) {
     memset(v, 0, (size_t)n * sizeof *v);
 }
 
-/* The AdamW loop, built for AVX-512 and AVX2 too and picked at load time
- * (clones.h): the baseline build's 4-wide SSE loop made the sqrt and the two
- * divisions of every element the optimizer's cost (T3 under AMP, Xeon with
- * AMX, 2 threads: the optimizer phase 27.6 -> 25.1-25.5 ms a step; it is
- * near the memory's rate now). */
+/* The AdamW loop, built for AVX-512 and AVX2 too and picked at load time:
+ * the baseline build's 4-wide SSE loop made the sqrt and the two divisions
+ * of every element the optimizer's cost (T3 under AMP, Xeon with AMX, 2
+ * threads: the optimizer phase 27.6 -> 25.1-25.5 ms a step; it is near the
+ * memory's rate now). Element-wise, without
+ * contraction (-ffp-contract=off): every clone gives the same bits. The
+ * clone is static, so its ifunc resolver stays out of the plugin's symbols. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MTA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MTA_CLONES
+#endif
 
 MTA_CLONES static void adamw_span(const mta_adam_args *a, float decay, float *restrict p,
                                   const float *restrict g, float *restrict m,

@@ -17,7 +17,11 @@
  *
  * Masters and gradients may be f32, f16 or bf16 (full FP16 updates the
  * f16 parameters themselves): 16-bit chunks go through f32 views (see
- * master_view); the state is f32.
+ * master_view); the state is f32. The conversions are the SDK's array
+ * ones (vh_convert_to_f32 / _from_f32, vectorised): a call per element cost
+ * more than the update itself (T3 AMP's optimizer phase went from 28 to
+ * 42-44 ms with bf16 gradients read that way), and a baseline SSE2 rounding
+ * loop of mta's own as much as the refresh pass it replaces (6 ms a step).
  *
  * The all-reduces sum over ranks what the ranks' slices hold apart (FSDP
  * shards); when every rank holds every slice (vh_param_slices.replicated,
@@ -30,14 +34,12 @@
  */
 #include <math.h>
 #include <stddef.h>
-#include <string.h>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #include "algos.h"
-#include "clones.h"
 #include "cuda_step.h"
 #include "mta.h"
 #include "vithost/vh_optim_schedule.h"
@@ -72,47 +74,11 @@ static inline float *thread_scratch(const mta *o, int which) {
     return o->work.scratch + (2 * t + (size_t)which) * (size_t)MTA_CHUNK_ELEMS;
 }
 
-/* bf16 rows: widened to f32 for the kernels (exact: a shift) and rounded
- * back to nearest even, NaN made quiet (vh_f32_to_bf16's steps, bit for
- * bit). Vector loops, with AVX-512 and AVX2 clones (clones.h): one SDK call
- * per element cost more than the update itself (T3 AMP's optimizer phase
- * went from 28 to 42-44 ms with bf16 gradients read that way), and the
- * baseline's SSE2 rounding cost as much as the refresh pass it replaces (6
- * ms a step). Static, so no ifunc resolver is exported. f16 keeps the SDK's
- * scalar conversions (full FP16 only). */
-MTA_CLONES static void bf16_widen(float *dst, const uint16_t *src, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-        const uint32_t u = (uint32_t)src[i] << 16;
-        memcpy(&dst[i], &u, sizeof u);
-    }
-}
-
-MTA_CLONES static void bf16_round(uint16_t *dst, const float *src, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &src[i], sizeof u);
-        const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        const uint32_t quiet = (u >> 16) | 0x40u;
-        dst[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-    }
-}
-
-static void load_f32(float *dst, const void *src, vh_dtype dtype, int64_t n) {
-    const uint16_t *h = src;
-    if (dtype == VH_DTYPE_BF16) {
-        bf16_widen(dst, h, n);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) dst[i] = vh_f16_to_f32(h[i]);
-}
-
 /* Elements [b, b + n) of a slice's master as f32: in place, or loaded. */
 static inline float *master_view(const mta *o, const vh_param_slice *sl, int64_t b, int64_t n) {
     if (!is_half(sl->master_dtype)) return f32_at(sl->master, b);
     float *v = thread_scratch(o, 0);
-    load_f32(v, (const uint16_t *)sl->master + b, sl->master_dtype, n);
+    vh_convert_to_f32(v, (const uint16_t *)sl->master + b, sl->master_dtype, n);
     return v;
 }
 
@@ -121,11 +87,7 @@ static inline float *master_view(const mta *o, const vh_param_slice *sl, int64_t
 static inline void master_store(const vh_param_slice *sl, int64_t b, int64_t n,
                                 const float *v) {
     if (!is_half(sl->master_dtype)) return;
-    uint16_t *h = (uint16_t *)sl->master + b;
-    if (sl->master_dtype == VH_DTYPE_F16)
-        for (int64_t i = 0; i < n; i++) h[i] = vh_f32_to_f16(v[i]);
-    else
-        bf16_round(h, v, n);
+    vh_convert_from_f32((uint16_t *)sl->master + b, sl->master_dtype, v, n);
 }
 
 /* After an update: the new values into the slice's compute copy, where the
@@ -133,23 +95,17 @@ static inline void master_store(const vh_param_slice *sl, int64_t b, int64_t n,
  * refresh would round them, while the chunk is in cache. */
 static inline void compute_store(const vh_param_slices *slices, const vh_param_slice *sl,
                                  int64_t b, int64_t n, const float *v) {
-    void *compute = vh_param_slice_compute(slices, sl);
-    if (!compute) return;
-    if (sl->compute_dtype == VH_DTYPE_BF16) {
-        bf16_round((uint16_t *)compute + b, v, n);
-    } else if (sl->compute_dtype == VH_DTYPE_F16) {
-        uint16_t *h = (uint16_t *)compute + b;
-        for (int64_t i = 0; i < n; i++) h[i] = vh_f32_to_f16(v[i]);
-    } else {
-        memcpy((float *)compute + b, v, (size_t)n * sizeof(float));
-    }
+    char *compute = vh_param_slice_compute(slices, sl);
+    if (compute)
+        vh_convert_from_f32(compute + (size_t)b * vh_dtype_size(sl->compute_dtype),
+                            sl->compute_dtype, v, n);
 }
 
 static inline const float *grad_view(const mta *o, const vh_param_slice *sl, int64_t b,
                                      int64_t n) {
     if (!is_half(sl->grad_dtype)) return f32_at(sl->grad, b);
     float *v = thread_scratch(o, 1);
-    load_f32(v, (const uint16_t *)sl->grad + b, sl->grad_dtype, n);
+    vh_convert_to_f32(v, (const uint16_t *)sl->grad + b, sl->grad_dtype, n);
     return v;
 }
 

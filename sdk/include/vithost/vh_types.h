@@ -74,6 +74,15 @@ VH_SDK_API float vh_f16_to_f32(uint16_t h);
 VH_SDK_API uint16_t vh_f32_to_bf16(float x);
 VH_SDK_API float vh_bf16_to_f32(uint16_t h);
 
+/* The same conversions over n values in host memory, vectorised, on the
+ * caller's thread, the bits of the scalar ones (ABI 2.9): dst = src widened
+ * from src_dtype, or rounded to dst_dtype (f32, f16 or bf16; f32 to f32 is
+ * a copy). For a plugin's own loops over 16-bit rows (mta's masters,
+ * gradients and compute copies), where a call per element costs more than
+ * the work. */
+VH_SDK_API void vh_convert_to_f32(float *dst, const void *src, vh_dtype src_dtype, int64_t n);
+VH_SDK_API void vh_convert_from_f32(void *dst, vh_dtype dst_dtype, const float *src, int64_t n);
+
 /* 1 for f32, f16 and bf16: the dtypes the compute ops take. */
 VH_SDK_API int vh_dtype_is_float(vh_dtype dtype);
 

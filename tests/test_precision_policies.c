@@ -294,6 +294,9 @@ static vh_host *host_of(fx *f, vh_role role) { return &f->run.hosts[role].pub; }
  * (the host hands mta's: VH_OPTIM_CAP_HALF_GRADS; 0 is an ABI 2.8 host's). */
 static const char *fx_sharding = "ddp";
 static uint32_t fx_caps = 0;
+/* The setup's and the policy's struct_size, 0: this SDK's (an ABI 2.8
+ * host's setup, or a 2.8 precision plugin's policy, is shorter). */
+static uint32_t fx_setup_size = 0, fx_policy_size = 0;
 
 static vh_status fx_open_run(vh_run *run, const char *precision, const char *optim_keys,
                              vh_diag *d) {
@@ -390,9 +393,12 @@ static void fx_open(fx *f, const char *precision, const char *optim_keys) {
     if (f->sh->create(host_of(f, VH_ROLE_SHARDING), &f->ddp) != VH_STATUS_OK)
         fail_msg("ddp create: %s", error_of(f, VH_ROLE_SHARDING));
     fx_policy(f);
-    f->caps = fx_caps;
-    vh_sharding_setup s = {.struct_size = sizeof s, .table = &table, .policy = &f->policy,
+    if (fx_policy_size) f->policy.struct_size = fx_policy_size;
+    vh_sharding_setup s = {.struct_size = fx_setup_size ? fx_setup_size : sizeof s,
+                           .table = &table, .policy = &f->policy,
                            .state_slots = f->op->state_slots(f->mta), .optim_caps = fx_caps};
+    /* what the host does: refresh_updated only where it handed the caps over */
+    f->caps = s.struct_size > offsetof(vh_sharding_setup, optim_caps) ? fx_caps : 0;
     if (f->sh->setup(f->ddp, &s) != VH_STATUS_OK)
         fail_msg("ddp setup: %s", error_of(f, VH_ROLE_SHARDING));
     for (int32_t u = 0; u < NUM_UNITS; u++) {
@@ -902,6 +908,22 @@ static void test_half_grads_same_numbers(void **state) {
     assert_int_equal(both.half_slices, 7);
     assert_int_equal(both.compute_slices, 7);
     assert_memory_equal(&ref.snap, &both.snap, sizeof ref.snap);
+    /* An ABI 2.8 host's shorter setup: the caps past its struct_size are not
+     * read, and the slices are 2.8's (their numbers are checked above). */
+    fx_setup_size = (uint32_t)offsetof(vh_sharding_setup, optim_caps);
+    half_run old;
+    run_half("ddp", "{plugin: amp}", NULL, VH_OPTIM_CAP_HALF_GRADS | VH_OPTIM_CAP_WRITES_COMPUTE,
+             &old);
+    fx_setup_size = 0;
+    assert_int_equal(old.half_slices, 0);
+    assert_int_equal(old.compute_slices, 0);
+    /* A 2.8 policy (no unit_loss_scale): no 16-bit hand-over, compute copies still */
+    fx_policy_size = (uint32_t)offsetof(vh_precision_policy, unit_loss_scale);
+    run_half("ddp", "{plugin: amp}", NULL, VH_OPTIM_CAP_HALF_GRADS | VH_OPTIM_CAP_WRITES_COMPUTE,
+             &old);
+    fx_policy_size = 0;
+    assert_int_equal(old.half_slices, 0);
+    assert_int_equal(old.compute_slices, 5);
     half_run scaled;
     run_half("ddp", "{plugin: amp, loss_scaling: dynamic}", NULL,
              VH_OPTIM_CAP_HALF_GRADS | VH_OPTIM_CAP_WRITES_COMPUTE, &scaled);

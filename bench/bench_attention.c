@@ -2,14 +2,16 @@
  * backward, on the ViT shapes of bench_step.py and the main job, through
  * the op the model plugins call (vh_cpu_device_ops()->attention_*).
  *
- *   build/bench/bench_attention [reps] [case ...] [f32|bf16]
+ *   build/bench/bench_attention [reps] [--cold] [case ...] [f32|bf16]
  *
  * Cases: T1 (B128 N50 H4 Dh16), T2 (B64 N65 H3 Dh64), T3 (B8 N197 H6
  * Dh64), main (configs/fashion-mnist-vit.yaml: B128 N16 H8 Dh16), each in
  * f32 (probs f32) and bf16 (probs f32, as AMP's vit keeps them); batch-first.
  * Each is timed best-of-reps after one warm-up call; the line gives ms a
  * call and GFLOP/s of the products (forward 4 B H N^2 Dh, backward twice
- * that). A benchmark for A/B runs of kernel changes: run the two builds in
+ * that). --cold writes twice the L3 before each timed call (bench_common.h),
+ * so the tensors come from memory as in a training step, whose tensors
+ * exceed the caches. A benchmark for A/B runs of kernel changes: run the two builds in
  * turn (bench/ab_libs.sh; a shared machine drifts); ctest never runs it.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -43,6 +45,9 @@ static void *alloc_or_die(const vh_device_ops *d, size_t bytes) {
     return p;
 }
 
+static char *cold_buf; /* written before each timed call; NULL: hot calls */
+static size_t cold_bytes;
+
 /* Best ms of `reps` calls of forward (backward 0) or backward (1). */
 static double time_op(const vh_device_ops *d, const vh_attention_args *a, int backward,
                       int reps) {
@@ -51,6 +56,7 @@ static double time_op(const vh_device_ops *d, const vh_attention_args *a, int ba
     if (op(d->device, a) != VH_STATUS_OK) return -1.0;
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
+        if (cold_buf) memset(cold_buf, r + 1, cold_bytes);
         double t0 = bench_now();
         op(d->device, a);
         double dt = bench_now() - t0;
@@ -75,9 +81,9 @@ static void run_case(const vh_device_ops *d, const attn_case *c, vh_dtype t, int
     if (f < 0 || b < 0)
         printf("attention %-5s %-4s unsupported\n", c->name, vh_dtype_name(t));
     else
-        printf("attention %-5s %-4s forward %8.3f ms %7.1f GFLOP/s   backward %8.3f ms %7.1f "
+        printf("attention %-5s %-4s%s forward %8.3f ms %7.1f GFLOP/s   backward %8.3f ms %7.1f "
                "GFLOP/s\n",
-               c->name, vh_dtype_name(t), f, flop / f * 1e-6, b, 2.0 * flop / b * 1e-6);
+               c->name, vh_dtype_name(t), cold_buf ? " cold" : "", f, flop / f * 1e-6, b, 2.0 * flop / b * 1e-6);
     fflush(stdout);
     d->free(d->device, qkv), d->free(d->device, dqkv), d->free(d->device, out);
     d->free(d->device, dout), d->free(d->device, probs);
@@ -90,6 +96,12 @@ int main(int argc, char **argv) {
     int any_case = 0, any_dtype = 0; /* no case (dtype) named: all of them */
     int usage = reps < 1;            /* a bad count, or a word that is neither */
     for (int j = 2; j < argc; j++) {
+        if (strcmp(argv[j], "--cold") == 0) {
+            cold_buf = malloc(cold_bytes = bench_cold_size());
+            if (!cold_buf) fprintf(stderr, "bench_attention: no memory for --cold\n");
+            usage |= !cold_buf;
+            continue;
+        }
         const int is_dtype = strcmp(argv[j], "f32") == 0 || strcmp(argv[j], "bf16") == 0;
         int is_case = 0;
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -98,7 +110,7 @@ int main(int argc, char **argv) {
         any_dtype |= is_dtype, any_case |= is_case;
     }
     if (usage) {
-        fprintf(stderr, "usage: bench_attention [reps (10)] [T1|T2|T3|main ...] [f32|bf16]\n");
+        fprintf(stderr, "usage: bench_attention [reps (10)] [--cold] [T1|T2|T3|main ...] [f32|bf16]\n");
         return 2;
     }
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -110,5 +122,6 @@ int main(int argc, char **argv) {
             }
             if (case_wanted && dtype_wanted) run_case(d, &cases[i], dtypes[t], reps);
         }
+    free(cold_buf);
     return 0;
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h> /* sysconf */
 
 #include "vithost/vh_runtime.h"
 
@@ -17,6 +18,20 @@ static inline double bench_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Bytes to write between "cold" calls, so that their operands come from
+ * memory: twice this CPU's L3 as the C library reports it, and at least
+ * BENCH_COLD_MIN_BYTES (twice the largest L3 of the CPUs in MACHINE-NOTES.md
+ * before the AMX Xeon's 300 MiB). Less than the L3 leaves the operands in
+ * it: on the AMX Xeon, a 4160x576x192 GEMM after 64 MiB written ran at
+ * 316-323 GFLOP/s (its hot rate), after 600 MiB at 252-258, written by
+ * memset or line by line alike. */
+#define BENCH_COLD_MIN_BYTES ((size_t)64 << 20)
+static inline size_t bench_cold_size(void) {
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    const size_t twice = l3 > 0 ? 2 * (size_t)l3 : 0;
+    return twice > BENCH_COLD_MIN_BYTES ? twice : BENCH_COLD_MIN_BYTES;
 }
 
 /* n values of t (f32 or bf16) from a linear congruential sequence; bf16

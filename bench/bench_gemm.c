@@ -37,20 +37,7 @@
 
 #include "bench_common.h"
 
-/* Written between the cold calls: twice this CPU's L3 as the C library
- * reports it, and at least COLD_MIN_BYTES (twice the largest L3 of the
- * CPUs in MACHINE-NOTES.md before the AMX Xeon's 300 MiB). Less than the
- * L3 leaves the operands in it: on the AMX Xeon, a 4160x576x192 call after
- * 64 MiB written ran at 316-323 GFLOP/s (its hot rate), after 600 MiB at
- * 252-258, written by memset or line by line alike. */
-#define COLD_MIN_BYTES ((size_t)64 << 20)
 static size_t cold_bytes;
-
-static size_t cold_size(void) {
-    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    const size_t twice = l3 > 0 ? 2 * (size_t)l3 : 0;
-    return twice > COLD_MIN_BYTES ? twice : COLD_MIN_BYTES;
-}
 
 typedef struct gemm_shape {
     const char *name;
@@ -159,7 +146,7 @@ int main(int argc, char **argv) {
     int reps = 5, vit_s16 = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--cold") == 0)
-            cold_buf = malloc(cold_bytes = cold_size()); /* NULL: the hot rates alone */
+            cold_buf = malloc(cold_bytes = bench_cold_size()); /* NULL: the hot rates alone */
         else if (strcmp(argv[i], "--vit-s16") == 0)
             vit_s16 = 1;
         else if ((reps = atoi(argv[i])) < 1) {

@@ -130,6 +130,8 @@ typedef void (*block_fn)(const block *b, const geom *g, float *w);
 typedef struct kernels {
     block_fn forward, backward;
     int w;
+    /* asks the rows a block reads into L2 ahead of it */
+    void (*prefetch)(const block *b, const geom *g, int backward);
 } kernels;
 
 /* Floats of per-thread work space a block needs (forward or backward). */
@@ -266,6 +268,31 @@ ALWAYS_INLINE void prefetch_rows(const char *q, const char *v, int64_t ts, int64
         }
 }
 
+/* Where a block's rows are too many for that (T2, T3), the rows the next
+ * block of the thread's chunk reads are asked into L2 as this block starts
+ * (q, k and v; dout too in the backward), so that their misses overlap this
+ * block's products. They are rows of a head, ts bytes apart (T2: 256 of
+ * every 2304), a stride past the L1 stride prefetcher's reach and too sparse
+ * for the L2 streamer, so without this each row waits for memory. Not the
+ * probabilities (dense: the streamer fetches them) nor dqkv (asking for its
+ * rows to write made the backward slower). Xeon (AMX), 2 threads, `vithost
+ * bench --ops` on bench_step.py's fp32 T2 and T3, 3 interleaved pairs each,
+ * ms a step, with / without: T2 backward 22.2-22.5 / 23.8-24.3 (forward
+ * even), T3 forward 29.8-30.2 / 30.7-31.2 (backward even). The same calls
+ * alone with their tensors out of cache (`bench_attention --cold`): T2
+ * backward 2.60-2.74 / 2.95-3.06 ms. */
+static void prefetch_block_l2(const block *b, const geom *g, int backward) {
+    const int64_t row_bytes = g->dh * (int64_t)vh_dtype_size(g->t);
+    if (2 * g->n * row_bytes <= PREFETCH_MAX_BYTES) return; /* prefetch_rows' */
+    for (int64_t t = 0; t < g->n; t++)
+        for (int64_t c = 0; c < row_bytes; c += 64) {
+            __builtin_prefetch(b->q + t * b->ts + c, 0, 2);
+            __builtin_prefetch(b->k + t * b->ts + c, 0, 2);
+            __builtin_prefetch(b->v + t * b->ts + c, 0, 2);
+            if (backward) __builtin_prefetch(b->go + t * b->ots + c, 0, 2);
+        }
+}
+
 /* AVX-512: scores in tiles of 4 rows x 64 columns (16 zmm accumulators),
  * products with the head's rows in tiles of 8 rows x 32 (a head_dim-16 row
  * is one register). AVX2: tiles of 4 x 16 both (8 ymm accumulators).
@@ -322,8 +349,9 @@ __attribute__((target("arch=x86-64-v4"))) void vh_cpu_attention_softmax_v4(float
 
 /* The kernels for this call and CPU (forward NULL: none). */
 static kernels pick(const vh_attention_args *a) {
-    const kernels none = {NULL, NULL, 0}, avx512 = {forward_v4, backward_v4, 16},
-                  avx2 = {forward_v3, backward_v3, 8};
+    const kernels none = {NULL, NULL, 0, NULL},
+                  avx512 = {forward_v4, backward_v4, 16, prefetch_block_l2},
+                  avx2 = {forward_v3, backward_v3, 8, prefetch_block_l2};
     if (a->head_dim % 8 != 0) return none;
     __builtin_cpu_init();
     const int64_t max512 = a->dtype == VH_DTYPE_F32 ? FUSED_MAX_HEAD_DIM_F32 : FUSED_MAX_HEAD_DIM;
@@ -339,7 +367,7 @@ static kernels pick(const vh_attention_args *a) {
 #else
 static kernels pick(const vh_attention_args *a) {
     (void)a;
-    const kernels none = {NULL, NULL, 0};
+    const kernels none = {NULL, NULL, 0, NULL};
     return none;
 }
 #endif
@@ -415,6 +443,11 @@ static vh_status run_blocks(const vh_attention_args *a, const kernels *k, int ba
         for (int64_t bh = 0; bh < nblocks; bh++) {
             if (!w) continue;
             const block blk = block_at(a, bh, es, ps, backward);
+            if (k->prefetch && (bh + 1) % head_chunk != 0 && bh + 1 < nblocks) {
+                /* the next block of this chunk (the next chunk may be another thread's) */
+                const block next = block_at(a, bh + 1, es, ps, backward);
+                k->prefetch(&next, &g, backward);
+            }
             fn(&blk, &g, w);
         }
         vh_cpu_scratch_end(mark);

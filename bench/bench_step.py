@@ -35,9 +35,10 @@ What one run prints (a benchmark, not a test: ctest never runs it):
    bounds that hold were every op but the matmuls free: the GEMMs taking what they took and
    the attention's two products (six N x N x head_dim matmuls a head in a training step) at
    the engine's own GEMM peak of their dtype. Over that time: vithost fp32's share of the f32
-   peak (the step's FLOPs), vithost fp32 / each peer's fp32 and vithost AMP-bf16 / each
-   peer's bf16 autocast (the peer's step). Where a bound is under its goal, the goal needs
-   faster GEMMs, not faster other ops;
+   peak (the step's FLOPs; of the best peak, and of the profiled round's own peak, which the
+   goal is judged on, with the step's GEMM rate as a share of that), vithost fp32 / each
+   peer's fp32 and vithost AMP-bf16 / each peer's bf16 autocast (the peer's step). Where a
+   bound is under its goal, the goal needs faster GEMMs, not faster other ops;
 6. the peer of record's own GEMMs inside its step (torch.profiler over two more steps in the last
    round: mm/addmm for the linear layers, with their GFLOP/s, and bmm for attention) beside
    vithost's, and per goal over that peer what it leaves vithost's ops other than its GEMMs:
@@ -317,7 +318,12 @@ def split_step(run):
     return ops.get("step_ms"), gemm.get("ms_per_step", 0.0), gemm.get("gflop_per_s"), attn
 
 
-def print_profile(names, precisions, runs, peaks, peers):
+def gflop_rate(run):
+    """The GEMMs' GFLOP/s in one `vithost bench --ops` object (0 when not reported)."""
+    return split_step(run)[2] or 0.0
+
+
+def print_profile(names, precisions, runs, peaks, peers, round_peaks=None):
     """Where each step went (the same runs as the table), and what that allows AMP against fp32:
     were every GEMM of the fp32 step as much faster in bf16 as the engine's bf16 GEMM peak is
     over its f32 one, and the rest of the step took what it took in the AMP run, AMP-bf16 /
@@ -349,12 +355,21 @@ def print_profile(names, precisions, runs, peaks, peers):
             _, g32, _, _ = split_step(a)
             if g32:
                 least_ms = g32 + attn_gflop / f32 * 1e3  # the step's time, all else free
-                share = flops_per_image(CONFIGS[n]) * batch / (least_ms / 1e3) / 1e9 / f32
-                share_goal = GOAL_PEAK_SHARE.get(n)
-                out.append(f"fp32 at most {100 * share:.0f}% of the f32 peak (its GEMMs "
-                           f"{g32:.2f} ms + the attention's products {attn_gflop:.2f} GFLOP at "
-                           f"the peak {attn_gflop / f32 * 1e3:.2f} ms"
-                           f"{under_bound(share, share_goal, f'{100 * (share_goal or 0):.0f}%')})")
+                gflops = flops_per_image(CONFIGS[n]) * batch / (least_ms / 1e3) / 1e9
+                share, share_goal = gflops / f32, GOAL_PEAK_SHARE.get(n)
+                # The goal is a round's step over that round's own peak: the bound too, on the
+                # profiled run's round (its GEMMs and its probe saw the same minutes' load).
+                rp = (round_peaks[a["round"]].get("f32")
+                      if round_peaks and a.get("round") is not None else None)
+                own = (f", {100 * gflops / rp:.0f}% of its round's ({rp:.1f} GFLOP/s)"
+                       if rp else "")
+                judged = gflops / rp if rp else share
+                g_own = f", {100 * gflop_rate(a) / rp:.0f}% of that" if rp else ""
+                out.append(f"fp32 at most {100 * share:.0f}% of the best f32 peak{own} (its "
+                           f"GEMMs {g32:.2f} ms at {gflop_rate(a):.0f} GFLOP/s{g_own} + the "
+                           f"attention's products {attn_gflop:.2f} GFLOP at the best peak "
+                           f"{attn_gflop / f32 * 1e3:.2f} ms"
+                           f"{under_bound(judged, share_goal, f'{100 * (share_goal or 0):.0f}%')})")
                 for t in peers:
                     tf = t["fp32"].get(n)
                     if tf:
@@ -622,7 +637,7 @@ def main():
     if rounds > 1:
         print(f"medians of {rounds} rounds; spread (max - min) / median over 10%: " +
               (", ".join(f"{k} {100 * v:.0f}%" for k, v in wide.items()) or "none"))
-    print_profile(names, precisions, runs, peaks, peers)
+    print_profile(names, precisions, runs, peaks, peers, round_peaks)
     print("JSON " + json.dumps({"cpu": model, "isa": isa, "threads": args.threads,
                                 "gemm_peak_gflops": peaks, "gemm_peak_gflops_rounds": round_peaks,
                                 "machine_kind": kind,

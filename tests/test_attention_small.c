@@ -15,9 +15,11 @@
  * The bf16 heads of a multiple of 16 also take N 197 (rows past one score
  * tile's 6-row tail, an odd count of token pairs).
  * The softmax's exponentials are vh_expf's, bit for bit, on every route.
+ * f32 probabilities written past the caches give the stored bits.
  * ctest runs it again with ONEDNN_MAX_CPU_ISA=AVX2 (the AVX2 kernels), and
  * with the native bf16 route forced, through the dot-product blocks and
  * through oneDNN's matmuls. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -423,6 +425,53 @@ static void test_overwrite_past_struct_size(void **state) {
     free(added), free(old), free(mq), free(mo), free(mp);
 }
 
+/* f32 probabilities written past the caches (VITHOST_CPU_STREAM=1; by
+ * default only where the step's tensors exceed the L3): the same bits of
+ * probs and out as stored ones, for token counts on both sides of a whole
+ * number of vectors (a vector then spans two rows), blocks starting at every
+ * alignment; and against the reference, backward included (it reads the
+ * streamed P). Streamed are score rows past the registers' softmax (N > 80
+ * on AVX-512, > 16 on AVX2, which ctest runs too); shorter ones keep their
+ * stores from the registers, and must give the same bits all the same. */
+static void test_streamed_probs(void **state) {
+    (void)state;
+    static const int64_t tokens[] = {7, 16, 17, 49, 65, 80, 81, 100, 113, 197};
+    static const int64_t dims[] = {16, 64};
+    for (int ni = 0; ni < 10; ni++)
+        for (int di = 0; di < 2; di++) {
+            const shape s = {3, tokens[ni], 3, dims[di], VH_DTYPE_F32, VH_DTYPE_F32, ni % 2, 0};
+            vh_attention_args a = args_of(&s);
+            const int64_t D = s.H * s.Dh, rows = s.B * s.N;
+            const int64_t qs = s.second ? 3 * D : a.qkv_token_stride;
+            const int64_t os = s.second ? D : a.out_token_stride;
+            const int64_t nq = rows * qs, no = rows * os, np = s.B * s.H * s.N * s.N;
+            char *mq = row_mask(nq, rows, qs, 3 * D), *mo = row_mask(no, rows, os, D);
+            char *mp = row_mask(np, 1, np, np);
+            a.qkv = tensor(s.t, nq, mq, -1.5, 1.5);
+            void *out[2], *probs[2];
+            for (int k = 0; k < 2; k++) {
+                assert_int_equal(setenv("VITHOST_CPU_STREAM", k ? "1" : "0", 1), 0);
+                a.out = out[k] = tensor(s.t, no, mo, 0, 0);
+                a.probs = probs[k] = tensor(s.pt, np, mp, 0, 0);
+                assert_int_equal(ops->attention_forward(ops->device, &a), VH_STATUS_OK);
+            }
+            if (memcmp(probs[0], probs[1], (size_t)np * sizeof(float)) != 0)
+                fail_msg("probs streamed (N %lld, head_dim %lld): not the stored bits",
+                         (long long)s.N, (long long)s.Dh);
+            if (memcmp(out[0], out[1], (size_t)no * sizeof(float)) != 0)
+                fail_msg("out with probs streamed (N %lld, head_dim %lld): not the same bits",
+                         (long long)s.N, (long long)s.Dh);
+            for (int k = 0; k < 2; k++) free(out[k]), free(probs[k]);
+            free((void *)a.qkv), free(mq), free(mo), free(mp);
+            run_shape(&s); /* streamed, against the reference */
+        }
+    unsetenv("VITHOST_CPU_STREAM"); /* the engine's own rule */
+    char line[256]; /* as vithost bench prints it */
+    vh_cpu_attention_routes(line, sizeof line);
+    if (strstr(line, "fused small-head blocks"))
+        assert_non_null(strstr(line, "f32 probabilities streamed past the caches"));
+}
+
 static int setup(void **state) {
     (void)state;
     ops = vh_cpu_device_ops();
@@ -436,6 +485,7 @@ int main(void) {
         cmocka_unit_test(test_large_scores),
         cmocka_unit_test(test_softmax_exponentials),
         cmocka_unit_test(test_overwrite_past_struct_size),
+        cmocka_unit_test(test_streamed_probs),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -81,7 +81,11 @@ VH_SDK_API void vh_cpu_gemm16_reset(void);
  * the fused small-head blocks, the bf16 dot-product blocks (AVX512-BF16),
  * oneDNN's bf16 matmuls in per-thread tasks, oneDNN's batched f32 matmuls (16-bit
  * operands widened). VITHOST_CPU_ATTENTION16=onednn keeps the bf16 calls off
- * the dot-product blocks. */
+ * the dot-product blocks. Where forward calls wrote their f32 probabilities
+ * with non-temporal stores (the fused blocks, while the device's tensors hold
+ * more than the L3; VITHOST_CPU_STREAM=0 or 1 forces it), it adds "; f32
+ * probabilities streamed past the caches in 12 forward calls" (in the text
+ * alone, after ABI 2.9). */
 VH_SDK_API const char *vh_cpu_attention_routes(char *buf, size_t len);
 
 /* One line into buf (truncated to len), returned: how many of this

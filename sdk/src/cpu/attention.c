@@ -213,6 +213,12 @@ void vh_cpu_attention_count(vh_cpu_attention_route route) {
     __atomic_fetch_add(&g_route_calls[route], 1, __ATOMIC_RELAXED);
 }
 
+static uint64_t g_streamed_calls;
+
+void vh_cpu_attention_count_streamed(void) {
+    __atomic_fetch_add(&g_streamed_calls, 1, __ATOMIC_RELAXED);
+}
+
 const char *vh_cpu_attention_routes(char *buf, size_t len) {
     static const char *const names[VH_CPU_ATTENTION_ROUTE_COUNT] = {
         "the fused small-head blocks", "the bf16 dot-product blocks",
@@ -233,6 +239,11 @@ const char *vh_cpu_attention_routes(char *buf, size_t len) {
                        names[r]);
         sep = ", ";
     }
+    const uint64_t streamed = __atomic_load_n(&g_streamed_calls, __ATOMIC_RELAXED);
+    if (streamed && (size_t)at < len)
+        snprintf(buf + at, len - (size_t)at,
+                 "; f32 probabilities streamed past the caches in %llu forward calls",
+                 (unsigned long long)streamed);
     return buf;
 }
 

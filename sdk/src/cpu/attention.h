@@ -18,6 +18,9 @@ typedef enum vh_cpu_attention_route {
 
 /* Counts a call that ran on `route`. */
 VH_CPU_HIDDEN void vh_cpu_attention_count(vh_cpu_attention_route route);
+/* A forward call that wrote its f32 probabilities past the caches
+ * (attention_small.c), counted for vh_cpu_attention_routes. */
+VH_CPU_HIDDEN void vh_cpu_attention_count_streamed(void);
 
 /* Rows of the softmax loops per task: whole rows to each thread, few calls. */
 #define ROW_BLOCK 64

@@ -114,6 +114,8 @@ typedef struct geom {
     /* backward writes dq, dk, dv in place (ABI 2.6's overwrite; direct
      * only: the scattered rows zero dqkv first and add) */
     int overwrite;
+    /* forward writes f32 probabilities past the caches (stream_probs) */
+    int stream_probs;
 } geom;
 
 /* A matrix operand in place: element (i, j) at p[i * rs + j * cs], f32 or
@@ -132,6 +134,7 @@ typedef struct kernels {
     int w;
     /* asks the rows a block reads into L2 ahead of it */
     void (*prefetch)(const block *b, const geom *g, int backward);
+    int reg_row; /* the longest score row (padded) whose softmax runs in registers */
 } kernels;
 
 /* Floats of per-thread work space a block needs (forward or backward). */
@@ -322,7 +325,8 @@ static void prefetch_block_l2(const block *b, const geom *g, int backward) {
 #define PROD_R 8
 #define PROD_V 2
 #define SOFTMAX_ACC 10
-#define ROW_V 5
+#define ROW_V_V4 5 /* kept past the template, for kernels.reg_row */
+#define ROW_V ROW_V_V4
 #include "attention_small_kern.h" /* it undefines the eight */
 #pragma GCC pop_options
 
@@ -335,7 +339,8 @@ static void prefetch_block_l2(const block *b, const geom *g, int backward) {
 #define PROD_R 4
 #define PROD_V 2
 #define SOFTMAX_ACC 4
-#define ROW_V 2
+#define ROW_V_V3 2
+#define ROW_V ROW_V_V3
 #include "attention_small_kern.h" /* it undefines the eight */
 #pragma GCC pop_options
 
@@ -349,9 +354,9 @@ __attribute__((target("arch=x86-64-v4"))) void vh_cpu_attention_softmax_v4(float
 
 /* The kernels for this call and CPU (forward NULL: none). */
 static kernels pick(const vh_attention_args *a) {
-    const kernels none = {NULL, NULL, 0, NULL},
-                  avx512 = {forward_v4, backward_v4, 16, prefetch_block_l2},
-                  avx2 = {forward_v3, backward_v3, 8, prefetch_block_l2};
+    const kernels none = {NULL, NULL, 0, NULL, 0},
+                  avx512 = {forward_v4, backward_v4, 16, prefetch_block_l2, 16 * ROW_V_V4},
+                  avx2 = {forward_v3, backward_v3, 8, prefetch_block_l2, 8 * ROW_V_V3};
     if (a->head_dim % 8 != 0) return none;
     __builtin_cpu_init();
     const int64_t max512 = a->dtype == VH_DTYPE_F32 ? FUSED_MAX_HEAD_DIM_F32 : FUSED_MAX_HEAD_DIM;
@@ -367,7 +372,7 @@ static kernels pick(const vh_attention_args *a) {
 #else
 static kernels pick(const vh_attention_args *a) {
     (void)a;
-    const kernels none = {NULL, NULL, 0, NULL};
+    const kernels none = {NULL, NULL, 0, NULL, 0};
     return none;
 }
 #endif
@@ -421,7 +426,17 @@ static vh_status run_blocks(const vh_attention_args *a, const kernels *k, int ba
     geom g = {N, Dh, (N + vw - 1) / vw * vw, (Dh + vw - 1) / vw * vw, (vh_dtype)a->dtype,
               (vh_dtype)a->probs_dtype, a->scale,
               (a->dtype == VH_DTYPE_F32 || (a->dtype == VH_DTYPE_BF16 && vw == 16)) &&
-                  Dh % vw == 0, 0};
+                  Dh % vw == 0, 0, 0};
+    /* The probabilities are read again only by the backward pass: past the
+     * caches where the step's tensors exceed them (stream.c's rule), from
+     * the scores' rows in scratch. Not where a score row's softmax runs in
+     * registers, which store f32 probabilities from there: T2's (N 65)
+     * through scratch and streamed, the forward ran 14.2-15.4 ms a step
+     * against 14.1-14.2 (3 pairs). T3's (N 197), streamed against stored:
+     * 23.5-23.6 against 28.1-28.9 (3 pairs, the AMX Xeon, 2 threads). */
+    g.stream_probs = !backward && g.pt == VH_DTYPE_F32 && N >= vw && g.np > k->reg_row &&
+                     vh_cpu_stream_on();
+    if (g.stream_probs) vh_cpu_attention_count_streamed();
     if (backward && a->overwrite) {
         if (g.direct)
             g.overwrite = 1;
@@ -450,6 +465,7 @@ static vh_status run_blocks(const vh_attention_args *a, const kernels *k, int ba
             }
             fn(&blk, &g, w);
         }
+        if (g.stream_probs) vh_cpu_stream_fence();
         vh_cpu_scratch_end(mark);
     }
     return failed ? VH_STATUS_ERR_NOMEM : VH_STATUS_OK;

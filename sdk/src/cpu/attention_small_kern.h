@@ -481,12 +481,57 @@ ALWAYS_INLINE void VN(transpose)(float *dst, const mview *src, const geom *g) {
 #undef TR_MASK
 #undef TR_ROUND
 
+/* The n x n f32 probabilities of a block from s (rows np apart) to dst
+ * (dense), with non-temporal stores from dst's first whole vector to its
+ * last (a vector there may hold the end of one row and the start of the
+ * next); ordinary stores before and after. n >= VW (a vector spans at most
+ * two rows). The caller fences (vh_cpu_stream_fence) before another thread
+ * may read dst. */
+ALWAYS_INLINE void VN(stream_probs)(float *dst, const float *s, int64_t n, int64_t np) {
+    const int64_t total = n * n;
+    const int64_t lead = (int64_t)((-(uintptr_t)dst & (VW * 4 - 1)) / 4); /* dst: 4-aligned */
+    int64_t d = 0;
+    for (; d < lead && d < total; d++) dst[d] = s[d / n * np + d % n];
+    const VI lane = LANES;
+    int64_t i = d / n, j = d % n;
+    for (; d + VW <= total; d += VW) {
+        VF x;
+        LD(x, s + i * np + j);
+        if (j + VW > n) { /* lanes n - j on: row i + 1 from its column 0 */
+            VF y;
+            LD(y, s + (i + 1) * np - (n - j));
+            x = SEL(VF, VI, lane < (VI){0} + (int32_t)(n - j), x, y);
+            i++, j += VW - n;
+        } else if ((j += VW) == n) {
+            i++, j = 0;
+        }
+#if VW == 16
+        _mm512_stream_ps(dst + d, (__m512)x);
+#else
+        _mm256_stream_ps(dst + d, (__m256)x);
+#endif
+    }
+    for (; d < total; d++) dst[d] = s[d / n * np + d % n];
+}
+
+/* The block's probabilities from s (rows np apart) to probs: streamed
+ * (g->stream_probs: f32, n >= VW, rows past the registers' softmax), else
+ * row by row as store_probs rounds them (s made what was stored). */
+ALWAYS_INLINE void VN(put_probs)(const block *b, const geom *g, float *s) {
+    const int64_t n = g->n, np = g->np, pes = vh_dtype_size(g->pt);
+    if (g->stream_probs) {
+        VN(stream_probs)(b->p, s, n, np);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) store_probs((char *)b->p + i * n * pes, g->pt, s + i * np, n);
+}
+
 /* Forward of one block: P = softmax(scale Q K^T) into probs, out = P V.
  * bf: qkv and out bf16, read and written in place (constant: a copy of the
  * kernels each; widening rows once into f32 first was no faster at N 49
  * and 10% slower at N 16). */
 ALWAYS_INLINE void VN(forward_t)(const block *b, const geom *g, float *w, int bf) {
-    const int64_t n = g->n, np = g->np, dp = g->dp, pes = vh_dtype_size(g->pt);
+    const int64_t n = g->n, np = g->np, dp = g->dp;
     const int direct = bf || g->direct;
     float *qb = w, *vb = qb + n * dp, *o = vb + n * dp, *kt = o + n * dp, *s = kt + g->dh * np;
     prefetch_rows(b->q, b->v, b->ts, n, g->dh * vh_dtype_size(g->t));
@@ -507,13 +552,12 @@ ALWAYS_INLINE void VN(forward_t)(const block *b, const geom *g, float *w, int bf
         case 5: VN(scores_softmax_all)(5, &q, &ktv, g, s, pf); break;
 #endif
         }
-        if (!pf)
-            for (i = 0; i < n; i++) store_probs((char *)b->p + i * n * pes, g->pt, s + i * np, n);
+        if (!pf) VN(put_probs)(b, g, s);
     } else {
         VN(mm)(SCORE_R, SCORE_V, n, np, g->dh, g->scale, q, ktv, sv, 0);
         for (; i + 4 <= n; i += 4) VN(softmax_rows)(4, s + i * np, np, n, np, NULL);
         for (; i < n; i++) VN(softmax_rows)(1, s + i * np, np, n, np, NULL);
-        for (i = 0; i < n; i++) store_probs((char *)b->p + i * n * pes, g->pt, s + i * np, n);
+        VN(put_probs)(b, g, s);
     }
     if (direct) { /* straight into out */
         const mview out = {b->o, b->ots / (bf ? 2 : 4), 1, bf};

@@ -277,8 +277,9 @@ ALWAYS_INLINE void prefetch_rows(const char *q, const char *v, int64_t ts, int64
  * block's products. They are rows of a head, ts bytes apart (T2: 256 of
  * every 2304), a stride past the L1 stride prefetcher's reach and too sparse
  * for the L2 streamer, so without this each row waits for memory. Not the
- * probabilities (dense: the streamer fetches them) nor dqkv (asking for its
- * rows to write made the backward slower). Xeon (AMX), 2 threads, `vithost
+ * probabilities (dense: the streamer fetches them) nor dqkv's rows (asked
+ * for as well, with the probabilities, T2's backward took 23.4-24.0 ms a
+ * step, the gain gone). Xeon (AMX), 2 threads, `vithost
  * bench --ops` on bench_step.py's fp32 T2 and T3, 3 interleaved pairs each,
  * ms a step, with / without: T2 backward 22.2-22.5 / 23.8-24.3 (forward
  * even), T3 forward 29.8-30.2 / 30.7-31.2 (backward even). The same calls

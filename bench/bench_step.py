@@ -318,11 +318,6 @@ def split_step(run):
     return ops.get("step_ms"), gemm.get("ms_per_step", 0.0), gemm.get("gflop_per_s"), attn
 
 
-def gflop_rate(run):
-    """The GEMMs' GFLOP/s in one `vithost bench --ops` object (0 when not reported)."""
-    return split_step(run)[2] or 0.0
-
-
 def print_profile(names, precisions, runs, peaks, peers, round_peaks=None):
     """Where each step went (the same runs as the table), and what that allows AMP against fp32:
     were every GEMM of the fp32 step as much faster in bf16 as the engine's bf16 GEMM peak is
@@ -352,7 +347,8 @@ def print_profile(names, precisions, runs, peaks, peers, round_peaks=None):
         attn_gflop = attention_flops_per_image(CONFIGS[n]) * batch / 1e9
         out = []
         if a and a.get("ops") and f32:
-            _, g32, _, _ = split_step(a)
+            _, g32, g32_rate, _ = split_step(a)
+            g32_rate = g32_rate or 0.0
             if g32:
                 least_ms = g32 + attn_gflop / f32 * 1e3  # the step's time, all else free
                 gflops = flops_per_image(CONFIGS[n]) * batch / (least_ms / 1e3) / 1e9
@@ -364,9 +360,9 @@ def print_profile(names, precisions, runs, peaks, peers, round_peaks=None):
                 own = (f", {100 * gflops / rp:.0f}% of its round's ({rp:.1f} GFLOP/s)"
                        if rp else "")
                 judged = gflops / rp if rp else share
-                g_own = f", {100 * gflop_rate(a) / rp:.0f}% of that" if rp else ""
+                g_own = f", {100 * g32_rate / rp:.0f}% of that" if rp else ""
                 out.append(f"fp32 at most {100 * share:.0f}% of the best f32 peak{own} (its "
-                           f"GEMMs {g32:.2f} ms at {gflop_rate(a):.0f} GFLOP/s{g_own} + the "
+                           f"GEMMs {g32:.2f} ms at {g32_rate:.0f} GFLOP/s{g_own} + the "
                            f"attention's products {attn_gflop:.2f} GFLOP at the best peak "
                            f"{attn_gflop / f32 * 1e3:.2f} ms"
                            f"{under_bound(judged, share_goal, f'{100 * (share_goal or 0):.0f}%')})")

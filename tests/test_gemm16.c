@@ -536,38 +536,42 @@ static double dot_ref(const float *x, int64_t xs, const float *y, int64_t ys, in
     return sum;
 }
 
-/* An f32 weight gradient, m x n from k, its A right before a guard page. */
+/* An f32 weight gradient, m x n from k, A and B each right before a guard
+ * page. */
 static void check_weight_gradient_guarded(void) {
-    /* dW = A^T B: A stored k x m with lda m + 3, its last row ending at the
-     * guard (no padding after it) */
+    /* dW = A^T B: A stored k x m with lda m + 3, B stored k x n with ldb
+     * n + 5, each one's last row ending at its guard (no padding after it).
+     * The race flushes B, the layer's input X of dW = dY^T X. */
     const int64_t m = 256, n = 256, k = 512, lda = m + 3, na = (k - 1) * lda + m;
-    void *base;
-    size_t len;
+    const int64_t ldb = n + 5, nb = (k - 1) * ldb + n;
+    void *base, *base_b;
+    size_t len, len_b;
     float *a = guarded((size_t)na * sizeof(float), &base, &len);
-    float *b = malloc((size_t)(k * n) * sizeof(float)), *c = malloc((size_t)(m * n) * sizeof(float));
-    assert_true(b && c);
+    float *b = guarded((size_t)nb * sizeof(float), &base_b, &len_b);
+    float *c = malloc((size_t)(m * n) * sizeof(float));
+    assert_true(c);
     for (int64_t i = 0; i < na; i++) a[i] = (float)rnd();
-    for (int64_t i = 0; i < k * n; i++) b[i] = (float)rnd();
+    for (int64_t i = 0; i < nb; i++) b[i] = (float)rnd();
     vh_gemm_args g = {.struct_size = sizeof g, .trans_a = 1, .m = m, .n = n, .k = k,
-                      .alpha = 1.0f, .a = a, .lda = lda, .b = b, .ldb = n, .c = c, .ldc = n,
+                      .alpha = 1.0f, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c, .ldc = n,
                       .ab_dtype = VH_DTYPE_F32, .c_dtype = VH_DTYPE_F32};
     assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
     for (int64_t i = 0; i < m; i += 17)
         for (int64_t j = 0; j < n; j += 13) {
             double mag;
-            const double want = dot_ref(a + i, lda, b + j, n, k, &mag);
+            const double want = dot_ref(a + i, lda, b + j, ldb, k, &mag);
             if (fabs(c[i * n + j] - want) > (double)k * 0x1p-24 * mag)
                 fail_msg("f32 A^T.B: C[%lld][%lld] %g, want %g", (long long)i, (long long)j,
                          (double)c[i * n + j], want);
         }
-    free(b), free(c);
+    free(c);
     munmap(base, len);
+    munmap(base_b, len_b);
 }
 
-/* fc2's data gradient, C = (A B) * aux, f32 operands, m x 256 x 128, C and
- * aux in c_dtype, aux right at a guard page. */
-static void check_mul_aux_guarded(int64_t m, vh_dtype c_dtype) {
-    const int64_t n = 256, k = 128;
+/* fc2's data gradient, C = (A B) * aux, f32 operands, m x n x k, C and aux
+ * in c_dtype, aux right at a guard page. */
+static void check_mul_aux_guarded(int64_t m, int64_t n, int64_t k, vh_dtype c_dtype) {
     const size_t es = vh_dtype_size(c_dtype);
     void *base;
     size_t len;
@@ -607,29 +611,45 @@ static void check_mul_aux_guarded(int64_t m, vh_dtype c_dtype) {
     munmap(base, len);
 }
 
+/* f32 GEMM calls run in bands of rows so far (the kernel race's own runs
+ * in bands are not counted). */
+static unsigned long long band_calls(void) {
+    char line[512];
+    vh_cpu_gemm_bands_summary(line, sizeof line); /* "N calls in bands ..." or "no calls ..." */
+    return strtoull(line, NULL, 10);
+}
+
 /* The f32 classes that race oneDNN's two kernels for real (2^25 MACs and
- * up): the race flushes the operand forward wrote (a weight gradient's A,
+ * up): the race flushes the operand forward wrote (a weight gradient's B,
  * fc2's aux) before each timed run, over its extent. Here each of those
- * ends at an unreadable page, A with a padded lda (its last row without
- * the padding), and aux, in f32 (the multiply timed in the matmul, aux
- * flushed) and in a bf16 C with f32 operands (the multiply a pass of its
- * own after the matmul, not timed: the race once read that aux as f32,
- * past its end), so a flush or a read over the wrong extent faults; and
- * the results are the products (within the k-term f32 bound; T * aux into
- * bf16 within its rounding). */
+ * ends at an unreadable page, A and B with padded leading dimensions (their
+ * last rows without the padding), and aux: in f32 with the multiply timed in
+ * the matmul (aux flushed); in f32 where the call runs in bands (the race
+ * times the bands, into the call's own C, which the call then writes); and
+ * in a bf16 C with f32 operands (the multiply a pass of its own after the
+ * matmul, not timed: the race once read that aux as f32, past its end). So
+ * a flush or a read over the wrong extent faults, and the results are the
+ * products (within the k-term f32 bound; T * aux into bf16 within its
+ * rounding) whatever the race left in C. */
 static void test_f32_race_flushes_its_operands(void **state) {
     (void)state;
     vh_cpu_gemm16_reset();
     check_weight_gradient_guarded();
-    check_mul_aux_guarded(1024, VH_DTYPE_BF16); /* the multiply a pass: not timed */
-    check_mul_aux_guarded(4096, VH_DTYPE_F32);  /* a class of its own (4x the work) */
-    /* all three were raced (timed), not left to the default untimed */
+    check_mul_aux_guarded(1024, 256, 128, VH_DTYPE_BF16); /* the multiply a pass: not timed */
+    check_mul_aux_guarded(4096, 256, 128, VH_DTYPE_F32);  /* a class of its own (4x the work) */
+    /* bands of 128 rows of 67 MFLOP (gemm.c: BAND_MUL_MIN_FLOP), a class
+     * of its own (8x the work of the last); one call in bands is counted,
+     * not the race's */
+    const unsigned long long before = band_calls();
+    check_mul_aux_guarded(2048, 1024, 256, VH_DTYPE_F32);
+    assert_true(band_calls() == before + 1);
+    /* all four were raced (timed), not left to the default untimed */
     static char classes[8192];
     vh_cpu_gemm16_classes(classes, sizeof classes);
     printf("%s", classes);
     int timed = 0;
     for (const char *q = classes; (q = strstr(q, "kernels: default")); q++) timed++;
-    assert_int_equal(timed, 3);
+    assert_int_equal(timed, 4);
 }
 
 /* An invalid value: reported (stderr and the summary), auto used. */

@@ -431,8 +431,9 @@ typedef struct gemm_views {
 
 /* ---- 16-bit operands: native or widened (gemm_choice.c decides) ----------- */
 
-/* A weight gradient's layout, A^T.B (k the tokens): its A is the layer's
- * input, which forward wrote long before (flush_from_forward). */
+/* A weight gradient's layout, A^T.B (k the tokens): dW = dY^T X, its B the
+ * layer's input X, which forward wrote long before (flush_from_forward); A,
+ * dY, the backward has just written. */
 static int weight_gradient(const vh_gemm_args *g) { return g->trans_a && !g->trans_b; }
 
 /* T * aux applied with the matmul: one member, C and aux f32 (route 1's
@@ -444,12 +445,17 @@ static int mul_in_matmul(const vh_gemm_args *g, int64_t batch) {
 
 /* The f32 kernel race (gemm_choice.c) times the call's own operands, which
  * its warm-up run leaves in cache, while in the step the operand that
- * forward wrote long before comes from memory: a weight gradient's A (the
- * layer's input) and fc2's data gradient's aux (fc1's T). Those two are
- * flushed before each timed run. T1 fp32 on Zen 4, fc2's data gradient
- * (6400x256x64 * aux), ms a call, default / gemm kernel: in cache 1.16-1.19
- * / 1.11-1.12 (4-7%: each side of the 5% margin from one process to the
- * next), aux flushed 1.41-1.44 / 1.13-1.16, in the step 1.37 / 1.18. */
+ * forward wrote long before comes from memory: a weight gradient's B (the
+ * layer's input X of dW = dY^T X) and fc2's data gradient's aux (fc1's T).
+ * Those two are flushed before each timed run. T1 fp32 on Zen 4, fc2's data
+ * gradient (6400x256x64 * aux), ms a call, default / gemm kernel: in cache
+ * 1.16-1.19 / 1.11-1.12 (4-7%: each side of the 5% margin from one process
+ * to the next), aux flushed 1.41-1.44 / 1.13-1.16, in the step 1.37 / 1.18.
+ * Until 6 Dec 2026 the weight gradient's A (dY, which the step has in
+ * cache) was flushed instead of B: on the Xeon with AMX T2's 192x768x4160
+ * raced 1.02-1.06x for gemm, either side of the 2% margin from one process
+ * to the next, while in the step gemm ran it 15% faster (bench/README.md,
+ * "the weight gradients' race"). */
 static void flush_lines(const void *p, size_t bytes) {
 #if defined(__x86_64__) && defined(__GNUC__)
     const char *end = (const char *)p + bytes;
@@ -464,18 +470,24 @@ static void flush_lines(const void *p, size_t bytes) {
 static void flush_from_forward(const vh_gemm_args *g, int timed_aux) {
     if (timed_aux) /* m x n, dense, f32 (time_path times the multiply only so) */
         flush_lines(g->aux, (size_t)(g->m * g->n) * sizeof(float));
-    if (weight_gradient(g) && g->batch <= 1) /* unbatched: A stored k x m */
-        flush_lines(g->a, (size_t)((g->k - 1) * g->lda + g->m) *
+    if (weight_gradient(g) && g->batch <= 1) /* unbatched: B stored k x n */
+        flush_lines(g->b, (size_t)((g->k - 1) * g->ldb + g->n) *
                               vh_dtype_size((vh_dtype)g->ab_dtype));
 }
+
+/* The bands (below): time_path runs an f32 T * aux there as the call will. */
+static int bands_mul_aux(const vh_gemm_args *g, const gemm_views *v);
+static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_views *v,
+                           int counted);
 
 /* vh_gemm16_timer on the call's own operands (ctx: its vh_gemm_args): the
  * plain matmul of the proxy's leading block (for an unbatched call asked
  * with a batch of 2, its two halves of k) into scratch; the epilogue
  * costs both paths the same and is left out, but for an f32 T * aux, whose
  * multiply (oneDNN's binary post-op, reading the call's aux where C and aux
- * are f32 and dense) is timed with it. Widening converts both operands
- * first, as view_inputs does. */
+ * are f32 and dense) is timed with it, and one that runs in bands is timed
+ * in them, each band's multiply included, into the call's own C. Widening
+ * converts both operands first, as view_inputs does. */
 static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
     const vh_gemm_args *g = ctx;
     vh_gemm_args pg = *g;
@@ -493,16 +505,32 @@ static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
          * post-op; aux dense, as this scratch C); else the multiply is a
          * pass after either kernel, left out */
         const int mul = p->mul_aux && mul_in_matmul(g, max1(g->batch)) && g->ldc == g->n;
-        if (p->dtype == VH_DTYPE_F32) flush_from_forward(g, mul);
-        const double t0 = vh_cpu_seconds();
         operand a = operand_of(g->a, g->ab_dtype, g->trans_a, g->lda, g->stride_a);
         operand b = operand_of(g->b, g->ab_dtype, g->trans_b, g->ldb, g->stride_b);
+        if (path == VH_GEMM16_NATIVE_GEMM) a.kernel = VH_DNNL_KERNEL_GEMM;
+        /* An f32 T * aux that runs in bands is timed in them, into the
+         * call's own C (beta 0: the call writes all of it after): one call
+         * with the binary post-op is another execution, and on the Xeon
+         * with AMX it raced against the gemm kernel (T2's 2080x768x192:
+         * default 2.12-2.27 ms, gemm 2.35-2.38) that in the step's bands
+         * ran T2's and T3's 5-7% faster (bench/README.md). */
+        if (mul && p->dtype == VH_DTYPE_F32 && p->batch == 1 && p->n == g->n && p->k == g->k) {
+            const gemm_views bv = {.a = a, .b = b, .c32 = 1};
+            if (bands_mul_aux(&pg, &bv)) {
+                flush_from_forward(g, 1);
+                const double t0 = vh_cpu_seconds();
+                if (run_bands(&pg, 1, &bv, 0) == VH_STATUS_OK) t = vh_cpu_seconds() - t0;
+                vh_cpu_scratch_end(mark);
+                return t;
+            }
+        }
+        if (p->dtype == VH_DTYPE_F32) flush_from_forward(g, mul);
+        const double t0 = vh_cpu_seconds();
         if (p->batch > 1 && g->batch <= 1) { /* halves of k (path16): as run_ksplit */
             a.sbatch = p->k * a.scol;
             b.sbatch = p->k * b.srow;
         }
         vh_status st = VH_STATUS_OK;
-        if (path == VH_GEMM16_NATIVE_GEMM) a.kernel = VH_DNNL_KERNEL_GEMM;
         if (path == VH_GEMM16_WIDEN && (st = densify(&a, p->batch, p->m, p->k)) == VH_STATUS_OK)
             st = densify(&b, p->batch, p->k, p->n);
         vh_dnnl_matmul mm;
@@ -795,6 +823,11 @@ static band_pass band_pass_of(const vh_gemm_args *g, int64_t batch, const gemm_v
     return BAND_PASS_NONE;
 }
 
+/* An f32 T * aux that runs in bands (time_path times it there). */
+static int bands_mul_aux(const vh_gemm_args *g, const gemm_views *v) {
+    return g->epilogue == VH_EPILOGUE_MUL_AUX && band_pass_of(g, 1, v) == BAND_PASS_MUL_AUX;
+}
+
 /* B once in the layout the bands' kernel reads, for all bands (NULL where
  * it reads B as it is, or VITHOST_CPU_PACK_B=0). oneDNN would otherwise
  * copy B into that layout at every band's call: 13 times for T3's
@@ -865,7 +898,8 @@ static void stream_gelu_band(const vh_gemm_args *g, float *c, float *aux, float 
  * static, 67.0-68.1 one band at a time.
  * VH_STATUS_ERR_UNSUPPORTED: not such a call, or oneDNN refused a band
  * (the one-call route then writes all). */
-static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_views *v) {
+static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_views *v,
+                           int counted) {
     const band_pass pass = band_pass_of(g, batch, v);
     if (pass == BAND_PASS_NONE) return VH_STATUS_ERR_UNSUPPORTED;
     const int64_t m = g->m, n = g->n, rows = band_rows(n), bands = (m + rows - 1) / rows;
@@ -876,10 +910,12 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
     vh_cpu_scratch_mark outer = vh_cpu_scratch_begin();
     uint64_t layout = 0;
     const void *packed = bands > 1 ? pack_b(g, v, rows, &layout) : NULL;
-    g_band_calls++;
-    if (packed) g_band_packed++;
-    if (pass == BAND_PASS_GELU_F32) g_band_gelu32++;
-    if (streamed) g_band_streamed++;
+    if (counted) { /* not the kernel race's runs (time_path) */
+        g_band_calls++;
+        if (packed) g_band_packed++;
+        if (pass == BAND_PASS_GELU_F32) g_band_gelu32++;
+        if (streamed) g_band_streamed++;
+    }
 #pragma omp parallel if (bands > 1)
     {
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
@@ -1011,7 +1047,7 @@ static vh_status run(const vh_gemm_args *g, int64_t batch) {
         return run_ksplit(g, &v);
     }
     if (fusable && (st = run_direct16(g, batch, &v)) != VH_STATUS_ERR_UNSUPPORTED) return st;
-    if (multiply && (st = run_bands(g, batch, &v)) != VH_STATUS_ERR_UNSUPPORTED) return st;
+    if (multiply && (st = run_bands(g, batch, &v, 1)) != VH_STATUS_ERR_UNSUPPORTED) return st;
     if ((st = view_outputs(g, batch, &v)) != VH_STATUS_OK) return st;
     if (fusable) {
         st = run_fused(g, batch, &v);

@@ -68,8 +68,9 @@
  * fc1's data gradient (3.77 / 4.06). A raced class takes gemm when faster
  * by KERNEL_MARGIN32 (2%), confirmed by a second race, on the kernel proxy,
  * with the operand forward wrote flushed from the caches before each timed
- * run (gemm.c: a weight gradient's A, fc2's aux), as the step reads it from
- * memory. Timed in cache the race understated what the step gains: T1's
+ * run (gemm.c: a weight gradient's B, the layer's input; fc2's aux), as the
+ * step reads it from memory; a T * aux that runs in bands of rows is timed
+ * in them (gemm.c's time_path). Timed in cache the race understated what the step gains: T1's
  * T * aux raced 4-7% (either side of a 5% margin from one process to the
  * next) for 14% in the step; T3's 384x1536x1576 weight gradient 2-8% for
  * 8-10%, and 2 of 3 processes kept it on the default. Flushed and at 2%,

@@ -1273,6 +1273,35 @@ static float mt_run(tens *ts, int count, float scale, float *sum_sq, float *foun
     return sum_sq ? *sum_sq : 0.0f;
 }
 
+/* The sum of squares as ops.c documents its order: chunks of 2^14
+ * elements; in a chunk, element i's square added to lane i % 32 (in f32,
+ * one rounding for the product and one for the sum); the 32 lanes folded
+ * by halves (lane l += lane l + w for w = 16, 8, 4, 2, 1); a tensor's chunk
+ * sums added in order, then the tensors. Scalar, so whatever ISA the test
+ * runs on, this is the sum every one of the engine's clones must give. */
+static float mt_reference(tens *ts, int count) {
+    float total = 0.0f;
+    for (int t = 0; t < count; t++) {
+        double *v = tvals(&ts[t]);
+        float st = 0.0f;
+        for (int64_t lo = 0; lo < ts[t].n; lo += (int64_t)1 << 14) {
+            const int64_t hi = lo + ((int64_t)1 << 14) < ts[t].n ? lo + ((int64_t)1 << 14) : ts[t].n;
+            volatile float lane[32] = {0}; /* volatile: no contraction, no reordering */
+            for (int64_t i = lo; i < hi; i++) {
+                const float x = (float)v[i];
+                const float sq = x * x;
+                lane[(i - lo) % 32] = lane[(i - lo) % 32] + sq;
+            }
+            for (int w = 16; w >= 1; w /= 2)
+                for (int l = 0; l < w; l++) lane[l] = lane[l] + lane[l + w];
+            st += lane[0];
+        }
+        total += st;
+        free(v);
+    }
+    return total;
+}
+
 static void test_multi_tensor(void **state) {
     (void)state;
     rng_state = 109;
@@ -1303,6 +1332,36 @@ static void test_multi_tensor(void **state) {
     omp_set_num_threads(threads);
     assert_memory_equal(&s1, &s2, sizeof s1);
     assert_memory_equal(&s1, &sum, sizeof s1);
+    /* and on every ISA: the documented order, bit for bit; also on small f32
+     * tensors of one magnitude (|x| in [1, 2)), 1-66 groups of the 32 lanes
+     * and a few more, where the lanes' fold is the last rounding (a swap of
+     * two lanes' vectors changed the bits of several) */
+    const float ref = mt_reference(ts, 4);
+    if (memcmp(&ref, &s1, sizeof ref) != 0)
+        fail_msg("multi_tensor sum of squares %.9g, the documented order gives %.9g", (double)s1,
+                 (double)ref);
+    for (int g = 1; g <= 66; g += 5) {
+        tens small = tnew(VH_DTYPE_F32, 32 * g + g % 7);
+        for (int64_t i = 0; i < small.n; i++)
+            ((float *)small.p)[i] = (float)((1.0 + rnd()) * (rnd() < 0.5 ? -1.0 : 1.0));
+        float ss = 0;
+        mt_run(&small, 1, 1.0f, &ss, NULL);
+        const float sref = mt_reference(&small, 1);
+        if (memcmp(&sref, &ss, sizeof sref) != 0)
+            fail_msg("multi_tensor sum of squares of %lld values in [1, 2): %a, the documented "
+                     "order gives %a", (long long)small.n, (double)ss, (double)sref);
+        tfree(&small);
+    }
+
+    /* a finite value whose square overflows: the sum is Inf, found_inf is not set */
+    {
+        tens big = trand(VH_DTYPE_F32, 40, -1, 1);
+        ((float *)big.p)[17] = 3e20f;
+        float bs = 0, binf = 0;
+        mt_run(&big, 1, 1.0f, &bs, &binf);
+        assert_true(isinf(bs) && binf == 0.0f);
+        tfree(&big);
+    }
 
     /* Inf in a bf16 tensor, NaN in an f16 one: found, and never cleared */
     ((uint16_t *)ts[1].p)[12345] = 0x7f80;

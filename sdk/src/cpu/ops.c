@@ -571,7 +571,7 @@ CPU_OP(embed_backward, vh_tokens_args, TK_DTYPES, plan_embed_backward, k_embed_b
  *
  * Why lanes: with one simd accumulator, compiled for the baseline ISA, the
  * pass was bound by the add's latency, 4 floats at a time: fp32's check of
- * T3's 22M gradients took 4.9 ms a step on the AMX Xeon (18 GB/s), where 2
+ * T3's 22M gradients took 4.9-6.6 ms a step on the AMX Xeon (13-18 GB/s), where 2
  * threads read 88 MB in 1.3-1.4 ms (bench/README.md). */
 
 #define MT_CHUNK ((int64_t)1 << 14)

@@ -233,11 +233,19 @@ VH_CPU_CLONES static void epilogue_span_computed(uint16_t *dx, const uint16_t *x
 /* ---- the choice -------------------------------------------------------------
  * Decided on the step's own calls, as they run: until each way has done
  * RACE_ELEMS values, calls alternate between the two (the same bits), each
- * timed on its thread, then the faster per value takes every later call.
- * A microbenchmark alone misled: with its data in cache the table won by
- * 15% on the Xeon above, where in the step, after each band's matmul and
- * beside the other thread, it lost by 13%. */
+ * timed on its thread, then the way whose median span is faster per value
+ * takes every later call. A microbenchmark alone misled: with its data in
+ * cache the table won by 15% on the Xeon above, where in the step, after
+ * each band's matmul and beside the other thread, it lost by 13%.
+ * The median, not the sum: the race is about 1 ms of work per way, so one
+ * span that stalls for a few ms (the thread descheduled, say) decided a
+ * sum. On Zen 5 one process of six took the formula so (table 5.24 ns a
+ * value, computed 0.60), where the table was the faster in the step: T1
+ * AMP, forced, 3 interleaved pairs, fc2's data gradient 2.16-2.23 ms a step
+ * with the table, 2.53-2.84 computed. */
 #define RACE_ELEMS ((int64_t)1 << 21) /* T1 AMP: its first step's first two layers */
+#define RACE_SPANS 256 /* timed spans kept per way: T1's bands give about 130 */
+#define RACE_MIN_SPANS 3 /* so that one stalled span is never the median */
 /* Computed only when faster by this much: on a tie the table, which reads a
  * few KiB of it where the math runs per element. */
 #define COMPUTED_MARGIN 0.03
@@ -251,8 +259,11 @@ static struct {
     int forced;           /* by VITHOST_CPU_GELU_GRAD16 */
     unsigned calls;       /* while racing: alternates the ways */
     int64_t elems[2];     /* per way, timed */
-    double seconds[2];
-} choice = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, WAY_RACING, 0, 0, {0, 0}, {0.0, 0.0}};
+    int spans[2];         /* per way, the timed spans kept in span_ns */
+    float span_ns[2][RACE_SPANS]; /* ns a value of each */
+    double median_ns[2];  /* once decided */
+} choice = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, WAY_RACING, 0, 0, {0, 0}, {0, 0},
+            {{0}}, {0.0, 0.0}};
 
 static void choose(void) {
     table_fill(table16);
@@ -277,13 +288,29 @@ static int way_for_call(int *racing) {
     return way;
 }
 
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v[0..n), n > 0; sorts v. */
+static double median_of(float *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    return n % 2 ? v[n / 2] : 0.5 * ((double)v[n / 2 - 1] + (double)v[n / 2]);
+}
+
 static void race_add(int way, int64_t n, double dt) {
+    if (n <= 0) return;
     pthread_mutex_lock(&choice.lock);
     if (choice.way == WAY_RACING) {
-        choice.elems[way] += n, choice.seconds[way] += dt;
-        if (choice.elems[0] >= RACE_ELEMS && choice.elems[1] >= RACE_ELEMS) {
-            const double t = choice.seconds[0] / (double)choice.elems[0];
-            const double c = choice.seconds[1] / (double)choice.elems[1];
+        choice.elems[way] += n;
+        if (choice.spans[way] < RACE_SPANS)
+            choice.span_ns[way][choice.spans[way]++] = (float)(1e9 * dt / (double)n);
+        if (choice.elems[0] >= RACE_ELEMS && choice.elems[1] >= RACE_ELEMS &&
+            choice.spans[0] >= RACE_MIN_SPANS && choice.spans[1] >= RACE_MIN_SPANS) {
+            const double t = median_of(choice.span_ns[0], choice.spans[0]);
+            const double c = median_of(choice.span_ns[1], choice.spans[1]);
+            choice.median_ns[0] = t, choice.median_ns[1] = c;
             __atomic_store_n(&choice.way,
                              c < (1.0 - COMPUTED_MARGIN) * t ? WAY_COMPUTED : WAY_TABLE,
                              __ATOMIC_RELAXED);
@@ -297,8 +324,8 @@ const char *vh_cpu_gelu_grad16_summary(char *buf, size_t len) {
     pthread_once(&choice.once, choose); /* after the variable is read */
     pthread_mutex_lock(&choice.lock);
     const int way = choice.way, forced = choice.forced;
-    const double ns[2] = {choice.elems[0] ? 1e9 * choice.seconds[0] / (double)choice.elems[0] : 0,
-                          choice.elems[1] ? 1e9 * choice.seconds[1] / (double)choice.elems[1] : 0};
+    const double ns[2] = {choice.median_ns[0], choice.median_ns[1]};
+    const int spans[2] = {choice.spans[0], choice.spans[1]};
     pthread_mutex_unlock(&choice.lock);
     const char *how = way == WAY_COMPUTED ? "computed" : "a table lookup";
     if (forced)
@@ -308,8 +335,8 @@ const char *vh_cpu_gelu_grad16_summary(char *buf, size_t len) {
         snprintf(buf, len, "bf16 gelu': not decided yet (table and computed race on the first "
                            "%lld values each)", (long long)RACE_ELEMS);
     else
-        snprintf(buf, len, "bf16 gelu': auto: %s (in the step, table %.3f, computed %.3f ns a "
-                           "value)", how, ns[0], ns[1]);
+        snprintf(buf, len, "bf16 gelu': auto: %s (in the step, median of %d / %d spans: table "
+                           "%.3f, computed %.3f ns a value)", how, spans[0], spans[1], ns[0], ns[1]);
     return buf;
 }
 

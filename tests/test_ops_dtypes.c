@@ -840,8 +840,9 @@ static void test_gelu_backward_bf16_fma(void **state) {
 
 /* gelu_grad16.c's race: under auto, the first calls alternate table and
  * computed until each has done 2^21 values in 3 timed spans or more, then
- * one way is named with both median rates; forced, the summary names the variable. The bits are the same
- * either way (gelu_backward_every_bf16, under each way in ctest). */
+ * one way is named with both median rates; forced, the summary names the
+ * variable. The bits are the same either way (gelu_backward_every_bf16,
+ * under each way in ctest). */
 static void test_gelu_grad16_choice(void **state) {
     (void)state;
     const int64_t n = (int64_t)1 << 20;

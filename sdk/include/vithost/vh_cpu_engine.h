@@ -110,8 +110,9 @@ VH_SDK_API const char *vh_cpu_gemm_bands_summary(char *buf, size_t len);
  * Under auto the process's first calls race the two, 2^21 values each, and
  * the faster by its median timed span takes the rest, e.g. "bf16 gelu':
  * auto: a table lookup (in the step, median of 65 / 64 spans: table 0.392,
- * computed 0.500 ns a value)"; before that it says "not decided yet". VITHOST_CPU_GELU_GRAD16=table|computed|auto (default auto) forces
- * it. (The SDK of ABI 2.7) */
+ * computed 0.500 ns a value)"; before that it says "not decided yet".
+ * VITHOST_CPU_GELU_GRAD16=table|computed|auto (default auto) forces it.
+ * (The SDK of ABI 2.7) */
 VH_SDK_API const char *vh_cpu_gelu_grad16_summary(char *buf, size_t len);
 
 #ifdef __cplusplus

@@ -17,7 +17,7 @@
  * through the two tables: a copy linked in would come first in the global
  * scope, and each loaded copy's calls to the SDK's exported functions would
  * bind to it. attention: the op's forward, then its backward
- * (overwrite, ABI 2.6), on batch-first qkv, probs f32. gemm: C = A B^T
+ * (overwrite, ABI 2.6), on batch-first qkv, probs in qkv's dtype. gemm: C = A B^T
  * + bias as a linear layer's forward, with the epilogue named (aux
  * receives T or gelu'(T)), or with mul and gelu_backward C = A B as the
  * data gradient of fc2 (aux, an input, is gelu'(T) or T); every tensor
@@ -164,7 +164,7 @@ static int run_attention(const vh_device_ops *d[2], int reps, char **arg, int na
     const int64_t D = H * Dh;
     const size_t es = s[0].es;
     const int same = memcmp(s[0].out, s[1].out, (size_t)(B * N * D) * es) == 0 &&
-                     memcmp(s[0].probs, s[1].probs, (size_t)(B * H * N * N) * sizeof(float)) == 0 &&
+                     memcmp(s[0].probs, s[1].probs, (size_t)(B * H * N * N) * es) == 0 &&
                      memcmp(s[0].dqkv, s[1].dqkv, (size_t)(B * N * 3 * D) * es) == 0;
     printf("attention B %lld N %lld H %lld Dh %lld %s, %d calls each:\n", (long long)B,
            (long long)N, (long long)H, (long long)Dh, es == 2 ? "bf16" : "f32", reps);

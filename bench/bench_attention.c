@@ -6,7 +6,7 @@
  *
  * Cases: T1 (B128 N50 H4 Dh16), T2 (B64 N65 H3 Dh64), T3 (B8 N197 H6
  * Dh64), main (configs/fashion-mnist-vit.yaml: B128 N16 H8 Dh16), each in
- * f32 (probs f32) and bf16 (probs f32, as AMP's vit keeps them); batch-first.
+ * f32 (probs f32) and bf16 (probs bf16, as AMP's vit keeps them); batch-first.
  * Each is timed best-of-reps after one warm-up call; the line gives ms a
  * call and GFLOP/s of the products (forward 4 B H N^2 Dh, backward twice
  * that). --cold writes twice the L3 before each timed call (bench_common.h),

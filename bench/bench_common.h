@@ -1,6 +1,7 @@
 /* bench_common.h - what the C benchmarks share: a monotonic clock,
  * operands filled with the same pseudo-random values in [-0.5, 0.5), and
- * the attention op's arguments on batch-first qkv. All are header-only and
+ * the attention op's arguments on batch-first qkv (probs bf16 for bf16, as
+ * AMP's vit keeps them, else f32). All are header-only and
  * call nothing in libvhsdk, so ab_calls, which loads two copies of the
  * library and is linked to none, can use them too. */
 #ifndef VH_BENCH_COMMON_H
@@ -52,7 +53,8 @@ static inline void bench_fill(void *p, vh_dtype t, size_t n, uint32_t seed) {
 
 /* The attention op's arguments for B x N tokens of H heads of Dh, qkv
  * batch-first (token rows of 3 H Dh), out and dout (rows of H Dh), probs
- * f32, scale 1/8; t the dtype of the rest. */
+ * bf16 where t is (vit under AMP-bf16) and f32 otherwise, scale 1/8; t the
+ * dtype of the rest. probs must hold f32's bytes either way. */
 static inline void bench_attention_args(vh_attention_args *a, int64_t B, int64_t N, int64_t H,
                                         int64_t Dh, vh_dtype t, void *qkv, void *out,
                                         void *probs, void *dout, void *dqkv) {
@@ -64,7 +66,7 @@ static inline void bench_attention_args(vh_attention_args *a, int64_t B, int64_t
     a->out_batch_stride = N * D, a->out_token_stride = D;
     a->scale = 0.125f;
     a->qkv = qkv, a->out = out, a->probs = probs, a->dout = dout, a->dqkv = dqkv;
-    a->dtype = t, a->probs_dtype = VH_DTYPE_F32;
+    a->dtype = t, a->probs_dtype = t == VH_DTYPE_BF16 ? VH_DTYPE_BF16 : VH_DTYPE_F32;
 }
 
 #endif

@@ -280,6 +280,14 @@ static vh_status read_policy(vit *m, const vh_model_setup *setup) {
                                   "policy's compute dtype)",
                                   vh_dtype_name(m->act));
     m->act_size = vh_dtype_size(m->act);
+    /* The softmax kept for backward: bf16 under a bf16 policy, as autocast's
+     * softmax returns it (and as the forward's P V already reads it), else
+     * f32. Half the bytes of the op's largest tensor: T1 AMP (Zen 5, 2
+     * threads, `vithost bench --ops`, 2 runs each) attention forward 2.54-2.59
+     * -> 2.24-2.45 ms a step, backward 3.18-3.27 -> 2.87-2.94. f16 keeps f32:
+     * its probabilities under 2^-24 would flush, and no f16 kernel was timed. */
+    m->probs_dtype = m->act == VH_DTYPE_BF16 ? VH_DTYPE_BF16 : VH_DTYPE_F32;
+    m->probs_size = vh_dtype_size(m->probs_dtype);
     return VH_STATUS_OK;
 }
 
@@ -411,8 +419,9 @@ static vh_status vit_state_load(void *self, const void *buf, size_t bytes) {
 /* Device bytes of the buffers vit_alloc_activations (vit_table.c) holds at
  * max_batch, counted again from the same shapes: keep the two in step.
  * Activations, their gradients and dropout masks are in the compute dtype,
- * so they halve under a bf16 or f16 policy; layer-norm statistics,
- * attention probabilities, drop-path factors and the loss stay f32.
+ * so they halve under a bf16 or f16 policy; attention probabilities are in
+ * probs_dtype (bf16 under a bf16 policy); layer-norm statistics, drop-path
+ * factors and the loss stay f32.
  * Checkpointed blocks keep only their input (x[l]) and share one block's
  * set, so L blocks hold L - checkpointed + 1 sets when any is. */
 static vh_status vit_activation_bytes(void *self, int64_t *out) {
@@ -433,10 +442,11 @@ static vh_status vit_activation_bytes(void *self, int64_t *out) {
            B * D * 2 /* d_feat, d_feat_ln */ + B * C /* d_logits */;
     /* f32 elements */
     int64_t f32 = sets * (rows * 4 /* ln1/ln2 mean and rstd */ +
-                          B * m->heads * m->tokens * m->tokens /* probs */ +
                           (drop_path ? B * 2 : 0) /* dp_attn, dp_mlp */) +
                   B * 2 /* feat_mean, feat_rstd */ + 2 /* loss */;
-    *out = act * (int64_t)m->act_size + f32 * (int64_t)sizeof(float);
+    int64_t probs = sets * B * m->heads * m->tokens * m->tokens;
+    *out = act * (int64_t)m->act_size + f32 * (int64_t)sizeof(float) +
+           probs * (int64_t)m->probs_size;
     return VH_STATUS_OK;
 }
 

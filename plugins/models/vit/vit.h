@@ -73,13 +73,13 @@ static inline vit_ref vit_grad(const vit_unit *u, int32_t i) {
 }
 
 /* What one block keeps from forward for backward. Activations are in the
- * policy's compute dtype; layer-norm statistics, attention probabilities and
- * drop-path factors are f32. */
+ * policy's compute dtype; layer-norm statistics and drop-path factors are
+ * f32; attention probabilities in probs_dtype (vit.c's read_policy). */
 typedef struct vit_block_acts {
     void *ln1;                        /* (rows, D) */
     float *ln1_mean, *ln1_rstd;       /* (rows), (rows) */
     void *qkv;                        /* (rows, 3D) */
-    float *probs;                     /* (B, H, N, N) */
+    void *probs;                      /* (B, H, N, N) in probs_dtype */
     void *attn;                       /* (rows, D) attention output, before proj */
     void *ln2;
     float *ln2_mean, *ln2_rstd;
@@ -126,6 +126,8 @@ typedef struct vit {
     vh_precision_policy policy;
     vh_dtype act;
     size_t act_size; /* bytes per activation element */
+    vh_dtype probs_dtype; /* the attention probabilities kept for backward */
+    size_t probs_size;
 
     /* parameter table: unit 0 embed, 1..L blocks, L+1 head */
     vh_param_table table;

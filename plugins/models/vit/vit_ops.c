@@ -245,7 +245,7 @@ vh_status vit_pool_backward(vit *m, void *dx, const void *dfeat, int64_t batch) 
 /* ---- attention and loss --------------------------------------------------- */
 
 static vh_attention_args attention_args(const vit *m, int64_t batch, const void *qkv,
-                                        void *out, float *probs) {
+                                        void *out, void *probs) {
     /* qkv rows are 3D wide, out rows D wide; the layout only moves rows. */
     vh_attention_args a = {.struct_size = sizeof a, .batch = batch, .tokens = m->tokens,
                            .heads = m->heads, .head_dim = m->head_dim,
@@ -254,17 +254,17 @@ static vh_attention_args attention_args(const vit *m, int64_t batch, const void 
                            .out_batch_stride = vit_batch_stride(m),
                            .out_token_stride = vit_token_stride(m, batch),
                            .scale = 1.0f / sqrtf((float)m->head_dim), .qkv = qkv, .out = out,
-                           .probs = probs, .dtype = m->act, .probs_dtype = VH_DTYPE_F32};
+                           .probs = probs, .dtype = m->act, .probs_dtype = m->probs_dtype};
     return a;
 }
 
-vh_status vit_attention(vit *m, void *out, float *probs, const void *qkv, int64_t batch) {
+vh_status vit_attention(vit *m, void *out, void *probs, const void *qkv, int64_t batch) {
     vh_attention_args a = attention_args(m, batch, qkv, out, probs);
     return m->dev->attention_forward(m->dev->device, &a);
 }
 
 vh_status vit_attention_backward(vit *m, void *dqkv, const void *dout, const void *qkv,
-                                 const void *out, float *probs, int64_t batch) {
+                                 const void *out, void *probs, int64_t batch) {
     if (!m->attention_grad_writes) {
         vh_status st = vit_zero(m, dqkv, batch * m->tokens * 3 * m->dim);
         if (st != VH_STATUS_OK) return st;

@@ -3,7 +3,8 @@
  * Each helper fills one argument struct of vh_device.h: activations (and
  * their gradients) in the policy's compute dtype m->act, parameters and
  * their gradients as vit_refs carrying the dtype their layout gives, layer
- * norm statistics and attention probabilities in f32. So forward and
+ * norm statistics in f32, attention probabilities in m->probs_dtype (bf16
+ * under a bf16 policy, else f32). So forward and
  * backward read like the math, one line per op, whatever the precision. */
 #ifndef VITHOST_PLUGIN_VIT_OPS_H
 #define VITHOST_PLUGIN_VIT_OPS_H
@@ -94,11 +95,11 @@ vh_status vit_pool_backward(vit *m, void *dx, const void *dfeat, int64_t batch);
 
 /* ---- attention and loss ------------------------------------------------- */
 
-vh_status vit_attention(vit *m, void *out, float *probs, const void *qkv, int64_t batch);
+vh_status vit_attention(vit *m, void *out, void *probs, const void *qkv, int64_t batch);
 /* dqkv = the attention's gradients (B * N * 3D elements: written where the
  * device offers ABI 2.6's overwrite, else zeroed and added to) */
 vh_status vit_attention_backward(vit *m, void *dqkv, const void *dout, const void *qkv,
-                                 const void *out, float *probs, int64_t batch);
+                                 const void *out, void *probs, int64_t batch);
 /* *loss (device f32) = mean cross-entropy of the logits against the labels
  * (with label_smoothing) or, when targets (device f32, batch x classes) is
  * not NULL, against those soft targets; when dlogits is not NULL, dlogits +=

@@ -223,7 +223,8 @@ vh_status vit_alloc_activations(vit *m) {
     vh_status st = VH_STATUS_OK;
     void *tmp;
     /* Activations (and dropout masks, which multiply them) in the compute
-     * dtype; statistics, probabilities, drop-path factors and the loss f32. */
+     * dtype; probabilities in probs_dtype; statistics, drop-path factors and
+     * the loss f32. */
 #define ALLOC(ptr, count)                                                             if (st == VH_STATUS_OK) st = dev_alloc(m, &tmp, (count), m->act_size), (ptr) = tmp
 #define ALLOC_F32(ptr, count)                                                         if (st == VH_STATUS_OK) st = dev_alloc(m, &tmp, (count), sizeof(float)), (ptr) = tmp
     ALLOC(m->patches, prow * m->patch_dim);
@@ -241,7 +242,8 @@ vh_status vit_alloc_activations(vit *m) {
         ALLOC_F32(a->ln1_mean, rows);
         ALLOC_F32(a->ln1_rstd, rows);
         ALLOC(a->qkv, rows * 3 * D);
-        ALLOC_F32(a->probs, B * m->heads * m->tokens * m->tokens);
+        if (st == VH_STATUS_OK)
+            st = dev_alloc(m, &a->probs, B * m->heads * m->tokens * m->tokens, m->probs_size);
         ALLOC(a->attn, rows * D);
         ALLOC(a->ln2, rows * D);
         ALLOC_F32(a->ln2_mean, rows);
@@ -292,10 +294,10 @@ void vit_free_activations(vit *m) {
             memset(&m->blocks[l], 0, sizeof m->blocks[l]), m->x_mid[l] = NULL;
     for (int64_t l = 0; m->blocks && l < L; l++) {
         vit_block_acts *a = &m->blocks[l];
-        void **bufs[] = {&m->x_mid[l], &a->ln1, &a->qkv, &a->attn, &a->ln2, &a->fc1, &a->gelu,
-                         &a->mask_fc1, &a->mask_proj, &a->mask_fc2};
+        void **bufs[] = {&m->x_mid[l], &a->ln1, &a->qkv, &a->probs, &a->attn, &a->ln2, &a->fc1,
+                         &a->gelu, &a->mask_fc1, &a->mask_proj, &a->mask_fc2};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(m, bufs[i]);
-        float **stats[] = {&a->ln1_mean, &a->ln1_rstd, &a->probs, &a->ln2_mean, &a->ln2_rstd,
+        float **stats[] = {&a->ln1_mean, &a->ln1_rstd, &a->ln2_mean, &a->ln2_rstd,
                            &a->dp_attn, &a->dp_mlp};
         for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++) dev_free_f32(m, stats[i]);
     }

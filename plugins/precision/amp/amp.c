@@ -31,7 +31,9 @@
  *     parameter gradients (each GEMM's weight gradient and each bias
  *     gradient is summed in fp32 over the batch and rounded once);
  *   - fp32 throughout: the attention logits and their softmax (the
- *     probabilities backward keeps are f32), the layer-norm statistics
+ *     probabilities backward keeps are rounded to D where the model keeps
+ *     them so, as vit does for bf16: autocast's softmax output), the
+ *     layer-norm statistics
  *     (mean, rstd) and normalisation, with layernorm_fp32 the layer norm's
  *     weights and their gradients, the loss and its per-row
  *     softmax, the sums of squares and the overflow check, the gradient

@@ -590,6 +590,78 @@ static void test_layernorm_dtypes(void **state) {
     }
 }
 
+/* bf16 layer norm, bit for bit: the math is fp32 whatever the storage, so
+ * the bf16 op gives the bits of the f32 op on the widened values, rounded
+ * once (out; dx = old dx + the f32 term), and the same f32 mean, rstd and
+ * parameter gradients. It holds for every route of the bf16 op (the
+ * portable loops' lanes, or layernorm.c's AVX-512 rows where the width is a
+ * multiple of 16), which must sum in the f32 op's order: T1's, T2's and
+ * T3's widths, the main job's, and one with a vector tail; rows that leave a
+ * short block of the forward and a short chunk of the backward. */
+static void layernorm_bf16_bits_case(int64_t rows, int64_t dim) {
+    const int64_t n = rows * dim;
+    tens x = trand(VH_DTYPE_BF16, n, -3, 3), dout = trand(VH_DTYPE_BF16, n, -1, 1);
+    tens dx = trand(VH_DTYPE_BF16, n, -1, 1);
+    for (int64_t r = 0; r < rows; r += 7) /* rows far from 0, as layernorm's shift handles */
+        for (int64_t j = 0; j < dim; j++) tset(&x, r * dim + j, 300.0 + tget(&x, r * dim + j));
+    tens w = trand(VH_DTYPE_F32, dim, 0.5, 1.5), b = trand(VH_DTYPE_F32, dim, -0.5, 0.5);
+    tens x32 = tnew(VH_DTYPE_F32, n), dout32 = tnew(VH_DTYPE_F32, n), dx32 = tnew(VH_DTYPE_F32, n);
+    for (int64_t i = 0; i < n; i++) {
+        tset(&x32, i, tget(&x, i));
+        tset(&dout32, i, tget(&dout, i));
+        tset(&dx32, i, tget(&dx, i));
+    }
+    tens out16 = tnew(VH_DTYPE_BF16, n), out32 = tnew(VH_DTYPE_F32, n);
+    tens mean[2] = {tnew(VH_DTYPE_F32, rows), tnew(VH_DTYPE_F32, rows)};
+    tens rstd[2] = {tnew(VH_DTYPE_F32, rows), tnew(VH_DTYPE_F32, rows)};
+    tens dw[2] = {tnew(VH_DTYPE_F32, dim), tnew(VH_DTYPE_F32, dim)};
+    tens db[2] = {tnew(VH_DTYPE_F32, dim), tnew(VH_DTYPE_F32, dim)};
+    for (int v = 0; v < 2; v++) {
+        const int bf = v == 1;
+        vh_layernorm_args a = {.struct_size = sizeof a, .rows = rows, .dim = dim, .eps = 1e-5f,
+                               .dtype = bf ? VH_DTYPE_BF16 : VH_DTYPE_F32,
+                               .param_dtype = VH_DTYPE_F32, .grad_dtype = VH_DTYPE_F32,
+                               .x = bf ? x.p : x32.p, .weight = w.p, .bias = b.p,
+                               .mean = mean[v].p, .rstd = rstd[v].p,
+                               .out = bf ? out16.p : out32.p, .dout = bf ? dout.p : dout32.p,
+                               .dx = bf ? dx.p : dx32.p, .dweight = dw[v].p, .dbias = db[v].p};
+        assert_int_equal(ops->layernorm_forward(ops->device, &a), VH_STATUS_OK);
+        assert_int_equal(ops->layernorm_backward(ops->device, &a), VH_STATUS_OK);
+    }
+    for (int64_t r = 0; r < rows; r++)
+        if (memcmp((float *)mean[0].p + r, (float *)mean[1].p + r, 4) ||
+            memcmp((float *)rstd[0].p + r, (float *)rstd[1].p + r, 4))
+            fail_msg("layernorm %lldx%lld row %lld: bf16 mean %a rstd %a, f32 %a %a",
+                     (long long)rows, (long long)dim, (long long)r,
+                     (double)((float *)mean[1].p)[r], (double)((float *)rstd[1].p)[r],
+                     (double)((float *)mean[0].p)[r], (double)((float *)rstd[0].p)[r]);
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t want_out = vh_f32_to_bf16(((float *)out32.p)[i]);
+        const uint16_t want_dx = vh_f32_to_bf16(((float *)dx32.p)[i]);
+        if (((uint16_t *)out16.p)[i] != want_out || ((uint16_t *)dx.p)[i] != want_dx)
+            fail_msg("layernorm %lldx%lld element %lld: bf16 out %#06x dx %#06x, the f32 op's "
+                     "rounded %#06x %#06x",
+                     (long long)rows, (long long)dim, (long long)i, ((uint16_t *)out16.p)[i],
+                     ((uint16_t *)dx.p)[i], want_out, want_dx);
+    }
+    assert_memory_equal(dw[0].p, dw[1].p, (size_t)dim * sizeof(float));
+    assert_memory_equal(db[0].p, db[1].p, (size_t)dim * sizeof(float));
+    tfree(&x), tfree(&dout), tfree(&dx), tfree(&w), tfree(&b), tfree(&x32), tfree(&dout32);
+    tfree(&dx32), tfree(&out16), tfree(&out32);
+    for (int v = 0; v < 2; v++) tfree(&mean[v]), tfree(&rstd[v]), tfree(&dw[v]), tfree(&db[v]);
+}
+
+static void test_layernorm_bf16_bits(void **state) {
+    (void)state;
+    rng_state = 1021;
+    layernorm_bf16_bits_case(203, 64);  /* T1 */
+    layernorm_bf16_bits_case(130, 192); /* T2 */
+    layernorm_bf16_bits_case(70, 384);  /* T3 */
+    layernorm_bf16_bits_case(67, 128);  /* the main job */
+    layernorm_bf16_bits_case(45, 40);   /* a vector tail: the portable loops */
+    layernorm_bf16_bits_case(3, 16);    /* one vector a row, one short block */
+}
+
 /* ---- element-wise ------------------------------------------------------------- */
 
 static void test_eltwise_dtypes(void **state) {
@@ -1496,6 +1568,7 @@ int main(void) {
         cmocka_unit_test(test_gelu_grad16_choice),
         cmocka_unit_test(test_gemm_gelu_bf16_bits),
         cmocka_unit_test(test_layernorm_dtypes),
+        cmocka_unit_test(test_layernorm_bf16_bits),
         cmocka_unit_test(test_eltwise_dtypes),
         cmocka_unit_test(test_dropout_scale_rows_dtypes),
         cmocka_unit_test(test_rows_dtypes),

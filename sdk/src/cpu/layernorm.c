@@ -5,8 +5,9 @@
  * order, so the result does not depend on the number of threads.
  * x, out, dout and dx come as stored (vh_cpu_rows: a 16-bit block of rows is
  * widened in the thread's scratch and narrowed back while in cache; bf16
- * rows of the backward pass are widened in registers instead); the math and
- * the statistics are fp32 whatever the storage. */
+ * rows of the backward pass are widened in registers instead; with AVX-512
+ * and a width that is a multiple of 16, layernorm16.c's rows, the same bits);
+ * the math and the statistics are fp32 whatever the storage. */
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -127,8 +128,11 @@ int vh_cpu_k_layernorm_forward(vh_cpu_rows out, float *mean, float *rstd, vh_cpu
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r0 = b * LN_ROW_BLOCK, n = rows - r0 < LN_ROW_BLOCK ? rows - r0 : LN_ROW_BLOCK;
         if (x.dtype == VH_DTYPE_BF16 && out.dtype == VH_DTYPE_BF16 && x.p && out.p) {
-            layernorm_rows_bf16((uint16_t *)out.p + r0 * dim, mean + r0, rstd + r0,
-                                (const uint16_t *)x.p + r0 * dim, weight, bias, n, dim, eps);
+            uint16_t *o = (uint16_t *)out.p + r0 * dim;
+            const uint16_t *xb = (const uint16_t *)x.p + r0 * dim;
+            if (!vh_cpu_k_layernorm16_forward_rows(o, mean + r0, rstd + r0, xb, weight, bias, n,
+                                                   dim, eps))
+                layernorm_rows_bf16(o, mean + r0, rstd + r0, xb, weight, bias, n, dim, eps);
             continue;
         }
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
@@ -220,9 +224,12 @@ static int layernorm_backward_chunk(vh_cpu_rows dx, float *pw, vh_cpu_rows dout,
     if (dx.p && dx.dtype == VH_DTYPE_BF16 && dout.dtype == VH_DTYPE_BF16 &&
         x.dtype == VH_DTYPE_BF16) {
         const int64_t o = r0 * dim;
-        layernorm_backward_rows_bf16((uint16_t *)dx.p + o, pw, pw + dim,
-                                     (const uint16_t *)dout.p + o, (const uint16_t *)x.p + o,
-                                     weight, mean + r0, rstd + r0, n, dim);
+        uint16_t *d = (uint16_t *)dx.p + o;
+        const uint16_t *g = (const uint16_t *)dout.p + o, *xr = (const uint16_t *)x.p + o;
+        if (!vh_cpu_k_layernorm16_backward_rows(d, pw, pw + dim, g, xr, weight, mean + r0,
+                                                rstd + r0, n, dim))
+            layernorm_backward_rows_bf16(d, pw, pw + dim, g, xr, weight, mean + r0, rstd + r0,
+                                         n, dim);
         return 0;
     }
     for (int64_t s = r0; s < r0 + n; s += step) {

@@ -1,0 +1,233 @@
+/* layernorm16.c - bf16 layer-norm rows (AMP's residual stream) written for
+ * AVX-512: the bits of layernorm.c's portable loops on the same CPU, which
+ * sum a row in 16 lanes (element j in lane j % 16) folded in a fixed tree
+ * (ln_fold); here the 16 lanes are one vector, folded in that tree, with the
+ * same operations fused into FMAs as GCC fuses them in those loops
+ * (-ffp-contract=fast: a product whose every use is an add or a subtract).
+ * test_ops_dtypes' test_layernorm_bf16_bits holds both to the f32 op's bits.
+ *
+ * Why: GCC built the portable bf16 loops with 8-float vectors, kept the lane
+ * sums in stack arrays folded through memory, and added each row's terms to
+ * the parameter-gradient partials in memory. In the T1 AMP step (width 64,
+ * Zen 5, 2 threads, `vithost bench --ops`) the bf16 layer norms took 0.52 ms
+ * forward and 0.95 backward a step where the f32 ones, reading twice the
+ * bytes, took 0.41 and 0.54. Here a row's vectors, its sums and (for widths
+ * up to 64) the chunk's partials stay in registers. Same step, 3 interleaved
+ * pairs: forward 0.51-0.54 -> 0.36-0.38 ms, backward 0.90-0.97 -> 0.48-0.50.
+ * One call alone, operands in cache, us: 6400 x 64 forward 55 -> 38,
+ * backward 77-84 -> 44-51; 1576 x 384 (T3) 63 -> 47, 85 -> 63-66.
+ *
+ * Only widths that are a multiple of 16; the callers take the portable loops
+ * otherwise, and on a CPU without AVX-512. */
+#include <math.h>
+#include <stdint.h>
+
+#include "cpu_ops.h"
+
+/* Only where GCC optimises and contracts (sdk/CMakeLists.txt): unoptimised
+ * builds do not fuse the portable loops' products. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(VH_CPU_NO_CLONES) && defined(__OPTIMIZE__)
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4")
+
+#include "bf16_round_avx512.h"
+
+#define LN16_INLINE __attribute__((always_inline)) static inline
+
+/* Registers hold the partials and a row's vectors up to this many vectors. */
+#define LN16_REG_VECTORS 4
+
+LN16_INLINE __m512 load16(const uint16_t *p) {
+    return vh_avx512_widen_bf16(_mm256_loadu_si256((const __m256i *)p));
+}
+
+LN16_INLINE void store16(uint16_t *p, __m512 v) {
+    _mm256_storeu_si256((__m256i *)p, vh_avx512_round_bf16(v));
+}
+
+/* ln_fold: lanes l and l + 8, then l and l + 4, then (0 + 2) + (1 + 3). */
+LN16_INLINE float fold16(__m512 a) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 s = _mm_add_ps(q, _mm_movehl_ps(q, q)); /* q0 + q2, q1 + q3 */
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+/* The forward of a block of rows (layernorm_rows' order): the means of all
+ * its rows (of x - x[0], then shifted back), then their variances (two
+ * passes), then the outputs, so that each row's fold overlaps the next
+ * row's sums: one row at a time, each waited on its own (T1's 6400 x 64, 2
+ * threads: 72 against 56 us a call with the portable loops). */
+static void forward_rows(uint16_t *y, float *mean, float *rstd, const uint16_t *x, const float *w,
+                         const float *b, int64_t rows, int64_t dim, float eps) {
+    const int64_t vectors = dim / 16;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * dim;
+        const float shift = vh_cpu_bf16_widen(xr[0]);
+        const __m512 c = _mm512_set1_ps(shift);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t v = 0; v < vectors; v++)
+            acc = _mm512_add_ps(acc, _mm512_sub_ps(load16(xr + 16 * v), c));
+        mean[r] = shift + fold16(acc) / (float)dim;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * dim;
+        const __m512 m = _mm512_set1_ps(mean[r]);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t v = 0; v < vectors; v++) {
+            const __m512 d = _mm512_sub_ps(load16(xr + 16 * v), m);
+            acc = _mm512_fmadd_ps(d, d, acc);
+        }
+        rstd[r] = 1.0f / sqrtf(fold16(acc) / (float)dim + eps);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * dim;
+        uint16_t *yr = y + r * dim;
+        const __m512 m = _mm512_set1_ps(mean[r]), s = _mm512_set1_ps(rstd[r]);
+        for (int64_t v = 0; v < vectors; v++) {
+            const __m512 t = _mm512_mul_ps(_mm512_sub_ps(load16(xr + 16 * v), m), s);
+            store16(yr + 16 * v, _mm512_fmadd_ps(t, _mm512_loadu_ps(w + 16 * v),
+                                                 _mm512_loadu_ps(b + 16 * v)));
+        }
+    }
+}
+
+/* Backward rows whose width is V vectors (V <= LN16_REG_VECTORS, a
+ * constant after inlining): the partials pw, pb in registers over the rows,
+ * each row's xhat and dout kept between its two passes. The terms as
+ * ln_backward_terms makes them: xhat = (x - m) s, g = dout w, the sums of g
+ * and g xhat, pw += dout xhat, pb += dout; then dx += s (dout w - mg - xhat
+ * mgx) with mg, mgx the folded sums over the width. */
+LN16_INLINE void backward_rows_reg(int V, uint16_t *dx, float *pw, float *pb,
+                                   const uint16_t *dout, const uint16_t *x, const float *w,
+                                   const float *mean, const float *rstd, int64_t rows,
+                                   int64_t dim) {
+    __m512 vw[LN16_REG_VECTORS], vpw[LN16_REG_VECTORS], vpb[LN16_REG_VECTORS];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; v++) {
+        vw[v] = _mm512_loadu_ps(w + 16 * v);
+        vpw[v] = _mm512_loadu_ps(pw + 16 * v);
+        vpb[v] = _mm512_loadu_ps(pb + 16 * v);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * dim, *gr = dout + r * dim;
+        uint16_t *dr = dx + r * dim;
+        const __m512 m = _mm512_set1_ps(mean[r]), s = _mm512_set1_ps(rstd[r]);
+        __m512 xhat[LN16_REG_VECTORS], gj[LN16_REG_VECTORS];
+        __m512 acc_g = _mm512_setzero_ps(), acc_gx = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) {
+            xhat[v] = _mm512_mul_ps(_mm512_sub_ps(load16(xr + 16 * v), m), s);
+            gj[v] = load16(gr + 16 * v);
+            const __m512 g = _mm512_mul_ps(gj[v], vw[v]);
+            acc_g = _mm512_add_ps(acc_g, g);
+            acc_gx = _mm512_fmadd_ps(g, xhat[v], acc_gx);
+            vpw[v] = _mm512_fmadd_ps(gj[v], xhat[v], vpw[v]);
+            vpb[v] = _mm512_add_ps(vpb[v], gj[v]);
+        }
+        const __m512 mg = _mm512_set1_ps(fold16(acc_g) / (float)dim);
+        const __m512 mgx = _mm512_set1_ps(fold16(acc_gx) / (float)dim);
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) {
+            const __m512 inner =
+                _mm512_fnmadd_ps(xhat[v], mgx, _mm512_fmsub_ps(gj[v], vw[v], mg));
+            store16(dr + 16 * v, _mm512_fmadd_ps(s, inner, load16(dr + 16 * v)));
+        }
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < V; v++) {
+        _mm512_storeu_ps(pw + 16 * v, vpw[v]);
+        _mm512_storeu_ps(pb + 16 * v, vpb[v]);
+    }
+}
+
+/* Any multiple of 16: the partials added to in memory (in L1) row by row,
+ * xhat and dout read again in the second pass (the same bits). */
+static void backward_rows_wide(uint16_t *dx, float *pw, float *pb, const uint16_t *dout,
+                               const uint16_t *x, const float *w, const float *mean,
+                               const float *rstd, int64_t rows, int64_t dim) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * dim, *gr = dout + r * dim;
+        uint16_t *dr = dx + r * dim;
+        const __m512 m = _mm512_set1_ps(mean[r]), s = _mm512_set1_ps(rstd[r]);
+        __m512 acc_g = _mm512_setzero_ps(), acc_gx = _mm512_setzero_ps();
+        for (int64_t j = 0; j < dim; j += 16) {
+            const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(load16(xr + j), m), s);
+            const __m512 gj = load16(gr + j);
+            const __m512 g = _mm512_mul_ps(gj, _mm512_loadu_ps(w + j));
+            acc_g = _mm512_add_ps(acc_g, g);
+            acc_gx = _mm512_fmadd_ps(g, xhat, acc_gx);
+            _mm512_storeu_ps(pw + j, _mm512_fmadd_ps(gj, xhat, _mm512_loadu_ps(pw + j)));
+            _mm512_storeu_ps(pb + j, _mm512_add_ps(_mm512_loadu_ps(pb + j), gj));
+        }
+        const __m512 mg = _mm512_set1_ps(fold16(acc_g) / (float)dim);
+        const __m512 mgx = _mm512_set1_ps(fold16(acc_gx) / (float)dim);
+        for (int64_t j = 0; j < dim; j += 16) {
+            const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(load16(xr + j), m), s);
+            const __m512 inner = _mm512_fnmadd_ps(
+                xhat, mgx, _mm512_fmsub_ps(load16(gr + j), _mm512_loadu_ps(w + j), mg));
+            store16(dr + j, _mm512_fmadd_ps(s, inner, load16(dr + j)));
+        }
+    }
+}
+
+static void backward_rows(uint16_t *dx, float *pw, float *pb, const uint16_t *dout,
+                          const uint16_t *x, const float *w, const float *mean, const float *rstd,
+                          int64_t rows, int64_t dim) {
+    switch (dim / 16) {
+    case 1: backward_rows_reg(1, dx, pw, pb, dout, x, w, mean, rstd, rows, dim); break;
+    case 2: backward_rows_reg(2, dx, pw, pb, dout, x, w, mean, rstd, rows, dim); break;
+    case 3: backward_rows_reg(3, dx, pw, pb, dout, x, w, mean, rstd, rows, dim); break;
+    case 4: backward_rows_reg(4, dx, pw, pb, dout, x, w, mean, rstd, rows, dim); break;
+    default: backward_rows_wide(dx, pw, pb, dout, x, w, mean, rstd, rows, dim); break;
+    }
+}
+
+#pragma GCC pop_options
+
+static int runs_here(int64_t dim) {
+    static int has = -1; /* the same in every thread */
+    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("x86-64-v4") != 0;
+        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
+    }
+    return h && dim > 0 && dim % 16 == 0;
+}
+
+int vh_cpu_k_layernorm16_forward_rows(uint16_t *out, float *mean, float *rstd,
+                                      const uint16_t *x, const float *weight, const float *bias,
+                                      int64_t rows, int64_t dim, float eps) {
+    if (!runs_here(dim)) return 0;
+    forward_rows(out, mean, rstd, x, weight, bias, rows, dim, eps);
+    return 1;
+}
+
+int vh_cpu_k_layernorm16_backward_rows(uint16_t *dx, float *pw, float *pb, const uint16_t *dout,
+                                       const uint16_t *x, const float *weight, const float *mean,
+                                       const float *rstd, int64_t rows, int64_t dim) {
+    if (!runs_here(dim)) return 0;
+    backward_rows(dx, pw, pb, dout, x, weight, mean, rstd, rows, dim);
+    return 1;
+}
+#else
+int vh_cpu_k_layernorm16_forward_rows(uint16_t *out, float *mean, float *rstd,
+                                      const uint16_t *x, const float *weight, const float *bias,
+                                      int64_t rows, int64_t dim, float eps) {
+    (void)out, (void)mean, (void)rstd, (void)x, (void)weight, (void)bias, (void)rows, (void)dim;
+    (void)eps;
+    return 0;
+}
+
+int vh_cpu_k_layernorm16_backward_rows(uint16_t *dx, float *pw, float *pb, const uint16_t *dout,
+                                       const uint16_t *x, const float *weight, const float *mean,
+                                       const float *rstd, int64_t rows, int64_t dim) {
+    (void)dx, (void)pw, (void)pb, (void)dout, (void)x, (void)weight, (void)mean, (void)rstd;
+    (void)rows, (void)dim;
+    return 0;
+}
+#endif

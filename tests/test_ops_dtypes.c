@@ -590,78 +590,6 @@ static void test_layernorm_dtypes(void **state) {
     }
 }
 
-/* bf16 layer norm, bit for bit: the math is fp32 whatever the storage, so
- * the bf16 op gives the bits of the f32 op on the widened values, rounded
- * once (out; dx = old dx + the f32 term), and the same f32 mean, rstd and
- * parameter gradients. It holds for every route of the bf16 op (the
- * portable loops' lanes, or layernorm.c's AVX-512 rows where the width is a
- * multiple of 16), which must sum in the f32 op's order: T1's, T2's and
- * T3's widths, the main job's, and one with a vector tail; rows that leave a
- * short block of the forward and a short chunk of the backward. */
-static void layernorm_bf16_bits_case(int64_t rows, int64_t dim) {
-    const int64_t n = rows * dim;
-    tens x = trand(VH_DTYPE_BF16, n, -3, 3), dout = trand(VH_DTYPE_BF16, n, -1, 1);
-    tens dx = trand(VH_DTYPE_BF16, n, -1, 1);
-    for (int64_t r = 0; r < rows; r += 7) /* rows far from 0, as layernorm's shift handles */
-        for (int64_t j = 0; j < dim; j++) tset(&x, r * dim + j, 300.0 + tget(&x, r * dim + j));
-    tens w = trand(VH_DTYPE_F32, dim, 0.5, 1.5), b = trand(VH_DTYPE_F32, dim, -0.5, 0.5);
-    tens x32 = tnew(VH_DTYPE_F32, n), dout32 = tnew(VH_DTYPE_F32, n), dx32 = tnew(VH_DTYPE_F32, n);
-    for (int64_t i = 0; i < n; i++) {
-        tset(&x32, i, tget(&x, i));
-        tset(&dout32, i, tget(&dout, i));
-        tset(&dx32, i, tget(&dx, i));
-    }
-    tens out16 = tnew(VH_DTYPE_BF16, n), out32 = tnew(VH_DTYPE_F32, n);
-    tens mean[2] = {tnew(VH_DTYPE_F32, rows), tnew(VH_DTYPE_F32, rows)};
-    tens rstd[2] = {tnew(VH_DTYPE_F32, rows), tnew(VH_DTYPE_F32, rows)};
-    tens dw[2] = {tnew(VH_DTYPE_F32, dim), tnew(VH_DTYPE_F32, dim)};
-    tens db[2] = {tnew(VH_DTYPE_F32, dim), tnew(VH_DTYPE_F32, dim)};
-    for (int v = 0; v < 2; v++) {
-        const int bf = v == 1;
-        vh_layernorm_args a = {.struct_size = sizeof a, .rows = rows, .dim = dim, .eps = 1e-5f,
-                               .dtype = bf ? VH_DTYPE_BF16 : VH_DTYPE_F32,
-                               .param_dtype = VH_DTYPE_F32, .grad_dtype = VH_DTYPE_F32,
-                               .x = bf ? x.p : x32.p, .weight = w.p, .bias = b.p,
-                               .mean = mean[v].p, .rstd = rstd[v].p,
-                               .out = bf ? out16.p : out32.p, .dout = bf ? dout.p : dout32.p,
-                               .dx = bf ? dx.p : dx32.p, .dweight = dw[v].p, .dbias = db[v].p};
-        assert_int_equal(ops->layernorm_forward(ops->device, &a), VH_STATUS_OK);
-        assert_int_equal(ops->layernorm_backward(ops->device, &a), VH_STATUS_OK);
-    }
-    for (int64_t r = 0; r < rows; r++)
-        if (memcmp((float *)mean[0].p + r, (float *)mean[1].p + r, 4) ||
-            memcmp((float *)rstd[0].p + r, (float *)rstd[1].p + r, 4))
-            fail_msg("layernorm %lldx%lld row %lld: bf16 mean %a rstd %a, f32 %a %a",
-                     (long long)rows, (long long)dim, (long long)r,
-                     (double)((float *)mean[1].p)[r], (double)((float *)rstd[1].p)[r],
-                     (double)((float *)mean[0].p)[r], (double)((float *)rstd[0].p)[r]);
-    for (int64_t i = 0; i < n; i++) {
-        const uint16_t want_out = vh_f32_to_bf16(((float *)out32.p)[i]);
-        const uint16_t want_dx = vh_f32_to_bf16(((float *)dx32.p)[i]);
-        if (((uint16_t *)out16.p)[i] != want_out || ((uint16_t *)dx.p)[i] != want_dx)
-            fail_msg("layernorm %lldx%lld element %lld: bf16 out %#06x dx %#06x, the f32 op's "
-                     "rounded %#06x %#06x",
-                     (long long)rows, (long long)dim, (long long)i, ((uint16_t *)out16.p)[i],
-                     ((uint16_t *)dx.p)[i], want_out, want_dx);
-    }
-    assert_memory_equal(dw[0].p, dw[1].p, (size_t)dim * sizeof(float));
-    assert_memory_equal(db[0].p, db[1].p, (size_t)dim * sizeof(float));
-    tfree(&x), tfree(&dout), tfree(&dx), tfree(&w), tfree(&b), tfree(&x32), tfree(&dout32);
-    tfree(&dx32), tfree(&out16), tfree(&out32);
-    for (int v = 0; v < 2; v++) tfree(&mean[v]), tfree(&rstd[v]), tfree(&dw[v]), tfree(&db[v]);
-}
-
-static void test_layernorm_bf16_bits(void **state) {
-    (void)state;
-    rng_state = 1021;
-    layernorm_bf16_bits_case(203, 64);  /* T1 */
-    layernorm_bf16_bits_case(130, 192); /* T2 */
-    layernorm_bf16_bits_case(70, 384);  /* T3 */
-    layernorm_bf16_bits_case(67, 128);  /* the main job */
-    layernorm_bf16_bits_case(45, 40);   /* a vector tail: the portable loops */
-    layernorm_bf16_bits_case(3, 16);    /* one vector a row, one short block */
-}
-
 /* ---- element-wise ------------------------------------------------------------- */
 
 static void test_eltwise_dtypes(void **state) {
@@ -954,7 +882,7 @@ static void layernorm_16(vh_dtype t, int64_t rows, int64_t dim) {
     const int64_t n = rows * dim;
     float *x = frand(n, -2, 2), *g = frand(n, -1, 1), *d = frand(n, -1, 1);
     float *w = frand(dim, 0.5, 1.5), *b = frand(dim, -0.5, 0.5);
-    float dw16[256] = {0}, db16[256] = {0}, dw32[256] = {0}, db32[256] = {0};
+    float dw16[512] = {0}, db16[512] = {0}, dw32[512] = {0}, db32[512] = {0};
     float *m = malloc((size_t)rows * 8), *r = m + rows, *o = malloc((size_t)n * 4);
     uint16_t *x16 = to16(t, x, n), *g16 = to16(t, g, n), *d16 = to16(t, d, n), *o16 = to16(t, x, n);
     float *xw = widened(t, x16, n), *gw = widened(t, g16, n), *dxw = widened(t, d16, n);
@@ -972,6 +900,75 @@ static void layernorm_16(vh_dtype t, int64_t rows, int64_t dim) {
     assert_memory_equal(db16, db32, sizeof db16);
     free(x), free(g), free(d), free(w), free(b), free(m), free(o), free(x16), free(g16);
     free(d16), free(o16), free(xw), free(gw), free(dxw);
+}
+
+/* The token ops (tokens.c's bf16 kernels where every tensor is bf16, ops.c's
+ * copies for f16 and for patchify): the f32 ops on the widened
+ * values, rounded once, dpos and dcls summed over the batch in f32 first;
+ * gaps between token rows kept. Tokens 1.. are the patches (embed) and the
+ * pooled ones (mean_pool). */
+static void tokens_16(vh_dtype t, int64_t B, int64_t Np, int64_t D, int layout, int64_t gap) {
+    const int64_t T = Np + 1, row = D + gap;
+    const int64_t bs = layout ? row : T * row, ts = layout ? B * row : row, n = B * T * row;
+    const int64_t counts[] = {n, n, B * D, B * Np * D, D, T * D, n, B * Np * D, D, T * D};
+    enum { X, DX, DPOOL, PATCHES, CLS, POS, EMB, DPATCHES, DCLS, DPOS, COUNT };
+    uint16_t *h[COUNT];
+    float *w[COUNT];
+    for (int i = 0; i < COUNT; i++) {
+        float *f = frand(counts[i], -1, 1);
+        h[i] = to16(t, f, counts[i]), w[i] = widened(t, h[i], counts[i]);
+        free(f);
+    }
+    uint16_t *pooled16 = to16(t, w[DPOOL], B * D);
+    float *pooled = malloc((size_t)(B * D) * sizeof(float));
+    assert_non_null(pooled);
+    for (int v = 0; v < 2; v++) {
+        const int narrow = v == 0;
+        const vh_dtype dt = narrow ? t : VH_DTYPE_F32;
+#define TK_AT(i) (narrow ? (void *)h[i] : (void *)w[i])
+        vh_tokens_args a = {.struct_size = sizeof a, .batch = B, .tokens = T, .dim = D,
+                            .batch_stride = bs, .token_stride = ts, .dtype = dt,
+                            .param_dtype = dt, .grad_dtype = dt, .first = 1, .count = Np,
+                            .x = TK_AT(X), .out = narrow ? (void *)pooled16 : (void *)pooled,
+                            .dout = TK_AT(DPOOL), .dx = TK_AT(DX), .num_patches = Np,
+                            .patch_batch_stride = Np * D, .patch_token_stride = D};
+        assert_int_equal(ops->mean_pool_forward(ops->device, &a), VH_STATUS_OK);
+        assert_int_equal(ops->mean_pool_backward(ops->device, &a), VH_STATUS_OK);
+        a.out = TK_AT(EMB), a.patches = TK_AT(PATCHES), a.cls = TK_AT(CLS), a.pos = TK_AT(POS);
+        a.dout = TK_AT(X), a.dpatches = TK_AT(DPATCHES), a.dcls = TK_AT(DCLS);
+        a.dpos = TK_AT(DPOS);
+#undef TK_AT
+        assert_int_equal(ops->embed_forward(ops->device, &a), VH_STATUS_OK);
+        assert_int_equal(ops->embed_backward(ops->device, &a), VH_STATUS_OK);
+    }
+    /* patchify of f32 images into t: each value rounded once (C 3, patch 4,
+     * 8 x 12 images: 6 patches a sample), rows of 48 into token rows of row */
+    const int64_t C = 3, P = 4, H = 8, W = 12, np = 6, prow = C * P * P;
+    if (prow <= row) {
+        float *img = frand(B * C * H * W, -1, 1), *p32 = frand(B * np * row, -1, 1);
+        uint16_t *p16 = to16(t, p32, B * np * row);
+        float *want = widened(t, p16, B * np * row); /* the gaps as the 16-bit rows hold them */
+        const int64_t pbs = layout ? row : np * row, pts = layout ? B * row : row;
+        for (int v = 0; v < 2; v++) {
+            vh_tokens_args pa = {.struct_size = sizeof pa, .batch = B, .tokens = np, .dim = prow,
+                                 .batch_stride = pbs, .token_stride = pts,
+                                 .dtype = v ? t : VH_DTYPE_F32, .image_dtype = VH_DTYPE_F32,
+                                 .out = v ? (void *)p16 : (void *)want, .images = img,
+                                 .channels = C, .height = H, .width = W, .patch = P,
+                                 .num_patches = np};
+            assert_int_equal(ops->patchify(ops->device, &pa), VH_STATUS_OK);
+        }
+        assert_rounded("patchify (gaps kept)", t, p16, want, B * np * row);
+        free(img), free(p32), free(p16), free(want);
+    }
+    assert_rounded("mean_pool", t, pooled16, pooled, B * D);
+    assert_rounded("mean_pool backward (+=, gaps kept)", t, h[DX], w[DX], n);
+    assert_rounded("embed (gaps kept)", t, h[EMB], w[EMB], n);
+    assert_rounded("embed backward dpatches (+=)", t, h[DPATCHES], w[DPATCHES], B * Np * D);
+    assert_rounded("embed backward dcls (+=)", t, h[DCLS], w[DCLS], D);
+    assert_rounded("embed backward dpos (+=)", t, h[DPOS], w[DPOS], T * D);
+    for (int i = 0; i < COUNT; i++) free(h[i]), free(w[i]);
+    free(pooled16), free(pooled);
 }
 
 static void bias_backward_16(vh_dtype t, int64_t rows, int64_t cols) {
@@ -996,6 +993,16 @@ static void test_16bit_is_rounded_f32(void **state) {
         layernorm_16(kTypes[t], 37, 48);     /* under one chunk */
         layernorm_16(kTypes[t], 53, 50);     /* rows past their whole 16-lane sums */
         layernorm_16(kTypes[t], 1001, 192);  /* 16 chunks, a tail, threaded */
+        /* AVX-512's rows (layernorm16.c): T1's 64 (partials in registers),
+         * the main job's 128 and T3's 384 (in memory), one vector */
+        layernorm_16(kTypes[t], 203, 64);
+        layernorm_16(kTypes[t], 67, 128);
+        layernorm_16(kTypes[t], 70, 384);
+        layernorm_16(kTypes[t], 3, 16);
+        tokens_16(kTypes[t], 6, 16, 64, 0, 0); /* T1-like, batch-first */
+        tokens_16(kTypes[t], 5, 9, 300, 1, 0); /* past tokens.c's column chunk, batch-second */
+        tokens_16(kTypes[t], 4, 7, 40, 0, 24); /* gaps between token rows */
+        tokens_16(kTypes[t], 3, 5, 520, 1, 8); /* both */
         bias_backward_16(kTypes[t], 300, 37);
         bias_backward_16(kTypes[t], 4160, 192); /* T2's rows, threaded */
     }
@@ -1568,7 +1575,6 @@ int main(void) {
         cmocka_unit_test(test_gelu_grad16_choice),
         cmocka_unit_test(test_gemm_gelu_bf16_bits),
         cmocka_unit_test(test_layernorm_dtypes),
-        cmocka_unit_test(test_layernorm_bf16_bits),
         cmocka_unit_test(test_eltwise_dtypes),
         cmocka_unit_test(test_dropout_scale_rows_dtypes),
         cmocka_unit_test(test_rows_dtypes),

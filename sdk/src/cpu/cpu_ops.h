@@ -423,6 +423,28 @@ VH_CPU_HIDDEN void vh_cpu_k_embed_backward(float *dpatches, float *dcls, float *
                                            int64_t dim, int64_t batch_stride,
                                            int64_t token_stride, int64_t patch_batch_stride,
                                            int64_t patch_token_stride);
+/* The same on bf16 tensors as stored (every tensor of the call bf16): the
+ * bits of the f32 kernels on widened copies, rounded once. */
+VH_CPU_HIDDEN void vh_cpu_k_mean_pool_forward_bf16(uint16_t *out, const uint16_t *x,
+                                                   int64_t batch, int64_t first, int64_t count,
+                                                   int64_t dim, int64_t batch_stride,
+                                                   int64_t token_stride);
+VH_CPU_HIDDEN void vh_cpu_k_mean_pool_backward_bf16(uint16_t *dx, const uint16_t *dout,
+                                                    int64_t batch, int64_t first, int64_t count,
+                                                    int64_t dim, int64_t batch_stride,
+                                                    int64_t token_stride);
+VH_CPU_HIDDEN void vh_cpu_k_embed_forward_bf16(uint16_t *x, const uint16_t *patches,
+                                               const uint16_t *cls, const uint16_t *pos,
+                                               int64_t batch, int64_t num_patches, int64_t dim,
+                                               int64_t batch_stride, int64_t token_stride,
+                                               int64_t patch_batch_stride,
+                                               int64_t patch_token_stride);
+VH_CPU_HIDDEN void vh_cpu_k_embed_backward_bf16(uint16_t *dpatches, uint16_t *dcls,
+                                                uint16_t *dpos, const uint16_t *dx, int64_t batch,
+                                                int64_t num_patches, int64_t dim,
+                                                int64_t batch_stride, int64_t token_stride,
+                                                int64_t patch_batch_stride,
+                                                int64_t patch_token_stride);
 
 /* ---- ABI 2.1 ops (activations.c) --------------------------------------------- */
 

@@ -16,7 +16,9 @@
  * element-wise ops (rows marked OP_PIECES) convert piece by piece: each
  * thread converts a piece of every tensor into its scratch, runs the kernel
  * on it and stores it back while it is still in L1/L2, and bf16 moves half
- * of f32's bytes. Same kernel, same values, bit for bit.
+ * of f32's bytes. Same kernel, same values, bit for bit. Where even that
+ * costs (GELU, the token ops under AMP), a row names a kernel of its own for
+ * all-bf16 calls, which widens and rounds in its own loops: the same bits.
  *
  * That is one wrapper for every op but the multi-tensor one (op_run); what
  * differs between ops is a row of the table at the end of this file: the
@@ -466,6 +468,33 @@ static void k_embed_backward(const op_call *c, float *const *v) {
                             a->patch_token_stride);
 }
 
+/* All-bf16 token calls: the tensors as stored (c->ptr in row order). */
+static void k_mean_pool_forward_bf16(const op_call *c) {
+    const vh_tokens_args *a = &c->a.tok;
+    vh_cpu_k_mean_pool_forward_bf16(c->ptr[0], c->ptr[1], a->batch, a->first, a->count, a->dim,
+                                    a->batch_stride, a->token_stride);
+}
+
+static void k_mean_pool_backward_bf16(const op_call *c) {
+    const vh_tokens_args *a = &c->a.tok;
+    vh_cpu_k_mean_pool_backward_bf16(c->ptr[0], c->ptr[1], a->batch, a->first, a->count, a->dim,
+                                     a->batch_stride, a->token_stride);
+}
+
+static void k_embed_forward_bf16(const op_call *c) {
+    const vh_tokens_args *a = &c->a.tok;
+    vh_cpu_k_embed_forward_bf16(c->ptr[0], c->ptr[1], c->ptr[2], c->ptr[3], a->batch,
+                                a->num_patches, a->dim, a->batch_stride, a->token_stride,
+                                a->patch_batch_stride, a->patch_token_stride);
+}
+
+static void k_embed_backward_bf16(const op_call *c) {
+    const vh_tokens_args *a = &c->a.tok;
+    vh_cpu_k_embed_backward_bf16(c->ptr[0], c->ptr[1], c->ptr[2], c->ptr[3], a->batch,
+                                 a->num_patches, a->dim, a->batch_stride, a->token_stride,
+                                 a->patch_batch_stride, a->patch_token_stride);
+}
+
 /* ---- the table ------------------------------------------------------------------
  * CPU_OP(name, args struct, dtypes it takes, plan, kernel call, tensors...)
  * defines the row and the entry point vh_cpu_<name> (cpu_ops.h). A tensor is
@@ -491,6 +520,12 @@ static void k_embed_backward(const op_call *c, float *const *v) {
 #define CPU_OP_BF16(name_, kernel_bf16_, type_, dtypes_, plan_, kernel_, ...)               \
     static const cpu_op op_##name_ = {sizeof(type_), offsetof(type_, stream), OP_PIECES,   \
                                       dtypes_, plan_, kernel_, {__VA_ARGS__}, kernel_bf16_}; \
+    CPU_OP_ENTRY(name_, type_)
+
+/* A row (not in pieces) with a kernel of its own for all-bf16 calls. */
+#define CPU_OP_WITH_BF16(name_, kernel_bf16_, type_, dtypes_, plan_, kernel_, ...)          \
+    static const cpu_op op_##name_ = {sizeof(type_), offsetof(type_, stream), 0, dtypes_,   \
+                                      plan_, kernel_, {__VA_ARGS__}, kernel_bf16_};         \
     CPU_OP_ENTRY(name_, type_)
 
 #define TENSOR(type_, ptr_, dtype_, size_, how_) \
@@ -543,20 +578,24 @@ CPU_OP(softmax, vh_rows_args, RW_DTYPES, plan_rows, k_softmax, RW(out, out_dtype
 CPU_OP(softmax_cross_entropy, vh_xent_args, XE_DTYPES, plan_xent, k_softmax_cross_entropy,
        XE(dlogits, ACC | T_NULL_OK), XE(logits, IN | T_NULL_OK))
 
-CPU_OP(mean_pool_forward, vh_tokens_args, TK_DTYPES, plan_mean_pool, k_mean_pool_forward,
-       TK(out, dtype, SZ_POOLED, OUT), TK(x, dtype, SZ_TOKENS, IN))
-CPU_OP(mean_pool_backward, vh_tokens_args, TK_DTYPES, plan_mean_pool, k_mean_pool_backward,
-       TK(dx, dtype, SZ_TOKENS, ACC), TK(dout, dtype, SZ_POOLED, IN))
+CPU_OP_WITH_BF16(mean_pool_forward, k_mean_pool_forward_bf16, vh_tokens_args, TK_DTYPES,
+                 plan_mean_pool, k_mean_pool_forward, TK(out, dtype, SZ_POOLED, OUT),
+                 TK(x, dtype, SZ_TOKENS, IN))
+CPU_OP_WITH_BF16(mean_pool_backward, k_mean_pool_backward_bf16, vh_tokens_args, TK_DTYPES,
+                 plan_mean_pool, k_mean_pool_backward, TK(dx, dtype, SZ_TOKENS, ACC),
+                 TK(dout, dtype, SZ_POOLED, IN))
 /* Token outputs are loaded (ACC) so the gaps between their rows are kept. */
 CPU_OP(patchify, vh_tokens_args, TK_DTYPES, plan_patchify, k_patchify,
        TK(out, dtype, SZ_TOKENS, ACC), TK(images, image_dtype, SZ_IMAGES, IN))
-CPU_OP(embed_forward, vh_tokens_args, TK_DTYPES, plan_embed_forward, k_embed_forward,
-       TK(out, dtype, SZ_TOKENS, ACC), TK(patches, dtype, SZ_PATCHES, IN | T_NULL_OK),
-       TK(cls, param_dtype, SZ_ROW, IN | T_NULL_OK), TK(pos, param_dtype, SZ_POS, IN))
-CPU_OP(embed_backward, vh_tokens_args, TK_DTYPES, plan_embed_backward, k_embed_backward,
-       TK(dpatches, dtype, SZ_PATCHES, ACC | T_NULL_OK),
-       TK(dcls, grad_dtype, SZ_ROW, ACC | T_NULL_OK), TK(dpos, grad_dtype, SZ_POS, ACC),
-       TK(dout, dtype, SZ_TOKENS, IN))
+CPU_OP_WITH_BF16(embed_forward, k_embed_forward_bf16, vh_tokens_args, TK_DTYPES,
+                 plan_embed_forward, k_embed_forward, TK(out, dtype, SZ_TOKENS, ACC),
+                 TK(patches, dtype, SZ_PATCHES, IN | T_NULL_OK),
+                 TK(cls, param_dtype, SZ_ROW, IN | T_NULL_OK), TK(pos, param_dtype, SZ_POS, IN))
+CPU_OP_WITH_BF16(embed_backward, k_embed_backward_bf16, vh_tokens_args, TK_DTYPES,
+                 plan_embed_backward, k_embed_backward,
+                 TK(dpatches, dtype, SZ_PATCHES, ACC | T_NULL_OK),
+                 TK(dcls, grad_dtype, SZ_ROW, ACC | T_NULL_OK), TK(dpos, grad_dtype, SZ_POS, ACC),
+                 TK(dout, dtype, SZ_TOKENS, IN))
 
 /* ---- multi-tensor scale and check --------------------------------------------------
  * Each tensor is cut into fixed chunks; each chunk's sum of squares is kept

@@ -1,41 +1,131 @@
 /* tokens.c - token tensors in either layout: patchify, embedding assembly
  * (class token, patches, position embedding) and mean pooling.
  * Token t of sample b starts at x[b * batch_stride + t * token_stride].
- * fp32 kernels: ops.c reads the arguments and converts other dtypes. */
+ * fp32 kernels, and the same kernels on bf16 tensors as stored, for calls
+ * whose every tensor is bf16 (AMP's): each value widened as it is read,
+ * summed in f32 in the same order, and rounded once as it is stored, so the
+ * bits of ops.c's fp32 copies without their passes over whole tensors.
+ * T1 AMP (Zen 5, 2 threads, `vithost bench --ops`, 3 interleaved pairs, a
+ * slow hour): embed, pooling and their backward 0.45-0.51 -> 0.11-0.14 ms a
+ * step (fp32's: 0.16). patchify (f32 images) keeps ops.c's copies: a row at
+ * a time it was no faster. */
 #include <string.h>
 
 #include "cpu_ops.h"
 
+/* Columns summed at a time in registers or L1 (a row of partial sums). */
+#define TK_COLS 256
+
+/* A value as stored (bf16 when `bf`, else f32), and back. */
+__attribute__((always_inline)) static inline float tk_load(const void *p, int64_t i, int bf) {
+    return bf ? vh_cpu_bf16_widen(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+__attribute__((always_inline)) static inline void tk_store(void *p, int64_t i, float v, int bf) {
+    if (bf)
+        ((uint16_t *)p)[i] = vh_cpu_bf16_round(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* The element offset of token t of sample b, as a pointer of the storage. */
+__attribute__((always_inline)) static inline void *tk_at(const void *p, int64_t offset, int bf) {
+    return (char *)(uintptr_t)p + offset * (bf ? 2 : 4);
+}
+
+/* The row loops, built for each ISA (VH_CPU_CLONES: the baseline's SSE2
+ * took as long for a bf16 row as ops.c's copies did), each for both
+ * storages: y = a + b; acc += x; y += x s; y = acc. No product is fused
+ * into an add (this file is not built with -ffp-contract=fast), so every
+ * clone gives the same bits. */
+#define TK_ROW(bf_, body_)                                                                \
+    do {                                                                                  \
+        if (bf_) {                                                                        \
+            const int bf = 1;                                                             \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) body_;                    \
+        } else {                                                                          \
+            const int bf = 0;                                                             \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) body_;                    \
+        }                                                                                 \
+    } while (0)
+
+VH_CPU_CLONES static void row_add(void *y, const void *a, const void *b, int64_t n, int bf16) {
+    TK_ROW(bf16, tk_store(y, i, tk_load(a, i, bf) + tk_load(b, i, bf), bf));
+}
+
+VH_CPU_CLONES static void row_sum_into(float *acc, const void *x, int64_t n, int bf16) {
+    TK_ROW(bf16, acc[i] += tk_load(x, i, bf));
+}
+
+VH_CPU_CLONES static void row_add_scaled(void *y, const void *x, float s, int64_t n, int bf16) {
+    TK_ROW(bf16, tk_store(y, i, tk_load(y, i, bf) + tk_load(x, i, bf) * s, bf));
+}
+
+VH_CPU_CLONES static void row_add_to(void *y, const void *x, int64_t n, int bf16) {
+    TK_ROW(bf16, tk_store(y, i, tk_load(y, i, bf) + tk_load(x, i, bf), bf));
+}
+
+VH_CPU_CLONES static void row_store(void *y, const float *acc, int64_t n, int bf16) {
+    TK_ROW(bf16, tk_store(y, i, acc[i], bf));
+}
+
+VH_CPU_CLONES static void row_load(float *acc, const void *x, int64_t n, int bf16) {
+    TK_ROW(bf16, acc[i] = tk_load(x, i, bf));
+}
+
+/* out (batch, dim) = the mean of tokens first .. first + count - 1: each
+ * column summed from 0 in token order, then times 1/count. */
+__attribute__((always_inline)) static inline void mean_pool_forward(
+    void *out, const void *x, int64_t batch, int64_t first, int64_t count, int64_t dim,
+    int64_t batch_stride, int64_t token_stride, int bf) {
+    const float inv = 1.0f / (float)count;
+#pragma omp parallel for schedule(static) if (batch * count * dim > VH_CPU_PAR_ELEMS)
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t d0 = 0; d0 < dim; d0 += TK_COLS) {
+            const int64_t w = dim - d0 < TK_COLS ? dim - d0 : TK_COLS;
+            float acc[TK_COLS];
+            memset(acc, 0, sizeof acc);
+            for (int64_t t = first; t < first + count; t++)
+                row_sum_into(acc, tk_at(x, b * batch_stride + t * token_stride + d0, bf), w, bf);
+            for (int64_t d = 0; d < w; d++) acc[d] *= inv;
+            row_store(tk_at(out, b * dim + d0, bf), acc, w, bf);
+        }
+}
+
+/* dx[token] += dout / count for each pooled token. */
+__attribute__((always_inline)) static inline void mean_pool_backward(
+    void *dx, const void *dout, int64_t batch, int64_t first, int64_t count, int64_t dim,
+    int64_t batch_stride, int64_t token_stride, int bf) {
+    const float inv = 1.0f / (float)count;
+#pragma omp parallel for schedule(static) if (batch * count * dim > VH_CPU_PAR_ELEMS)
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t t = first; t < first + count; t++)
+            row_add_scaled(tk_at(dx, b * batch_stride + t * token_stride, bf),
+                           tk_at(dout, b * dim, bf), inv, dim, bf);
+}
+
 void vh_cpu_k_mean_pool_forward(float *out, const float *x, int64_t batch,
                                 int64_t first, int64_t count, int64_t dim,
                                 int64_t batch_stride, int64_t token_stride) {
-    const float inv = 1.0f / (float)count;
-#pragma omp parallel for schedule(static) if (batch * count * dim > VH_CPU_PAR_ELEMS)
-    for (int64_t b = 0; b < batch; b++) {
-        float *o = out + b * dim;
-        memset(o, 0, (size_t)dim * sizeof(float));
-        for (int64_t t = first; t < first + count; t++) {
-            const float *xt = x + b * batch_stride + t * token_stride;
-#pragma omp simd
-            for (int64_t d = 0; d < dim; d++) o[d] += xt[d];
-        }
-        for (int64_t d = 0; d < dim; d++) o[d] *= inv;
-    }
+    mean_pool_forward(out, x, batch, first, count, dim, batch_stride, token_stride, 0);
+}
+
+void vh_cpu_k_mean_pool_forward_bf16(uint16_t *out, const uint16_t *x, int64_t batch,
+                                     int64_t first, int64_t count, int64_t dim,
+                                     int64_t batch_stride, int64_t token_stride) {
+    mean_pool_forward(out, x, batch, first, count, dim, batch_stride, token_stride, 1);
 }
 
 void vh_cpu_k_mean_pool_backward(float *dx, const float *dout,
                                  int64_t batch, int64_t first, int64_t count, int64_t dim,
                                  int64_t batch_stride, int64_t token_stride) {
-    const float inv = 1.0f / (float)count;
-#pragma omp parallel for schedule(static) if (batch * count * dim > VH_CPU_PAR_ELEMS)
-    for (int64_t b = 0; b < batch; b++) {
-        const float *g = dout + b * dim;
-        for (int64_t t = first; t < first + count; t++) {
-            float *dt = dx + b * batch_stride + t * token_stride;
-#pragma omp simd
-            for (int64_t d = 0; d < dim; d++) dt[d] += g[d] * inv;
-        }
-    }
+    mean_pool_backward(dx, dout, batch, first, count, dim, batch_stride, token_stride, 0);
+}
+
+void vh_cpu_k_mean_pool_backward_bf16(uint16_t *dx, const uint16_t *dout, int64_t batch,
+                                      int64_t first, int64_t count, int64_t dim,
+                                      int64_t batch_stride, int64_t token_stride) {
+    mean_pool_backward(dx, dout, batch, first, count, dim, batch_stride, token_stride, 1);
 }
 
 void vh_cpu_k_patchify(float *out, const float *images, int64_t batch,
@@ -57,48 +147,85 @@ void vh_cpu_k_patchify(float *out, const float *images, int64_t batch,
     }
 }
 
-void vh_cpu_k_embed_forward(float *x, const float *patches,
-                            const float *cls, const float *pos, int64_t batch,
-                            int64_t num_patches, int64_t dim, int64_t batch_stride,
-                            int64_t token_stride, int64_t patch_batch_stride,
-                            int64_t patch_token_stride) {
+/* x[token] = (cls, or the patch) + pos[token]. */
+__attribute__((always_inline)) static inline void embed_forward(
+    void *x, const void *patches, const void *cls, const void *pos, int64_t batch,
+    int64_t num_patches, int64_t dim, int64_t batch_stride, int64_t token_stride,
+    int64_t patch_batch_stride, int64_t patch_token_stride, int bf) {
     const int64_t off = cls ? 1 : 0, tokens = num_patches + off;
 #pragma omp parallel for schedule(static) if (batch * tokens * dim > VH_CPU_PAR_ELEMS)
     for (int64_t bt = 0; bt < batch * tokens; bt++) {
         const int64_t b = bt / tokens, t = bt % tokens;
-        const float *src =
-            t < off ? cls : patches + b * patch_batch_stride + (t - off) * patch_token_stride;
-        const float *pt = pos + t * dim;
-        float *dst = x + b * batch_stride + t * token_stride;
-#pragma omp simd
-        for (int64_t d = 0; d < dim; d++) dst[d] = src[d] + pt[d];
+        const void *src = t < off ? cls
+                                  : tk_at(patches,
+                                          b * patch_batch_stride + (t - off) * patch_token_stride,
+                                          bf);
+        row_add(tk_at(x, b * batch_stride + t * token_stride, bf), src, tk_at(pos, t * dim, bf),
+                dim, bf);
     }
 }
 
-/* Parallel over tokens: each token's dpos (and dcls) sums samples in order. */
-void vh_cpu_k_embed_backward(float *dpatches, float *dcls, float *dpos,
-                             const float *dx, int64_t batch, int64_t num_patches,
-                             int64_t dim, int64_t batch_stride, int64_t token_stride,
-                             int64_t patch_batch_stride, int64_t patch_token_stride) {
+/* Parallel over tokens: each token's dpos (and dcls) sums samples in order,
+ * from its stored value, in f32, and is stored once; each dpatch is added
+ * to once. */
+__attribute__((always_inline)) static inline void embed_backward(
+    void *dpatches, void *dcls, void *dpos, const void *dx, int64_t batch, int64_t num_patches,
+    int64_t dim, int64_t batch_stride, int64_t token_stride, int64_t patch_batch_stride,
+    int64_t patch_token_stride, int bf) {
     const int64_t off = dcls ? 1 : 0, tokens = num_patches + off;
 #pragma omp parallel for schedule(static) if (batch * tokens * dim > VH_CPU_PAR_ELEMS)
-    for (int64_t t = 0; t < tokens; t++) {
-        float *dp = dpos + t * dim;
-        float *dc = t < off ? dcls : NULL;
-        for (int64_t b = 0; b < batch; b++) {
-            const float *g = dx + b * batch_stride + t * token_stride;
-            float *dpt = t < off ? NULL
-                                 : dpatches + b * patch_batch_stride +
-                                       (t - off) * patch_token_stride;
-            if (dc) {
-#pragma omp simd
-                for (int64_t d = 0; d < dim; d++) dc[d] += g[d];
-            } else {
-#pragma omp simd
-                for (int64_t d = 0; d < dim; d++) dpt[d] += g[d];
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t d0 = 0; d0 < dim; d0 += TK_COLS) {
+            const int64_t w = dim - d0 < TK_COLS ? dim - d0 : TK_COLS;
+            void *dp = tk_at(dpos, t * dim + d0, bf);
+            void *dc = t < off ? tk_at(dcls, d0, bf) : NULL;
+            float acc_p[TK_COLS], acc_c[TK_COLS];
+            row_load(acc_p, dp, w, bf);
+            if (dc) row_load(acc_c, dc, w, bf);
+            for (int64_t b = 0; b < batch; b++) {
+                const void *g = tk_at(dx, b * batch_stride + t * token_stride + d0, bf);
+                if (dc)
+                    row_sum_into(acc_c, g, w, bf);
+                else
+                    row_add_to(tk_at(dpatches,
+                                     b * patch_batch_stride + (t - off) * patch_token_stride + d0,
+                                     bf),
+                               g, w, bf);
+                row_sum_into(acc_p, g, w, bf);
             }
-#pragma omp simd
-            for (int64_t d = 0; d < dim; d++) dp[d] += g[d];
+            row_store(dp, acc_p, w, bf);
+            if (dc) row_store(dc, acc_c, w, bf);
         }
-    }
+}
+
+void vh_cpu_k_embed_forward(float *x, const float *patches, const float *cls, const float *pos,
+                            int64_t batch, int64_t num_patches, int64_t dim, int64_t batch_stride,
+                            int64_t token_stride, int64_t patch_batch_stride,
+                            int64_t patch_token_stride) {
+    embed_forward(x, patches, cls, pos, batch, num_patches, dim, batch_stride, token_stride,
+                  patch_batch_stride, patch_token_stride, 0);
+}
+
+void vh_cpu_k_embed_forward_bf16(uint16_t *x, const uint16_t *patches, const uint16_t *cls,
+                                 const uint16_t *pos, int64_t batch, int64_t num_patches,
+                                 int64_t dim, int64_t batch_stride, int64_t token_stride,
+                                 int64_t patch_batch_stride, int64_t patch_token_stride) {
+    embed_forward(x, patches, cls, pos, batch, num_patches, dim, batch_stride, token_stride,
+                  patch_batch_stride, patch_token_stride, 1);
+}
+
+void vh_cpu_k_embed_backward(float *dpatches, float *dcls, float *dpos, const float *dx,
+                             int64_t batch, int64_t num_patches, int64_t dim,
+                             int64_t batch_stride, int64_t token_stride,
+                             int64_t patch_batch_stride, int64_t patch_token_stride) {
+    embed_backward(dpatches, dcls, dpos, dx, batch, num_patches, dim, batch_stride, token_stride,
+                   patch_batch_stride, patch_token_stride, 0);
+}
+
+void vh_cpu_k_embed_backward_bf16(uint16_t *dpatches, uint16_t *dcls, uint16_t *dpos,
+                                  const uint16_t *dx, int64_t batch, int64_t num_patches,
+                                  int64_t dim, int64_t batch_stride, int64_t token_stride,
+                                  int64_t patch_batch_stride, int64_t patch_token_stride) {
+    embed_backward(dpatches, dcls, dpos, dx, batch, num_patches, dim, batch_stride, token_stride,
+                   patch_batch_stride, patch_token_stride, 1);
 }

@@ -526,6 +526,9 @@ def main():
                     if run:
                         run["round"] = r
                         vruns[p][n].append(run)
+                        gelu = run.get("engine", {}).get("gelu_grad")
+                        if gelu:  # the process's own race (gelu_grad16.c)
+                            print(f"  vithost {n} {PRECISIONS[p]}: {gelu}", flush=True)
                 for t in peers if key else []:
                     # the peer of record's GEMM time in its step, in the last round only
                     profile = t is peers[0] and r == rounds - 1

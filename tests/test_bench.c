@@ -174,6 +174,20 @@ static void test_bench_json(void **state) {
     assert_int_equal(count(out, "\n"), 1); /* one object, nothing else on stdout */
     check_bench_object(out, 0.5);
     assert_non_null(strstr(out, "\"peak_source\": \"run.peak_tflops\""));
+    /* the CPU engine's choices, as the text says them; gelu' only under bf16 */
+    assert_non_null(strstr(out, "\"engine\": {\"gemm\": \"f32 GEMM: "));
+    assert_non_null(strstr(out, "\"attention\": \""));
+    assert_non_null(strstr(out, "\"bands\": \""));
+    assert_null(strstr(out, "\"gelu_grad\""));
+    free(out);
+    free(err);
+    rc = vithost("bench tiny.yaml --json --steps 3 --warmup 1 --set precision.plugin=amp");
+    out = tmp_text("out"), err = tmp_text("err");
+    if (rc != 0) fail_msg("exit %d: %s%s", rc, out, err);
+    assert_int_equal(count(out, "\n"), 1);
+    assert_non_null(strstr(out, "\"compute_dtype\": \"bf16\""));
+    assert_non_null(strstr(out, "\"engine\": {\"gemm\": \"bf16 GEMM: "));
+    assert_non_null(strstr(out, "\"gelu_grad\": \"bf16 gelu': "));
     free(out);
     free(err);
 }

@@ -344,6 +344,19 @@ void bench_print_json(const vh_run *run, const vh_bench_result *r, FILE *out) {
     json_string(out, "compute_dtype", vh_dtype_name(r->compute_dtype), ", ");
     json_string(out, "device", run->device ? run->device->name : "?", ", ");
     json_string(out, "recipe", run->recipe.file ? run->recipe.file : "", "");
+    if (run->device && run->device->kind == VH_DEVICE_KIND_CPU) {
+        /* the engine's choices, as bench_print's lines say them (bench_step.py
+         * shows the gelu' one beside each AMP run) */
+        char line[512];
+        fputs(", \"engine\": {", out);
+        json_string(out, "gemm", vh_cpu_gemm16_summary(r->compute_dtype, line, sizeof line), ", ");
+        json_string(out, "attention", vh_cpu_attention_routes(line, sizeof line), ", ");
+        json_string(out, "bands", vh_cpu_gemm_bands_summary(line, sizeof line),
+                    r->compute_dtype == VH_DTYPE_BF16 ? ", " : "");
+        if (r->compute_dtype == VH_DTYPE_BF16)
+            json_string(out, "gelu_grad", vh_cpu_gelu_grad16_summary(line, sizeof line), "");
+        fputc('}', out);
+    }
     if (r->ops) {
         fputs(", \"ops\": ", out);
         op_stats_print_json(r->ops, out);

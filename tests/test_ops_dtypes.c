@@ -24,6 +24,7 @@
  * that is the route of a CPU without it (bf16 converted to f32), which must
  * give the same results within the same tolerances.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <omp.h>
 #include <setjmp.h>
@@ -590,6 +591,63 @@ static void test_layernorm_dtypes(void **state) {
     }
 }
 
+/* layernorm_avx512.c's rows against the portable loops
+ * (VITHOST_CPU_LAYERNORM=portable, read at every call), bit for bit: out,
+ * mean, rstd, dx and the parameter gradients, f32 and bf16, at widths of 1
+ * to 4 vectors (partials in registers) and more (T3's 384), over chunks
+ * and a short one. Where this CPU lacks AVX-512 (and for f32 past width 64)
+ * both calls run the loops. */
+static void layernorm_routes_case(vh_dtype t, int64_t rows, int64_t dim) {
+    const int64_t n = rows * dim;
+    tens x = trand(t, n, -3, 3), dout = trand(t, n, -1, 1), dx0 = trand(t, n, -1, 1);
+    for (int64_t r = 0; r < rows; r += 5) /* rows far from 0 */
+        for (int64_t j = 0; j < dim; j++) tset(&x, r * dim + j, 300.0 + tget(&x, r * dim + j));
+    tens w = trand(VH_DTYPE_F32, dim, 0.5, 1.5), b = trand(VH_DTYPE_F32, dim, -0.5, 0.5);
+    const size_t es = vh_dtype_size(t);
+    tens out[2], dx[2], mean[2], rstd[2], dw[2], db[2];
+    for (int v = 0; v < 2; v++) {
+        out[v] = tnew(t, n), dx[v] = tnew(t, n);
+        memcpy(dx[v].p, dx0.p, (size_t)n * es);
+        mean[v] = tnew(VH_DTYPE_F32, rows), rstd[v] = tnew(VH_DTYPE_F32, rows);
+        dw[v] = tnew(VH_DTYPE_F32, dim), db[v] = tnew(VH_DTYPE_F32, dim);
+        if (v) setenv("VITHOST_CPU_LAYERNORM", "portable", 1);
+        vh_layernorm_args a = {.struct_size = sizeof a, .rows = rows, .dim = dim, .eps = 1e-5f,
+                               .dtype = t, .param_dtype = VH_DTYPE_F32,
+                               .grad_dtype = VH_DTYPE_F32, .x = x.p, .weight = w.p,
+                               .bias = b.p, .mean = mean[v].p, .rstd = rstd[v].p,
+                               .out = out[v].p, .dout = dout.p, .dx = dx[v].p,
+                               .dweight = dw[v].p, .dbias = db[v].p};
+        assert_int_equal(ops->layernorm_forward(ops->device, &a), VH_STATUS_OK);
+        assert_int_equal(ops->layernorm_backward(ops->device, &a), VH_STATUS_OK);
+        unsetenv("VITHOST_CPU_LAYERNORM");
+    }
+    const struct { const char *name; tens *v; size_t bytes; } parts[] = {
+        {"out", out, (size_t)n * es},           {"dx (+=)", dx, (size_t)n * es},
+        {"mean", mean, (size_t)rows * 4},       {"rstd", rstd, (size_t)rows * 4},
+        {"dweight (+=)", dw, (size_t)dim * 4},  {"dbias (+=)", db, (size_t)dim * 4}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (memcmp(parts[i].v[0].p, parts[i].v[1].p, parts[i].bytes))
+            fail_msg("layernorm %s %lld x %lld: %s differs between the AVX-512 rows and the "
+                     "portable loops", vh_dtype_name(t), (long long)rows, (long long)dim,
+                     parts[i].name);
+    for (int v = 0; v < 2; v++) {
+        tfree(&out[v]), tfree(&dx[v]), tfree(&mean[v]), tfree(&rstd[v]);
+        tfree(&dw[v]), tfree(&db[v]);
+    }
+    tfree(&x), tfree(&dout), tfree(&dx0), tfree(&w), tfree(&b);
+}
+
+static void test_layernorm_routes(void **state) {
+    (void)state;
+    rng_state = 1021;
+    static const vh_dtype types[2] = {VH_DTYPE_F32, VH_DTYPE_BF16};
+    static const int64_t shapes[][2] = {{3, 16}, {203, 32}, {150, 48}, {203, 64},
+                                        {67, 128}, {130, 192}, {70, 384}, {45, 40}};
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            layernorm_routes_case(types[t], shapes[i][0], shapes[i][1]);
+}
+
 /* ---- element-wise ------------------------------------------------------------- */
 
 static void test_eltwise_dtypes(void **state) {
@@ -993,8 +1051,8 @@ static void test_16bit_is_rounded_f32(void **state) {
         layernorm_16(kTypes[t], 37, 48);     /* under one chunk */
         layernorm_16(kTypes[t], 53, 50);     /* rows past their whole 16-lane sums */
         layernorm_16(kTypes[t], 1001, 192);  /* 16 chunks, a tail, threaded */
-        /* AVX-512's rows (layernorm16.c): T1's 64 (partials in registers),
-         * the main job's 128 and T3's 384 (in memory), one vector */
+        /* AVX-512's rows (layernorm_avx512.c): T1's 64 (partials in
+         * registers), the main job's 128 and T3's 384 (in memory), one vector */
         layernorm_16(kTypes[t], 203, 64);
         layernorm_16(kTypes[t], 67, 128);
         layernorm_16(kTypes[t], 70, 384);
@@ -1575,6 +1633,7 @@ int main(void) {
         cmocka_unit_test(test_gelu_grad16_choice),
         cmocka_unit_test(test_gemm_gelu_bf16_bits),
         cmocka_unit_test(test_layernorm_dtypes),
+        cmocka_unit_test(test_layernorm_routes),
         cmocka_unit_test(test_eltwise_dtypes),
         cmocka_unit_test(test_dropout_scale_rows_dtypes),
         cmocka_unit_test(test_rows_dtypes),

@@ -327,20 +327,21 @@ VH_CPU_HIDDEN int vh_cpu_k_layernorm_backward(vh_cpu_rows dx, float *dweight, fl
                                               vh_cpu_rows dout, vh_cpu_rows x,
                                               const float *weight, const float *mean,
                                               const float *rstd, int64_t rows, int64_t dim);
-/* layernorm16.c: bf16 rows of both passes with AVX-512 (layernorm.c's bits),
- * for the caller's thread: the forward's rows, and the backward's with the
- * chunk's parameter-gradient partials pw, pb added to. 1 where they ran; 0
- * where the width is not a multiple of 16, on another CPU, and in an
- * unoptimised build (the caller then takes its own loops). */
-VH_CPU_HIDDEN int vh_cpu_k_layernorm16_forward_rows(uint16_t *out, float *mean, float *rstd,
-                                                    const uint16_t *x, const float *weight,
-                                                    const float *bias, int64_t rows,
-                                                    int64_t dim, float eps);
-VH_CPU_HIDDEN int vh_cpu_k_layernorm16_backward_rows(uint16_t *dx, float *pw, float *pb,
-                                                     const uint16_t *dout, const uint16_t *x,
-                                                     const float *weight, const float *mean,
-                                                     const float *rstd, int64_t rows,
-                                                     int64_t dim);
+/* layernorm_avx512.c: rows of both passes with AVX-512 (layernorm.c's
+ * bits), f32 or (bf16 1) bf16, for the caller's thread: the forward's rows,
+ * and the backward's with the chunk's parameter-gradient partials pw, pb
+ * added to. 1 where they ran; 0 where the width is not a multiple of 16
+ * (f32: or past 64), on another CPU, with VITHOST_CPU_LAYERNORM=portable,
+ * and in an unoptimised build (the caller then takes its own loops). */
+VH_CPU_HIDDEN int vh_cpu_k_layernorm_avx512_forward_rows(void *out, float *mean, float *rstd,
+                                                         const void *x, const float *weight,
+                                                         const float *bias, int64_t rows,
+                                                         int64_t dim, float eps, int bf16);
+VH_CPU_HIDDEN int vh_cpu_k_layernorm_avx512_backward_rows(void *dx, float *pw, float *pb,
+                                                          const void *dout, const void *x,
+                                                          const float *weight, const float *mean,
+                                                          const float *rstd, int64_t rows,
+                                                          int64_t dim, int bf16);
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward(float *out, const float *x, int64_t n);
 /* The same on the caller's thread (for rows inside a parallel loop). */
 VH_CPU_HIDDEN void vh_cpu_k_gelu_forward_serial(float *out, const float *x, int64_t n);

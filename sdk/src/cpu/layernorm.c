@@ -6,7 +6,8 @@
  * x, out, dout and dx come as stored (vh_cpu_rows: a 16-bit block of rows is
  * widened in the thread's scratch and narrowed back while in cache; bf16
  * rows of the backward pass are widened in registers instead; with AVX-512
- * and a width that is a multiple of 16, layernorm16.c's rows, the same bits);
+ * and a width that is a multiple of 16, layernorm_avx512.c's rows, f32 or
+ * bf16, the same bits);
  * the math and the statistics are fp32 whatever the storage. */
 #include <math.h>
 #include <stddef.h>
@@ -130,8 +131,8 @@ int vh_cpu_k_layernorm_forward(vh_cpu_rows out, float *mean, float *rstd, vh_cpu
         if (x.dtype == VH_DTYPE_BF16 && out.dtype == VH_DTYPE_BF16 && x.p && out.p) {
             uint16_t *o = (uint16_t *)out.p + r0 * dim;
             const uint16_t *xb = (const uint16_t *)x.p + r0 * dim;
-            if (!vh_cpu_k_layernorm16_forward_rows(o, mean + r0, rstd + r0, xb, weight, bias, n,
-                                                   dim, eps))
+            if (!vh_cpu_k_layernorm_avx512_forward_rows(o, mean + r0, rstd + r0, xb, weight,
+                                                        bias, n, dim, eps, 1))
                 layernorm_rows_bf16(o, mean + r0, rstd + r0, xb, weight, bias, n, dim, eps);
             continue;
         }
@@ -139,7 +140,9 @@ int vh_cpu_k_layernorm_forward(vh_cpu_rows out, float *mean, float *rstd, vh_cpu
         const float *xb = vh_cpu_rows_load(x, r0, n, dim, 1);
         float *ob = vh_cpu_rows_load(out, r0, n, dim, 0);
         if (xb && ob) {
-            layernorm_rows_f32(ob, mean + r0, rstd + r0, xb, weight, bias, n, dim, eps);
+            if (!vh_cpu_k_layernorm_avx512_forward_rows(ob, mean + r0, rstd + r0, xb, weight,
+                                                        bias, n, dim, eps, 0))
+                layernorm_rows_f32(ob, mean + r0, rstd + r0, xb, weight, bias, n, dim, eps);
             vh_cpu_rows_store(out, r0, n, dim, ob);
         } else {
             failed = 1;
@@ -226,8 +229,8 @@ static int layernorm_backward_chunk(vh_cpu_rows dx, float *pw, vh_cpu_rows dout,
         const int64_t o = r0 * dim;
         uint16_t *d = (uint16_t *)dx.p + o;
         const uint16_t *g = (const uint16_t *)dout.p + o, *xr = (const uint16_t *)x.p + o;
-        if (!vh_cpu_k_layernorm16_backward_rows(d, pw, pw + dim, g, xr, weight, mean + r0,
-                                                rstd + r0, n, dim))
+        if (!vh_cpu_k_layernorm_avx512_backward_rows(d, pw, pw + dim, g, xr, weight, mean + r0,
+                                                     rstd + r0, n, dim, 1))
             layernorm_backward_rows_bf16(d, pw, pw + dim, g, xr, weight, mean + r0, rstd + r0,
                                          n, dim);
         return 0;
@@ -239,11 +242,11 @@ static int layernorm_backward_chunk(vh_cpu_rows dx, float *pw, vh_cpu_rows dout,
         const float *gb = vh_cpu_rows_load(dout, s, m, dim, 1);
         const float *xb = vh_cpu_rows_load(x, s, m, dim, 1);
         const int ok = db && gb && xb;
-        if (ok) {
+        if (ok && !vh_cpu_k_layernorm_avx512_backward_rows(db, pw, pw + dim, gb, xb, weight,
+                                                           mean + s, rstd + s, m, dim, 0))
             layernorm_backward_rows_f32(db, pw, pw + dim, gb, xb, weight, mean + s, rstd + s, m,
                                         dim);
-            vh_cpu_rows_store(dx, s, m, dim, db);
-        }
+        if (ok) vh_cpu_rows_store(dx, s, m, dim, db);
         vh_cpu_scratch_end(mark);
         if (!ok) return -1;
     }

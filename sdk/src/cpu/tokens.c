@@ -28,7 +28,8 @@ __attribute__((always_inline)) static inline void tk_store(void *p, int64_t i, f
         ((float *)p)[i] = v;
 }
 
-/* The element offset of token t of sample b, as a pointer of the storage. */
+/* Element `offset` of a tensor as stored (a token's row: b * batch_stride +
+ * t * token_stride). */
 __attribute__((always_inline)) static inline void *tk_at(const void *p, int64_t offset, int bf) {
     return (char *)(uintptr_t)p + offset * (bf ? 2 : 4);
 }

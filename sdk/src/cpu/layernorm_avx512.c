@@ -42,31 +42,31 @@
 
 #include "bf16_round_avx512.h"
 
-#define LN16_INLINE __attribute__((always_inline)) static inline
+#define LNV_INLINE __attribute__((always_inline)) static inline
 
 /* Registers hold the partials and a row's vectors up to this many vectors. */
-#define LN16_REG_VECTORS 4
+#define LNV_REG_VECTORS 4
 
 /* 16 values at element i of a row as stored (bf16 when `bf`, else f32),
  * and back (bf16 rounded to nearest even, as vh_cpu_bf16_round). */
-LN16_INLINE __m512 load16(const void *p, int64_t i, int bf) {
+LNV_INLINE __m512 load16(const void *p, int64_t i, int bf) {
     return bf ? vh_avx512_widen_bf16(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
               : _mm512_loadu_ps((const float *)p + i);
 }
 
-LN16_INLINE void store16(void *p, int64_t i, __m512 v, int bf) {
+LNV_INLINE void store16(void *p, int64_t i, __m512 v, int bf) {
     if (bf)
         _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), vh_avx512_round_bf16(v));
     else
         _mm512_storeu_ps((float *)p + i, v);
 }
 
-LN16_INLINE const void *row_at(const void *p, int64_t r, int64_t dim, int bf) {
+LNV_INLINE const void *row_at(const void *p, int64_t r, int64_t dim, int bf) {
     return (const char *)p + (size_t)(r * dim) * (bf ? 2 : 4);
 }
 
 /* ln_fold: lanes l and l + 8, then l and l + 4, then (0 + 2) + (1 + 3). */
-LN16_INLINE float fold16(__m512 a) {
+LNV_INLINE float fold16(__m512 a) {
     const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
     const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     const __m128 s = _mm_add_ps(q, _mm_movehl_ps(q, q)); /* q0 + q2, q1 + q3 */
@@ -78,7 +78,7 @@ LN16_INLINE float fold16(__m512 a) {
  * passes), then the outputs, so that each row's fold overlaps the next
  * row's sums: one row at a time, each waited on its own (T1's 6400 x 64
  * bf16, 2 threads: 72 against 56 us a call with the portable loops). */
-LN16_INLINE void forward_rows(void *y, float *mean, float *rstd, const void *x, const float *w,
+LNV_INLINE void forward_rows(void *y, float *mean, float *rstd, const void *x, const float *w,
                               const float *b, int64_t rows, int64_t dim, float eps, int bf) {
     const int64_t vectors = dim / 16;
     for (int64_t r = 0; r < rows; r++) {
@@ -113,7 +113,7 @@ LN16_INLINE void forward_rows(void *y, float *mean, float *rstd, const void *x, 
     }
 }
 
-/* Backward rows of V vectors (V <= LN16_REG_VECTORS, a constant after
+/* Backward rows of V vectors (V <= LNV_REG_VECTORS, a constant after
  * inlining; the partials pw, pb in registers over the rows, each row's xhat
  * and dout kept between its two passes), or of any multiple of 16 with V 0
  * (the partials added to in memory, in L1, row by row; xhat and dout read
@@ -121,10 +121,10 @@ LN16_INLINE void forward_rows(void *y, float *mean, float *rstd, const void *x, 
  * (x - m) s, g = dout w, the sums of g and g xhat, pw += dout xhat, pb +=
  * dout; then dx += s (dout w - mg - xhat mgx) with mg, mgx the folded sums
  * over the width. */
-LN16_INLINE void backward_rows_v(int V, void *dx, float *pw, float *pb, const void *dout,
+LNV_INLINE void backward_rows_v(int V, void *dx, float *pw, float *pb, const void *dout,
                                  const void *x, const float *w, const float *mean,
                                  const float *rstd, int64_t rows, int64_t dim, int bf) {
-    __m512 vw[LN16_REG_VECTORS], vpw[LN16_REG_VECTORS], vpb[LN16_REG_VECTORS];
+    __m512 vw[LNV_REG_VECTORS], vpw[LNV_REG_VECTORS], vpb[LNV_REG_VECTORS];
 #pragma GCC unroll 4
     for (int v = 0; v < V; v++) {
         vw[v] = _mm512_loadu_ps(w + 16 * v);
@@ -135,7 +135,7 @@ LN16_INLINE void backward_rows_v(int V, void *dx, float *pw, float *pb, const vo
         const void *xr = row_at(x, r, dim, bf), *gr = row_at(dout, r, dim, bf);
         void *dr = (void *)(uintptr_t)row_at(dx, r, dim, bf);
         const __m512 m = _mm512_set1_ps(mean[r]), s = _mm512_set1_ps(rstd[r]);
-        __m512 xhat[LN16_REG_VECTORS], gj[LN16_REG_VECTORS];
+        __m512 xhat[LNV_REG_VECTORS], gj[LNV_REG_VECTORS];
         __m512 acc_g = _mm512_setzero_ps(), acc_gx = _mm512_setzero_ps();
         if (V) {
 #pragma GCC unroll 4
@@ -185,7 +185,7 @@ LN16_INLINE void backward_rows_v(int V, void *dx, float *pw, float *pb, const vo
 }
 
 /* Each storage's code built apart (bf a constant in each). */
-#define LN16_BACKWARD(bf_)                                                                   \
+#define LNV_ROWS(bf_)                                                                   \
     static void backward_rows_##bf_(void *dx, float *pw, float *pb, const void *dout,         \
                                     const void *x, const float *w, const float *mean,         \
                                     const float *rstd, int64_t rows, int64_t dim) {           \
@@ -202,9 +202,9 @@ LN16_INLINE void backward_rows_v(int V, void *dx, float *pw, float *pb, const vo
                                    float eps) {                                               \
         forward_rows(y, mean, rstd, x, w, b, rows, dim, eps, bf_);                            \
     }
-LN16_BACKWARD(0)
-LN16_BACKWARD(1)
-#undef LN16_BACKWARD
+LNV_ROWS(0)
+LNV_ROWS(1)
+#undef LNV_ROWS
 
 #pragma GCC pop_options
 
@@ -236,7 +236,7 @@ static int runs_here(int64_t dim, int bf16) {
         h = __builtin_cpu_supports("x86-64-v4") != 0;
         __atomic_store_n(&has, h, __ATOMIC_RELAXED);
     }
-    return h && dim > 0 && dim % 16 == 0 && (bf16 || dim / 16 <= LN16_REG_VECTORS) && wanted();
+    return h && dim > 0 && dim % 16 == 0 && (bf16 || dim / 16 <= LNV_REG_VECTORS) && wanted();
 }
 
 int vh_cpu_k_layernorm_avx512_forward_rows(void *out, float *mean, float *rstd, const void *x,

@@ -5,10 +5,10 @@
  * order, so the result does not depend on the number of threads.
  * x, out, dout and dx come as stored (vh_cpu_rows: a 16-bit block of rows is
  * widened in the thread's scratch and narrowed back while in cache; bf16
- * rows of the backward pass are widened in registers instead; with AVX-512
- * and a width that is a multiple of 16, layernorm_avx512.c's rows, f32 or
- * bf16, the same bits);
- * the math and the statistics are fp32 whatever the storage. */
+ * rows are widened in registers instead). With AVX-512, bf16 rows of a width
+ * that is a multiple of 16, and f32 rows of 16-64, take layernorm_avx512.c's
+ * rows, the same bits. The math and the statistics are fp32 whatever the
+ * storage. */
 #include <math.h>
 #include <stddef.h>
 #include <string.h>

@@ -16,7 +16,8 @@ What one run prints (a benchmark, not a test: ctest never runs it):
 3. per configuration and per vithost precision policy (--precision, a comma list: fp32, amp
    (bf16), fp16), the images/s of full training steps (data, forward, backward, AdamW):
    vithost through `vithost bench --json` (synthetic data, ddp, mta adamw; the median step after
-   the warm-up) and PyTorch through bench/torch/train_step.py (fp32, and bf16 autocast), each
+   the warm-up; each run's line also gives bench/probe_threads' round trip between two threads
+   just before it) and PyTorch through bench/torch/train_step.py (fp32, and bf16 autocast), each
    PyTorch case run with libgomp's default wait policy and with OMP_WAIT_POLICY=PASSIVE, the
    faster counted;
 4. one table with the ratios (paired by round, see below), a column per peer, each with
@@ -130,6 +131,18 @@ def gemm_peaks(build, quiet=False):
         elif not quiet:
             print("  " + line)
     return peaks
+
+
+def roundtrip_ns(build):
+    """bench/probe_threads: a cache line's round trip between two threads, ns (a few ms), or
+    None. 3-4x its usual value marks minutes when a guest's two vCPUs sit on two L3 domains,
+    which slowed T1 AMP by a sixth on the Zen 5 of bench/README.md."""
+    exe = os.path.join(build, "bench", "probe_threads")
+    r = subprocess.run([exe], capture_output=True, text=True)
+    for line in r.stdout.splitlines():
+        if line.startswith("ROUNDTRIP "):
+            return json.loads(line[10:])["ns"]
+    return None
 
 
 def best_peaks(round_peaks):
@@ -522,13 +535,18 @@ def main():
             order += [(None, k) for k in autocast_of if k not in {key for _, key in order}]
             for p, key in order:
                 if p:
+                    rt = roundtrip_ns(args.build)
                     run = run_vithost(args.build, n, CONFIGS[n], p, env, args.quick)
                     if run:
                         run["round"] = r
+                        run["roundtrip_ns"] = rt
                         vruns[p][n].append(run)
+                        # the threads' round trip just before, and the process's own gelu'
+                        # race (gelu_grad16.c)
                         gelu = run.get("engine", {}).get("gelu_grad")
-                        if gelu:  # the process's own race (gelu_grad16.c)
-                            print(f"  vithost {n} {PRECISIONS[p]}: {gelu}", flush=True)
+                        print(f"  vithost {n} {PRECISIONS[p]}: {run['img_per_s']:.1f} img/s; "
+                              f"threads' round trip {rt if rt is None else f'{rt:.0f} ns'}"
+                              + (f"; {gelu}" if gelu else ""), flush=True)
                 for t in peers if key else []:
                     # the peer of record's GEMM time in its step, in the last round only
                     profile = t is peers[0] and r == rounds - 1
@@ -655,6 +673,11 @@ def main():
                                     "vithost": {p: {n: [[x["round"], x["img_per_s"]]
                                                         for x in vruns[p][n]] for n in names}
                                                 for p in precisions},
+                                    # the threads' round trip before each vithost run, ns
+                                    "vithost_roundtrip_ns": {
+                                        p: {n: [[x["round"], x.get("roundtrip_ns")]
+                                                for x in vruns[p][n]] for n in names}
+                                        for p in precisions},
                                     **{t["label"]: t["rounds"] for t in peers}},
                                 "spread": {k: v for k, v in spreads.items() if v is not None},
                                 "quick": args.quick}))

@@ -151,6 +151,22 @@ __attribute__((always_inline)) static inline uint16_t vh_cpu_bf16_round(float x)
     return (uint16_t)vh_cpu_bf16_round32(x);
 }
 
+/* Element i of a tensor as stored, bf16 when `bf` (a constant where the
+ * caller inlines it: one loop built per storage), else f32; and back,
+ * rounded once (layernorm.c, tokens.c). */
+__attribute__((always_inline)) static inline float vh_cpu_load_as(const void *p, int64_t i,
+                                                                 int bf) {
+    return bf ? vh_cpu_bf16_widen(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+__attribute__((always_inline)) static inline void vh_cpu_store_as(void *p, int64_t i, float v,
+                                                                 int bf) {
+    if (bf)
+        ((uint16_t *)p)[i] = vh_cpu_bf16_round(v);
+    else
+        ((float *)p)[i] = v;
+}
+
 static inline int vh_cpu_is_float(vh_dtype t) {
     return t == VH_DTYPE_F32 || t == VH_DTYPE_F16 || t == VH_DTYPE_BF16;
 }

@@ -21,24 +21,14 @@
 /* Rows per task of the forward pass. */
 #define LN_ROW_BLOCK 16
 
-/* A value of a row as stored (bf16 when `bf`, else f32), and back: bf16
- * rows are widened and rounded in registers instead of in scratch copies
- * (the constant `bf` is folded per caller). Backward: 0.10 against
+/* The row loops read and write values as stored (vh_cpu_load_as and
+ * vh_cpu_store_as, cpu_ops.h): bf16 rows are widened and rounded in
+ * registers instead of in scratch copies (the constant `bf` is folded per
+ * caller). Backward: 0.10 against
  * 0.16-0.21 ms per call, rows not in cache, at widths 64 and 384. Forward
  * (it reads each row three times), in the step on Zen 4, 2 threads, 3-4
  * interleaved pairs of `vithost bench --ops`: T3 AMP (width 384) 2.68-2.77
  * against 3.38-3.47 ms a step, T1 AMP (64) even; f16 keeps the copies. */
-__attribute__((always_inline)) static inline float ln_load(const void *p, int64_t i, int bf) {
-    return bf ? vh_cpu_bf16_widen(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
-__attribute__((always_inline)) static inline void ln_store(void *p, int64_t i, float v, int bf) {
-    if (bf)
-        ((uint16_t *)p)[i] = vh_cpu_bf16_round(v);
-    else
-        ((float *)p)[i] = v;
-}
-
 /* A row's sums in LN_LANES partial sums (element j in lane j % LN_LANES),
  * the lanes then added in a tree. Why not `omp simd reduction`: GCC folds
  * the vector of partial sums into one float in lane order, a chain of 16
@@ -56,7 +46,7 @@ __attribute__((always_inline)) static inline float ln_fold(float *acc) {
 }
 
 /* sum over j of (x[j] - c), and with `square` of (x[j] - c)^2; x as stored
- * (ln_load). */
+ * (vh_cpu_load_as). */
 __attribute__((always_inline)) static inline float ln_row_sum(const void *x, int64_t dim,
                                                               float c, int square, int bf) {
     float acc[LN_LANES] = {0};
@@ -64,11 +54,11 @@ __attribute__((always_inline)) static inline float ln_row_sum(const void *x, int
     for (; j + LN_LANES <= dim; j += LN_LANES)
 #pragma omp simd
         for (int l = 0; l < LN_LANES; l++) {
-            const float d = ln_load(x, j + l, bf) - c;
+            const float d = vh_cpu_load_as(x, j + l, bf) - c;
             acc[l] += square ? d * d : d;
         }
     for (int l = 0; j + l < dim; l++) {
-        const float d = ln_load(x, j + l, bf) - c;
+        const float d = vh_cpu_load_as(x, j + l, bf) - c;
         acc[l] += square ? d * d : d;
     }
     return ln_fold(acc);
@@ -88,7 +78,7 @@ __attribute__((always_inline)) static inline void layernorm_rows(
      * a plain float sum would lose the small part. */
     for (int64_t r = 0; r < rows; r++) {
         const void *xr = (const char *)x + (size_t)(r * dim) * esz;
-        const float shift = ln_load(xr, 0, bf);
+        const float shift = vh_cpu_load_as(xr, 0, bf);
         mean[r] = shift + ln_row_sum(xr, dim, shift, 0, bf) / (float)dim;
     }
     /* two passes: no cancellation */
@@ -102,7 +92,7 @@ __attribute__((always_inline)) static inline void layernorm_rows(
         const float m = mean[r], s = rstd[r];
 #pragma omp simd
         for (int64_t j = 0; j < dim; j++)
-            ln_store(yr, j, (ln_load(xr, j, bf) - m) * s * weight[j] + bias[j], bf);
+            vh_cpu_store_as(yr, j, (vh_cpu_load_as(xr, j, bf) - m) * s * weight[j] + bias[j], bf);
     }
 }
 
@@ -157,7 +147,7 @@ int vh_cpu_k_layernorm_forward(vh_cpu_rows out, float *mean, float *rstd, vh_cpu
 __attribute__((always_inline)) static inline void ln_backward_terms(
     float *acc_g, float *acc_gx, int l, int64_t j, float *pw, float *pb, const void *xr,
     const void *gr, const float *weight, float m, float s, int bf) {
-    const float xhat = (ln_load(xr, j, bf) - m) * s, gj = ln_load(gr, j, bf);
+    const float xhat = (vh_cpu_load_as(xr, j, bf) - m) * s, gj = vh_cpu_load_as(gr, j, bf);
     const float g = gj * weight[j];
     acc_g[l] += g;
     acc_gx[l] += g * xhat;
@@ -188,9 +178,9 @@ __attribute__((always_inline)) static inline void layernorm_backward_rows(
         const float mg = ln_fold(acc_g) / (float)dim, mgx = ln_fold(acc_gx) / (float)dim;
 #pragma omp simd
         for (int64_t j = 0; j < dim; j++) {
-            const float xhat = (ln_load(xr, j, bf) - m) * s;
-            ln_store(dr, j,
-                     ln_load(dr, j, bf) + s * (ln_load(gr, j, bf) * weight[j] - mg - xhat * mgx),
+            const float xhat = (vh_cpu_load_as(xr, j, bf) - m) * s;
+            vh_cpu_store_as(dr, j,
+                     vh_cpu_load_as(dr, j, bf) + s * (vh_cpu_load_as(gr, j, bf) * weight[j] - mg - xhat * mgx),
                      bf);
         }
     }

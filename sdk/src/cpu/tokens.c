@@ -16,18 +16,6 @@
 /* Columns summed at a time in registers or L1 (a row of partial sums). */
 #define TK_COLS 256
 
-/* A value as stored (bf16 when `bf`, else f32), and back. */
-__attribute__((always_inline)) static inline float tk_load(const void *p, int64_t i, int bf) {
-    return bf ? vh_cpu_bf16_widen(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
-__attribute__((always_inline)) static inline void tk_store(void *p, int64_t i, float v, int bf) {
-    if (bf)
-        ((uint16_t *)p)[i] = vh_cpu_bf16_round(v);
-    else
-        ((float *)p)[i] = v;
-}
-
 /* Element `offset` of a tensor as stored (a token's row: b * batch_stride +
  * t * token_stride). */
 __attribute__((always_inline)) static inline void *tk_at(const void *p, int64_t offset, int bf) {
@@ -51,27 +39,28 @@ __attribute__((always_inline)) static inline void *tk_at(const void *p, int64_t 
     } while (0)
 
 VH_CPU_CLONES static void row_add(void *y, const void *a, const void *b, int64_t n, int bf16) {
-    TK_ROW(bf16, tk_store(y, i, tk_load(a, i, bf) + tk_load(b, i, bf), bf));
+    TK_ROW(bf16, vh_cpu_store_as(y, i, vh_cpu_load_as(a, i, bf) + vh_cpu_load_as(b, i, bf), bf));
 }
 
 VH_CPU_CLONES static void row_sum_into(float *acc, const void *x, int64_t n, int bf16) {
-    TK_ROW(bf16, acc[i] += tk_load(x, i, bf));
+    TK_ROW(bf16, acc[i] += vh_cpu_load_as(x, i, bf));
 }
 
 VH_CPU_CLONES static void row_add_scaled(void *y, const void *x, float s, int64_t n, int bf16) {
-    TK_ROW(bf16, tk_store(y, i, tk_load(y, i, bf) + tk_load(x, i, bf) * s, bf));
+    TK_ROW(bf16,
+           vh_cpu_store_as(y, i, vh_cpu_load_as(y, i, bf) + vh_cpu_load_as(x, i, bf) * s, bf));
 }
 
 VH_CPU_CLONES static void row_add_to(void *y, const void *x, int64_t n, int bf16) {
-    TK_ROW(bf16, tk_store(y, i, tk_load(y, i, bf) + tk_load(x, i, bf), bf));
+    TK_ROW(bf16, vh_cpu_store_as(y, i, vh_cpu_load_as(y, i, bf) + vh_cpu_load_as(x, i, bf), bf));
 }
 
 VH_CPU_CLONES static void row_store(void *y, const float *acc, int64_t n, int bf16) {
-    TK_ROW(bf16, tk_store(y, i, acc[i], bf));
+    TK_ROW(bf16, vh_cpu_store_as(y, i, acc[i], bf));
 }
 
 VH_CPU_CLONES static void row_load(float *acc, const void *x, int64_t n, int bf16) {
-    TK_ROW(bf16, acc[i] = tk_load(x, i, bf));
+    TK_ROW(bf16, acc[i] = vh_cpu_load_as(x, i, bf));
 }
 
 /* out (batch, dim) = the mean of tokens first .. first + count - 1: each

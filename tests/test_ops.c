@@ -5,6 +5,7 @@
  * differences of its own forward op (in double around float values), and
  * for accumulation (+=). Attention runs in both layouts, which must agree.
  * Cross-entropy is also checked against values from PyTorch 1.13. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -419,8 +420,9 @@ static void test_gemm_epilogue(void **state) {
     run_epilogue_case(1, 0, 1, 0, 0, 1, 0, 1.0f, 0.75f); /* dW += ... with a residual */
     run_epilogue_case(0, 0, 2, 1, 1, 1, 1, 0.0f, 0.75f);
     /* alpha 1 with a bias: the fused route (one oneDNN matmul with its
-     * post-ops); unbatched with beta 0, the residual is a post-op's operand
-     * (no copy into C), else it is copied into C first. */
+     * post-ops); unbatched with beta 0, the residual is added by a pass
+     * after it (no copy into C; test_gemm_residual_routes), else it is
+     * copied into C first. */
     for (int gelu = 0; gelu < 2; gelu++) {
         run_epilogue_case(0, 1, 1, gelu, 0, 1, 0, 0.0f, 1.0f);
         run_epilogue_case(1, 0, 1, gelu, 0, 1, 0, 0.0f, 1.0f);
@@ -518,6 +520,52 @@ static double ln_loss(void *ctx) {
                                             c->b, c->rows, c->dim, c->eps),
                      VH_STATUS_OK);
     return dot_fd(c->out, c->r, c->rows * c->dim);
+}
+
+/* C of one fused call C = epilogue(A B^T + bias) + residual (beta 0, one
+ * member, C f32 with gaps between rows), the residual added by gemm.c's pass
+ * after the matmul (postop 0) or by oneDNN's binary-add post-op
+ * (VITHOST_CPU_RESIDUAL=postop). */
+static float *residual_call(int64_t m, int64_t n, int64_t k, vh_epilogue ep, int postop) {
+    const int64_t ldc = n + 3;
+    const uint64_t saved = rng_state;
+    rng_state = 4242; /* both routes on the same values */
+    float *a = rand_buf(m * k, -1, 1), *b = rand_buf(n * k, -1, 1), *bias = rand_buf(n, -1, 1);
+    float *res = rand_buf(m * ldc, -1, 1), *aux = rand_buf(m * ldc, -1, 1);
+    float *c = rand_buf(m * ldc, -1, 1);
+    rng_state = saved;
+    vh_gemm_args g = {.struct_size = sizeof g, .trans_b = 1, .m = m, .n = n, .k = k,
+                      .alpha = 1.0f, .a = a, .lda = k, .b = b, .ldb = k, .c = c, .ldc = ldc,
+                      .bias = bias, .epilogue = ep,
+                      .aux = ep == VH_EPILOGUE_MUL_AUX ? aux : NULL, .residual = res};
+    if (postop) setenv("VITHOST_CPU_RESIDUAL", "postop", 1);
+    const vh_status st = ops->gemm(ops->device, &g);
+    if (postop) unsetenv("VITHOST_CPU_RESIDUAL");
+    assert_int_equal(st, VH_STATUS_OK);
+    free(a), free(b), free(bias), free(res), free(aux);
+    return c;
+}
+
+/* The residual added after the matmul is the sum the binary-add post-op
+ * forms, (T + bias) + r in fp32, so the two routes give the same bits:
+ * small and threaded (the pass's rows split) calls, each epilogue the
+ * fused route takes. An addition in another order (r + bias first, or the
+ * residual inside T) fails it. */
+static void test_gemm_residual_routes(void **state) {
+    (void)state;
+    const int64_t shapes[][3] = {{9, 13, 11}, {300, 96, 64}, {1576, 384, 384}};
+    const vh_epilogue eps[] = {VH_EPILOGUE_NONE, VH_EPILOGUE_GELU, VH_EPILOGUE_MUL_AUX};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t e = 0; e < sizeof eps / sizeof eps[0]; e++) {
+            const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+            float *pass = residual_call(m, n, k, eps[e], 0);
+            float *postop = residual_call(m, n, k, eps[e], 1);
+            if (memcmp(pass, postop, (size_t)(m * (n + 3)) * sizeof(float)) != 0)
+                fail_msg("gemm %lldx%lldx%lld epilogue %d + residual: the pass and the "
+                         "post-op give other bits",
+                         (long long)m, (long long)n, (long long)k, (int)eps[e]);
+            free(pass), free(postop);
+        }
 }
 
 static void test_layernorm(void **state) {
@@ -1511,6 +1559,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_batched),
         cmocka_unit_test(test_gemm_broadcast_and_edges),
         cmocka_unit_test(test_gemm_epilogue),
+        cmocka_unit_test(test_gemm_residual_routes),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_layernorm_many_rows),
         cmocka_unit_test(test_gelu),

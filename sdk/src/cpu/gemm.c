@@ -49,9 +49,8 @@
  *    only with alpha == 1: oneDNN 2.x scales after the bias), then post-ops
  *    erf GELU and sum. A residual goes in through the sum: C is first set to
  *    residual + beta C (a residual that is C itself needs nothing), and the
- *    sum adds it after the GELU; an unbatched residual with beta 0 is a
- *    binary-add post-op instead (oneDNN 2.6's binary-add post-op misreads a
- *    batched src1 whose batch stride is not m * ldc).
+ *    sum adds it after the GELU; an unbatched residual with beta 0 is added
+ *    by a pass right after the matmul instead (run_fused says why).
  *    f32 or native-bf16 operands; a non-f32 C goes through a dense fp32
  *    copy, rounded once at the store.
  * 2. split: when the pre-activation is asked for (GELU with aux), oneDNN
@@ -310,6 +309,26 @@ static void preload(const vh_gemm_args *g, int64_t batch, const out_view *c,
             memcpy(ci, ri, (size_t)n * sizeof(float));
         }
     }
+}
+
+/* c += r, row by row (the fused route's residual, after its matmul). */
+static void add_residual(const vh_gemm_args *g, const out_view *c, const out_view *r) {
+    const int64_t n = g->n;
+#pragma omp parallel for schedule(static) if (g->m * n > VH_CPU_PAR_ELEMS)
+    for (int64_t i = 0; i < g->m; i++) {
+        float *ci = c->p + i * c->ld;
+        const float *ri = r->p + i * r->ld;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) ci[j] += ri[j];
+    }
+}
+
+/* The fused route's residual that is not C (beta 0, one member): a pass
+ * after the matmul (add_residual), or oneDNN's binary-add post-op
+ * (VITHOST_CPU_RESIDUAL=postop, read at each call, to compare). */
+static int residual_postop(void) {
+    const char *env = getenv("VITHOST_CPU_RESIDUAL");
+    return env && strcmp(env, "postop") == 0;
 }
 
 /* One row of epilogue(T) into dst: gelu (with grad, gelu'(T) over T as
@@ -641,17 +660,40 @@ static vh_status run_fused(const vh_gemm_args *g, int64_t batch, gemm_views *v) 
     const int mul = g->epilogue == VH_EPILOGUE_MUL_AUX;
     const void *aux = mul ? g->aux : NULL;
     vh_status st;
-    /* A residual that is not C: with beta 0 and no batch (a residual
-     * branch's output layer), a binary-add post-op reads it while each
-     * block of C is in cache. Measured on Zen 3, 2 threads, best of 12,
-     * against copying it into C first: T1's proj and fc2 (6400x64x64,
-     * 6400x64x256) 0.50 -> 0.45 and 1.6 -> 1.5 ms, T2's (4160x192x192,
-     * 4160x192x768) 2.4 -> 2.05 and 8.4 -> 7.7 ms, T3's even. Otherwise
-     * it is added to C first (c = r + beta c) and the sum post-op adds
-     * it: oneDNN 2.6's binary post-op misreads a batched residual whose
-     * batch stride is not m * ldc. */
+    /* A residual that is not C, with beta 0 and no batch (a residual
+     * branch's output layer): the matmul writes C = epilogue(T) and one
+     * pass adds the residual to C while C is still in L2/L3, the same sum
+     * in the same order, (T + bias) + r, so the same bits (compared on
+     * T1-T3's shapes). oneDNN 2.6's binary-add post-op, which reads the
+     * residual inside the kernel, was the faster on Zen 3 against copying
+     * it into C first (T1's 6400x64x256 1.6 -> 1.5 ms, T2's 4160x192x192
+     * 2.4 -> 2.05), but it slows the kernel itself by 10-25%: on Zen 5, 2
+     * threads, best of 40 out of cache, bias only / binary post-op / this
+     * pass, ms a call: 6400x64x256 0.50 / 0.61 / 0.55, 4160x192x192 0.74
+     * / 0.95 / 0.78, 1576x384x384 0.99 / 1.22 / 1.03, 1576x384x1536 3.96
+     * / 4.15 / 4.02. In the fp32 steps (3 interleaved pairs of `vithost
+     * bench --ops`, the two GEMMs with a residual, ms a step, post-op /
+     * pass): T3 59.7-62.4 / 57.9-58.7, T2 42.5-43.3 / 40.0-40.8, T1
+     * 3.10-3.31 / 2.71-2.88. Otherwise (beta, a batch) the residual is
+     * added to C first (c = r + beta c) and the sum post-op adds it:
+     * oneDNN 2.6's binary post-op misreads a batched residual whose batch
+     * stride is not m * ldc. */
     vh_dnnl_matmul mm;
-    if (v->res.p && !v->res_is_c && batch == 1 && g->beta == 0.0f) {
+    const int res_alone = v->res.p && !v->res_is_c && batch == 1 && g->beta == 0.0f;
+    if (res_alone && !residual_postop()) {
+        describe(&mm, g, batch, &v->a, &v->b, &v->c);
+        mm.has_bias = v->bias != NULL;
+        mm.gelu = gelu;
+        mm.mul_aux = mul;
+        st = matmul_run(&mm, v->a.p, v->b.p, v->bias, aux, NULL, v->c.p);
+        if (st == VH_STATUS_OK) {
+            add_residual(g, &v->c, &v->res);
+            if (!v->c32)
+                block_from_f32(g->c, g->c_dtype, v->c.p, batch, g->stride_c, g->m, g->ldc, g->n);
+        }
+        if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
+    }
+    if (res_alone && residual_postop()) {
         describe(&mm, g, batch, &v->a, &v->b, &v->c);
         mm.has_bias = v->bias != NULL;
         mm.gelu = gelu;

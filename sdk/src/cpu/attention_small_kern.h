@@ -212,6 +212,29 @@ ALWAYS_INLINE void VN(mm)(int RM, int VM, int64_t m, int64_t n, int64_t K, float
         VN(tile_row)(1, VM, n, K, alpha, mview_at(A, i, 0), B, mview_at(C, i, 0), add);
 }
 
+/* VN(mm)'s tiles, column blocks outer: each block of B's columns (K rows
+ * of VW * VM) is read by every row tile in turn while it is in L1, where
+ * VN(mm) reads all of B again for each row tile (the scores' B, K^T or
+ * V^T in scratch, is dh x np: 53 KiB for T3, past Zen 5's 48 KiB L1). Each
+ * element is the same tile's, so the same bits. For the score products
+ * (rows past the registers' softmax: N > 80 on AVX-512); Zen 5, f32, 2
+ * threads, bench/ab_calls both load orders, B/A medians of 40-60 calls,
+ * forward / backward: T3 (B 8 N 197 H 6 Dh 64) 0.950-0.957 / 0.969-0.973;
+ * B 2 N 577 H 6 Dh 64 0.93-0.99 / 0.98-0.99; B 16 N 197 H 12 Dh 32
+ * 0.95-0.96 / 0.97-0.98; B 8 N 101 H 6 Dh 64 even; on AVX2 (T1's N 50)
+ * 0.99 / 0.97-0.98. In T3's fp32 step (bench/ab_libs.sh, 4 pairs of
+ * `vithost bench --ops`, ms a step) the forward ran even (18.7-19.9 both)
+ * and the backward 30.2-31.0 against 30.9-32.2. For P V and the gradients,
+ * whose B is a head's rows in place, it was 0.5-2% slower: they keep
+ * VN(mm). */
+ALWAYS_INLINE void VN(mm_cols)(int RM, int VM, int64_t m, int64_t n, int64_t K, float alpha,
+                               mview A, mview B, mview C, int add) {
+    int64_t c = 0;
+    for (; c + VW * VM <= n; c += VW * VM)
+        VN(mm)(RM, VM, m, VW * VM, K, alpha, A, mview_at(B, 0, c), mview_at(C, 0, c), add);
+    if (c < n) VN(mm)(RM, VM, m, n - c, K, alpha, A, mview_at(B, 0, c), mview_at(C, 0, c), add);
+}
+
 /* ---- rows of the softmax ----------------------------------------------------
  * Softmax of R score rows (ld apart) of n values in place, padded to np
  * (the padding becomes 0); NaN in, NaN out. R rows at a time: each row is a
@@ -554,7 +577,7 @@ ALWAYS_INLINE void VN(forward_t)(const block *b, const geom *g, float *w, int bf
         }
         if (!pf) VN(put_probs)(b, g, s);
     } else {
-        VN(mm)(SCORE_R, SCORE_V, n, np, g->dh, g->scale, q, ktv, sv, 0);
+        VN(mm_cols)(SCORE_R, SCORE_V, n, np, g->dh, g->scale, q, ktv, sv, 0);
         for (; i + 4 <= n; i += 4) VN(softmax_rows)(4, s + i * np, np, n, np, NULL);
         for (; i < n; i++) VN(softmax_rows)(1, s + i * np, np, n, np, NULL);
         VN(put_probs)(b, g, s);
@@ -614,7 +637,7 @@ ALWAYS_INLINE void VN(backward_t)(const block *b, const geom *g, float *w, int b
 #endif
         }
     } else {
-        VN(mm)(SCORE_R, SCORE_V, n, np, g->dh, 1.0f, go, vtv, dsv, 0); /* dP = dO V^T */
+        VN(mm_cols)(SCORE_R, SCORE_V, n, np, g->dh, 1.0f, go, vtv, dsv, 0); /* dP = dO V^T */
         for (int64_t i = 0; i < n; i++) VN(softmax_grad_row)(ds + i * np, pw + i * np, np);
     }
     VN(grad)(b->dv, b->ts, g, direct, bf, 1.0f, pt, go, x);      /* dV += P^T dO */

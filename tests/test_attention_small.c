@@ -472,6 +472,68 @@ static void test_streamed_probs(void **state) {
         assert_non_null(strstr(line, "f32 probabilities streamed past the caches"));
 }
 
+/* out, probs and dqkv of one forward and backward (dqkv added to), with the
+ * blocks dealt as the engine does by default (dynamic 0: each thread a
+ * contiguous run of samples, deal.c) or one sample at a time to whichever
+ * thread is free (VITHOST_CPU_DEAL=dynamic); each freshly allocated, the
+ * same values both times. */
+static void deal_run(const shape *s, int dynamic, void **out, void **probs, void **dqkv) {
+    vh_attention_args a = args_of(s);
+    const int64_t D = s->H * s->Dh, rows = s->B * s->N;
+    const int64_t qs = s->second ? 3 * D : a.qkv_token_stride;
+    const int64_t os = s->second ? D : a.out_token_stride;
+    const int64_t nq = rows * qs, no = rows * os, np = s->B * s->H * s->N * s->N;
+    char *mq = row_mask(nq, rows, qs, 3 * D), *mo = row_mask(no, rows, os, D);
+    char *mp = row_mask(np, 1, np, np);
+    const uint64_t saved = rng_state;
+    rng_state = 99;
+    a.qkv = tensor(s->t, nq, mq, -1.5, 1.5);
+    a.dout = tensor(s->t, no, mo, -1, 1);
+    a.dqkv = *dqkv = tensor(s->t, nq, mq, -1, 1);
+    rng_state = saved;
+    a.out = *out = tensor(s->t, no, mo, 0, 0);
+    a.probs = *probs = tensor(s->pt, np, mp, 0, 0);
+    if (dynamic) assert_int_equal(setenv("VITHOST_CPU_DEAL", "dynamic", 1), 0);
+    const vh_status fwd = ops->attention_forward(ops->device, &a);
+    const vh_status bwd = ops->attention_backward(ops->device, &a);
+    unsetenv("VITHOST_CPU_DEAL");
+    assert_int_equal(fwd, VH_STATUS_OK);
+    assert_int_equal(bwd, VH_STATUS_OK);
+    free((void *)a.qkv), free((void *)a.dout), free(mq), free(mo), free(mp);
+}
+
+/* Which thread runs a block never changes its numbers: the blocks dealt as
+ * contiguous runs of samples (the default) and one sample at a time give
+ * the same bits, for batches that split evenly over two threads and not
+ * (B 1, 3, 5), both layouts, f32 (the small-head blocks) and bf16 (the
+ * dot-product blocks where the CPU has them). With each block run exactly
+ * once, the default's results are also the reference's (run_shape). */
+static void test_dealing(void **state) {
+    (void)state;
+    static const int64_t batches[] = {1, 3, 5, 8};
+    static const vh_dtype types[] = {VH_DTYPE_F32, VH_DTYPE_BF16};
+    for (int bi = 0; bi < 4; bi++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int second = 0; second < 2; second++) {
+                const shape s = {batches[bi], 50, 3, 16, types[ti], types[ti], second, 0};
+                void *out[2], *probs[2], *dqkv[2];
+                for (int k = 0; k < 2; k++) deal_run(&s, k, &out[k], &probs[k], &dqkv[k]);
+                vh_attention_args a = args_of(&s);
+                const int64_t rows = s.B * s.N, es = (int64_t)vh_dtype_size(s.t);
+                const size_t nq = (size_t)(rows * (s.second ? 3 * s.H * s.Dh : a.qkv_token_stride) * es);
+                const size_t no = (size_t)(rows * (s.second ? s.H * s.Dh : a.out_token_stride) * es);
+                const size_t np = (size_t)(s.B * s.H * s.N * s.N * es);
+                if (memcmp(out[0], out[1], no) || memcmp(probs[0], probs[1], np) ||
+                    memcmp(dqkv[0], dqkv[1], nq))
+                    fail_msg("B %lld %s %s: blocks dealt by sample runs and one at a time "
+                             "give other bits",
+                             (long long)s.B, vh_dtype_name(s.t),
+                             second ? "batch-second" : "batch-first");
+                for (int k = 0; k < 2; k++) free(out[k]), free(probs[k]), free(dqkv[k]);
+                run_shape(&s);
+            }
+}
+
 static int setup(void **state) {
     (void)state;
     ops = vh_cpu_device_ops();
@@ -486,6 +548,7 @@ int main(void) {
         cmocka_unit_test(test_softmax_exponentials),
         cmocka_unit_test(test_overwrite_past_struct_size),
         cmocka_unit_test(test_streamed_probs),
+        cmocka_unit_test(test_dealing),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

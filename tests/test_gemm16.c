@@ -395,6 +395,28 @@ static void test_bands_pack_b(void **state) {
     set_mode("auto");
 }
 
+/* The bands dealt as each thread's contiguous share of the rows (the
+ * default, deal.c) and one at a time to whichever thread is free
+ * (VITHOST_CPU_DEAL=dynamic) give the same bits, for each kind of band call
+ * (300 rows: bands of 128, 128 and 44, split 128 / 172 over two threads). */
+static void test_bands_dealing(void **state) {
+    (void)state;
+    for (int kind = BAND_FC1_BF16; kind <= BAND_FC1_F32; kind++) {
+        const size_t bytes = (size_t)(300 * 96) * (kind == BAND_FC1_F32 ? 4 : 2);
+        void *c[2], *aux[2];
+        for (int i = 0; i < 2; i++) {
+            c[i] = calloc(1, bytes), aux[i] = calloc(1, bytes);
+            assert_true(c[i] && aux[i]);
+        }
+        run_band_call((band_kind)kind, "VITHOST_CPU_DEAL", "dynamic", c[0], aux[0]);
+        run_band_call((band_kind)kind, NULL, NULL, c[1], aux[1]);
+        if (memcmp(c[0], c[1], bytes) != 0 || memcmp(aux[0], aux[1], bytes) != 0)
+            fail_msg("band kind %d: bands dealt one at a time and as shares of the rows give "
+                     "other bits", kind);
+        for (int i = 0; i < 2; i++) free(c[i]), free(aux[i]);
+    }
+}
+
 /* fp32 GELU band calls so far whose aux was streamed. */
 static unsigned long long streamed_count(void) {
     return packing_count("aux streamed past the caches in ");
@@ -686,6 +708,7 @@ int main(void) {
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_fc1_gelu),
         cmocka_unit_test(test_bands_pack_b),
+        cmocka_unit_test(test_bands_dealing),
         cmocka_unit_test(test_bands_stream_aux),
         cmocka_unit_test(test_stream_follows_tensor_bytes),
         cmocka_unit_test(test_single_pack_b),

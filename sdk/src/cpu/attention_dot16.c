@@ -437,6 +437,8 @@ static vh_status run(const vh_attention_args *a, int backward) {
                      a->scale, backward && a->overwrite};
     const int64_t ps = vh_dtype_size(g.pt), nblocks = B * H;
     const int head_chunk = vh_cpu_attention_head_chunk(H);
+    const int dynamic = vh_cpu_deal_dynamic();
+    int64_t next_chunk = 0;
     int failed = 0;
 #pragma omp parallel if (nblocks > 1 && nblocks * N * N * Dh > VH_CPU_PAR_ELEMS) \
     reduction(| : failed)
@@ -444,27 +446,30 @@ static vh_status run(const vh_attention_args *a, int backward) {
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
         char *w = vh_cpu_scratch_alloc((size_t)block_scratch(&g));
         if (!w) failed = 1;
-        /* a sample's H blocks at a time (vh_cpu_attention_head_chunk says why) */
-#pragma omp for schedule(dynamic, head_chunk)
-        for (int64_t bh = 0; bh < nblocks; bh++) {
-            if (!w) continue;
-            const int64_t bi = bh / H, h = bh % H;
-            const int64_t qo = (bi * a->qkv_batch_stride + h * Dh) * 2;
-            const int64_t oo = (bi * a->out_batch_stride + h * Dh) * 2;
-            const char *qkv = (const char *)a->qkv + qo;
-            dblock blk = {qkv, qkv + D * 2, qkv + 2 * D * 2, NULL, NULL, NULL, NULL, NULL,
-                          (char *)a->probs + bh * N * N * ps, a->qkv_token_stride * 2,
-                          a->out_token_stride * 2};
-            if (backward) {
-                char *dqkv = (char *)a->dqkv + qo;
-                blk.go = (const char *)a->dout + oo;
-                blk.dq = dqkv, blk.dk = dqkv + D * 2, blk.dv = dqkv + 2 * D * 2;
-                block_backward(&blk, &g, w);
-            } else {
-                blk.o = (char *)a->out + oo;
-                block_forward(&blk, &g, w);
+        /* whole samples, a sample's H blocks (vh_cpu_attention_head_chunk
+         * says why), the thread's own rows (deal.c) */
+        vh_cpu_deal deal;
+        vh_cpu_deal_init(&deal, dynamic, &next_chunk, nblocks, head_chunk, 1, nblocks);
+        int64_t lo, hi;
+        while (w && vh_cpu_deal_take(&deal, &lo, &hi))
+            for (int64_t bh = lo; bh < hi; bh++) {
+                const int64_t bi = bh / H, h = bh % H;
+                const int64_t qo = (bi * a->qkv_batch_stride + h * Dh) * 2;
+                const int64_t oo = (bi * a->out_batch_stride + h * Dh) * 2;
+                const char *qkv = (const char *)a->qkv + qo;
+                dblock blk = {qkv, qkv + D * 2, qkv + 2 * D * 2, NULL, NULL, NULL, NULL, NULL,
+                              (char *)a->probs + bh * N * N * ps, a->qkv_token_stride * 2,
+                              a->out_token_stride * 2};
+                if (backward) {
+                    char *dqkv = (char *)a->dqkv + qo;
+                    blk.go = (const char *)a->dout + oo;
+                    blk.dq = dqkv, blk.dk = dqkv + D * 2, blk.dv = dqkv + 2 * D * 2;
+                    block_backward(&blk, &g, w);
+                } else {
+                    blk.o = (char *)a->out + oo;
+                    block_forward(&blk, &g, w);
+                }
             }
-        }
         vh_cpu_scratch_end(mark);
     }
     return failed ? VH_STATUS_ERR_NOMEM : VH_STATUS_OK;

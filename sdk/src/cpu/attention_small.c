@@ -447,6 +447,8 @@ static vh_status run_blocks(const vh_attention_args *a, const kernels *k, int ba
     const block_fn fn = backward ? k->backward : k->forward;
     const int64_t es = vh_dtype_size(g.t), ps = vh_dtype_size(g.pt), nblocks = B * H;
     const int head_chunk = vh_cpu_attention_head_chunk(H);
+    const int dynamic = vh_cpu_deal_dynamic();
+    int64_t next_chunk = 0;
     int failed = 0;
 #pragma omp parallel if (nblocks > 1 && nblocks * N * N * Dh > VH_CPU_PAR_ELEMS) \
     reduction(| : failed)
@@ -454,18 +456,21 @@ static vh_status run_blocks(const vh_attention_args *a, const kernels *k, int ba
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
         float *w = vh_cpu_scratch_alloc((size_t)block_scratch(&g) * sizeof(float));
         if (!w) failed = 1;
-        /* a sample's H blocks at a time (vh_cpu_attention_head_chunk says why) */
-#pragma omp for schedule(dynamic, head_chunk)
-        for (int64_t bh = 0; bh < nblocks; bh++) {
-            if (!w) continue;
-            const block blk = block_at(a, bh, es, ps, backward);
-            if (k->prefetch && (bh + 1) % head_chunk != 0 && bh + 1 < nblocks) {
-                /* the next block of this chunk (the next chunk may be another thread's) */
-                const block next = block_at(a, bh + 1, es, ps, backward);
-                k->prefetch(&next, &g, backward);
+        /* whole samples, a sample's H blocks (vh_cpu_attention_head_chunk
+         * says why), the thread's own rows (deal.c) */
+        vh_cpu_deal deal;
+        vh_cpu_deal_init(&deal, dynamic, &next_chunk, nblocks, head_chunk, 1, nblocks);
+        int64_t lo, hi;
+        while (w && vh_cpu_deal_take(&deal, &lo, &hi))
+            for (int64_t bh = lo; bh < hi; bh++) {
+                const block blk = block_at(a, bh, es, ps, backward);
+                if (k->prefetch && (bh + 1) % head_chunk != 0 && bh + 1 < hi) {
+                    /* the next block of this sample (the next sample may be another thread's) */
+                    const block next = block_at(a, bh + 1, es, ps, backward);
+                    k->prefetch(&next, &g, backward);
+                }
+                fn(&blk, &g, w);
             }
-            fn(&blk, &g, w);
-        }
         if (g.stream_probs) vh_cpu_stream_fence();
         vh_cpu_scratch_end(mark);
     }

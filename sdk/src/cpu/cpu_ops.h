@@ -102,6 +102,29 @@ VH_CPU_HIDDEN int vh_cpu_stream_on(void);
 VH_CPU_HIDDEN void vh_cpu_copy_stream(void *dst, const void *src, size_t bytes);
 VH_CPU_HIDDEN void vh_cpu_stream_fence(void);
 
+/* ---- dealing blocks and bands to the threads (deal.c) ----------------------
+ * Inside a parallel region, the items (0..count-1: attention blocks, GEMM
+ * bands) this thread runs. By default each thread takes one contiguous run
+ * of whole chunks (`chunk` items), its edges where the threads' shares of
+ * the rows are most even (item i holds rows [i * unit, min((i + 1) * unit,
+ * total)); the last may be short), so that a thread works on the same rows
+ * from one op to the next, as the row-split element-wise ops and layer
+ * norms do (deal.c says why). With VITHOST_CPU_DEAL=dynamic (read by
+ * vh_cpu_deal_dynamic at each call) chunks go one at a time to whichever
+ * thread is free, through *next, which the caller zeroes before the
+ * region. Every thread calls vh_cpu_deal_init, then vh_cpu_deal_take until
+ * it returns 0: items [*lo, *hi) each time. */
+typedef struct vh_cpu_deal {
+    int64_t *next; /* dynamic: the first chunk not yet taken, shared */
+    int64_t count, chunk, lo, hi;
+    int dynamic, taken;
+} vh_cpu_deal;
+
+VH_CPU_HIDDEN int vh_cpu_deal_dynamic(void);
+VH_CPU_HIDDEN void vh_cpu_deal_init(vh_cpu_deal *d, int dynamic, int64_t *next, int64_t count,
+                                    int64_t chunk, int64_t unit, int64_t total);
+VH_CPU_HIDDEN int vh_cpu_deal_take(vh_cpu_deal *d, int64_t *lo, int64_t *hi);
+
 /* ---- scratch arena ---------------------------------------------------------
  * One per thread, for the temporaries of one op call (fp32 copies of bf16
  * tensors, per-chunk partial sums, oneDNN's scratchpad). vh_cpu_scratch_alloc

@@ -933,11 +933,10 @@ static void stream_gelu_band(const vh_gemm_args *g, float *c, float *aux, float 
  * region runs on the calling thread) and the pass on each band right
  * after, while the band is in its L2. Bands are fixed by the shape, so the
  * sums do not depend on the thread count or on which thread runs a band.
- * They are handed out one at a time: a static split gave T3's fc1 (1576
- * rows, 13 bands of at most 128) 7 bands to one thread and 6 to the other,
- * 896 rows against 680; AMP's fc1 in the step (Zen 4, 2 threads, 3
- * interleaved pairs of `vithost bench --ops`) took 75.7-77.6 ms a step
- * static, 67.0-68.1 one band at a time.
+ * Each thread takes a contiguous run of them, its share of the rows
+ * (deal.c: the same rows as the ops before and after; split by rows, not
+ * by count, which gave T3's fc1 896 rows to one thread and 680 to the
+ * other).
  * VH_STATUS_ERR_UNSUPPORTED: not such a call, or oneDNN refused a band
  * (the one-call route then writes all). */
 static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_views *v,
@@ -958,6 +957,8 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
         if (pass == BAND_PASS_GELU_F32) g_band_gelu32++;
         if (streamed) g_band_streamed++;
     }
+    const int dynamic = vh_cpu_deal_dynamic();
+    int64_t next_band = 0;
 #pragma omp parallel if (bands > 1)
     {
         vh_cpu_scratch_mark mark = vh_cpu_scratch_begin();
@@ -966,45 +967,48 @@ static vh_status run_bands(const vh_gemm_args *g, int64_t batch, const gemm_view
                           pass == BAND_PASS_GELU_BACKWARD_TO_BF16;
         float *own = own_t ? vh_cpu_scratch_alloc((size_t)(rows * n) * sizeof(float)) : NULL;
         vh_status mine = !own_t || own ? VH_STATUS_OK : VH_STATUS_ERR_NOMEM;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < bands; i++) {
-            if (mine != VH_STATUS_OK) continue;
-            const int64_t r0 = i * rows, r = m - r0 < rows ? m - r0 : rows;
-            const void *a = (const char *)v->a.p + (size_t)(r0 * v->a.srow) * es;
-            float *t = own_t                        ? own
-                       : pass == BAND_PASS_GELU_F32 ? (float *)g->aux + r0 * n
-                                                    : (float *)g->c + r0 * n;
-            vh_dnnl_matmul mm;
-            describe_band(&mm, g, v, r);
-            mm.b_layout = layout;
-            mine = vh_dnnl_matmul_run(&mm, a, packed ? packed : v->b.p, v->bias, t);
-            if (mine == VH_STATUS_ERR_UNSUPPORTED && packed) {
-                /* this band's kernel reads another layout (a short band's may) */
-                g_band_unpacked_bands++;
-                mm.b_layout = 0;
-                mine = vh_dnnl_matmul_run(&mm, a, v->b.p, v->bias, t);
-            }
-            if (mine != VH_STATUS_OK) continue;
-            if (streamed) {
-                stream_gelu_band(g, (float *)g->c + r0 * n, (float *)g->aux + r0 * n, t, r * n);
-            } else if (pass == BAND_PASS_GELU_TO_BF16) {
-                vh_cpu_k_gelu_forward_f32_to_bf16_serial((uint16_t *)g->c + r0 * n,
-                                                         (uint16_t *)g->aux + r0 * n, t, r * n);
-            } else if (pass == BAND_PASS_GELU_BACKWARD_TO_BF16) {
-                vh_cpu_k_gelu_backward_f32_to_bf16_serial((uint16_t *)g->c + r0 * n,
-                                                          (const uint16_t *)g->aux + r0 * n, t,
-                                                          r * n);
-            } else if (pass == BAND_PASS_GELU_F32) {
-                if (g->epilogue == VH_EPILOGUE_GELU_GRAD)
-                    vh_cpu_k_gelu_forward_grad_serial((float *)g->c + r0 * n, t, t, r * n);
-                else
-                    vh_cpu_k_gelu_forward_serial((float *)g->c + r0 * n, t, r * n);
-            } else {
-                const float *x = (const float *)g->aux + r0 * n;
+        /* the thread's own rows (deal.c) */
+        vh_cpu_deal deal;
+        vh_cpu_deal_init(&deal, dynamic, &next_band, bands, 1, rows, m);
+        int64_t lo, hi;
+        while (mine == VH_STATUS_OK && vh_cpu_deal_take(&deal, &lo, &hi))
+            for (int64_t i = lo; i < hi && mine == VH_STATUS_OK; i++) {
+                const int64_t r0 = i * rows, r = m - r0 < rows ? m - r0 : rows;
+                const void *a = (const char *)v->a.p + (size_t)(r0 * v->a.srow) * es;
+                float *t = own_t                        ? own
+                           : pass == BAND_PASS_GELU_F32 ? (float *)g->aux + r0 * n
+                                                        : (float *)g->c + r0 * n;
+                vh_dnnl_matmul mm;
+                describe_band(&mm, g, v, r);
+                mm.b_layout = layout;
+                mine = vh_dnnl_matmul_run(&mm, a, packed ? packed : v->b.p, v->bias, t);
+                if (mine == VH_STATUS_ERR_UNSUPPORTED && packed) {
+                    /* this band's kernel reads another layout (a short band's may) */
+                    g_band_unpacked_bands++;
+                    mm.b_layout = 0;
+                    mine = vh_dnnl_matmul_run(&mm, a, v->b.p, v->bias, t);
+                }
+                if (mine != VH_STATUS_OK) continue;
+                if (streamed) {
+                    stream_gelu_band(g, (float *)g->c + r0 * n, (float *)g->aux + r0 * n, t, r * n);
+                } else if (pass == BAND_PASS_GELU_TO_BF16) {
+                    vh_cpu_k_gelu_forward_f32_to_bf16_serial((uint16_t *)g->c + r0 * n,
+                                                             (uint16_t *)g->aux + r0 * n, t, r * n);
+                } else if (pass == BAND_PASS_GELU_BACKWARD_TO_BF16) {
+                    vh_cpu_k_gelu_backward_f32_to_bf16_serial((uint16_t *)g->c + r0 * n,
+                                                              (const uint16_t *)g->aux + r0 * n, t,
+                                                              r * n);
+                } else if (pass == BAND_PASS_GELU_F32) {
+                    if (g->epilogue == VH_EPILOGUE_GELU_GRAD)
+                        vh_cpu_k_gelu_forward_grad_serial((float *)g->c + r0 * n, t, t, r * n);
+                    else
+                        vh_cpu_k_gelu_forward_serial((float *)g->c + r0 * n, t, r * n);
+                } else {
+                    const float *x = (const float *)g->aux + r0 * n;
 #pragma omp simd
-                for (int64_t j = 0; j < r * n; j++) t[j] *= x[j];
+                    for (int64_t j = 0; j < r * n; j++) t[j] *= x[j];
+                }
             }
-        }
         if (streamed) vh_cpu_stream_fence();
 #pragma omp critical(vh_gemm_bands)
         if (mine != VH_STATUS_OK && st == VH_STATUS_OK) st = mine;

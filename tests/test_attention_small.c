@@ -146,6 +146,25 @@ static char *row_mask(int64_t n, int64_t rows, int64_t stride, int64_t width) {
     return m;
 }
 
+/* A shape's tensors: their elements, gaps included (qkv and dqkv, out and
+ * dout, probs), and where their rows are (row_mask). */
+typedef struct extents {
+    int64_t nq, no, np;
+    char *mq, *mo, *mp;
+} extents;
+
+static extents extents_of(const shape *s, const vh_attention_args *a) {
+    const int64_t D = s->H * s->Dh, rows = s->B * s->N;
+    const int64_t qs = s->second ? 3 * D : a->qkv_token_stride;
+    const int64_t os = s->second ? D : a->out_token_stride;
+    extents e = {rows * qs, rows * os, s->B * s->H * s->N * s->N, NULL, NULL, NULL};
+    e.mq = row_mask(e.nq, rows, qs, 3 * D), e.mo = row_mask(e.no, rows, os, D);
+    e.mp = row_mask(e.np, 1, e.np, e.np);
+    return e;
+}
+
+static void extents_free(extents *e) { free(e->mq), free(e->mo), free(e->mp); }
+
 #define QKV(w, t, d) (b * a->qkv_batch_stride + (t) * a->qkv_token_stride + (w) * D + h * Dh + (d))
 #define OUT(t, d) (b * a->out_batch_stride + (t) * a->out_token_stride + h * Dh + (d))
 
@@ -214,12 +233,9 @@ static void ref_rest(const vh_attention_args *a, double *out, double *dqkv) {
 
 static void run_shape(const shape *s) {
     vh_attention_args a = args_of(s);
-    const int64_t D = s->H * s->Dh, rows = s->B * s->N;
-    const int64_t qs = s->second ? 3 * D : a.qkv_token_stride;
-    const int64_t os = s->second ? D : a.out_token_stride;
-    const int64_t nq = rows * qs, no = rows * os, np = s->B * s->H * s->N * s->N;
-    char *mq = row_mask(nq, rows, qs, 3 * D), *mo = row_mask(no, rows, os, D);
-    char *mp = row_mask(np, 1, np, np);
+    extents e = extents_of(s, &a);
+    const int64_t nq = e.nq, no = e.no, np = e.np;
+    const char *mq = e.mq, *mo = e.mo, *mp = e.mp;
     a.qkv = tensor(s->t, nq, mq, -1.5, 1.5);
     a.dout = tensor(s->t, no, mo, -1, 1);
     const double init = s->dqkv_init > 0 ? s->dqkv_init : 1.0;
@@ -258,7 +274,8 @@ static void run_shape(const shape *s) {
     a.overwrite = 0;
     free(added), free(zeroed), free(written);
     free((void *)a.qkv), free((void *)a.dout), free(a.out), free(a.probs);
-    free(p), free(out), free(dq), free(mq), free(mo), free(mp);
+    free(p), free(out), free(dq);
+    extents_free(&e);
 }
 
 static void test_small_heads(void **state) {
@@ -441,18 +458,14 @@ static void test_streamed_probs(void **state) {
         for (int di = 0; di < 2; di++) {
             const shape s = {3, tokens[ni], 3, dims[di], VH_DTYPE_F32, VH_DTYPE_F32, ni % 2, 0};
             vh_attention_args a = args_of(&s);
-            const int64_t D = s.H * s.Dh, rows = s.B * s.N;
-            const int64_t qs = s.second ? 3 * D : a.qkv_token_stride;
-            const int64_t os = s.second ? D : a.out_token_stride;
-            const int64_t nq = rows * qs, no = rows * os, np = s.B * s.H * s.N * s.N;
-            char *mq = row_mask(nq, rows, qs, 3 * D), *mo = row_mask(no, rows, os, D);
-            char *mp = row_mask(np, 1, np, np);
-            a.qkv = tensor(s.t, nq, mq, -1.5, 1.5);
+            extents e = extents_of(&s, &a);
+            const int64_t no = e.no, np = e.np;
+            a.qkv = tensor(s.t, e.nq, e.mq, -1.5, 1.5);
             void *out[2], *probs[2];
             for (int k = 0; k < 2; k++) {
                 assert_int_equal(setenv("VITHOST_CPU_STREAM", k ? "1" : "0", 1), 0);
-                a.out = out[k] = tensor(s.t, no, mo, 0, 0);
-                a.probs = probs[k] = tensor(s.pt, np, mp, 0, 0);
+                a.out = out[k] = tensor(s.t, no, e.mo, 0, 0);
+                a.probs = probs[k] = tensor(s.pt, np, e.mp, 0, 0);
                 assert_int_equal(ops->attention_forward(ops->device, &a), VH_STATUS_OK);
             }
             if (memcmp(probs[0], probs[1], (size_t)np * sizeof(float)) != 0)
@@ -462,7 +475,8 @@ static void test_streamed_probs(void **state) {
                 fail_msg("out with probs streamed (N %lld, head_dim %lld): not the same bits",
                          (long long)s.N, (long long)s.Dh);
             for (int k = 0; k < 2; k++) free(out[k]), free(probs[k]);
-            free((void *)a.qkv), free(mq), free(mo), free(mp);
+            free((void *)a.qkv);
+            extents_free(&e);
             run_shape(&s); /* streamed, against the reference */
         }
     unsetenv("VITHOST_CPU_STREAM"); /* the engine's own rule */
@@ -479,27 +493,23 @@ static void test_streamed_probs(void **state) {
  * same values both times. */
 static void deal_run(const shape *s, int dynamic, void **out, void **probs, void **dqkv) {
     vh_attention_args a = args_of(s);
-    const int64_t D = s->H * s->Dh, rows = s->B * s->N;
-    const int64_t qs = s->second ? 3 * D : a.qkv_token_stride;
-    const int64_t os = s->second ? D : a.out_token_stride;
-    const int64_t nq = rows * qs, no = rows * os, np = s->B * s->H * s->N * s->N;
-    char *mq = row_mask(nq, rows, qs, 3 * D), *mo = row_mask(no, rows, os, D);
-    char *mp = row_mask(np, 1, np, np);
+    extents e = extents_of(s, &a);
     const uint64_t saved = rng_state;
     rng_state = 99;
-    a.qkv = tensor(s->t, nq, mq, -1.5, 1.5);
-    a.dout = tensor(s->t, no, mo, -1, 1);
-    a.dqkv = *dqkv = tensor(s->t, nq, mq, -1, 1);
+    a.qkv = tensor(s->t, e.nq, e.mq, -1.5, 1.5);
+    a.dout = tensor(s->t, e.no, e.mo, -1, 1);
+    a.dqkv = *dqkv = tensor(s->t, e.nq, e.mq, -1, 1);
     rng_state = saved;
-    a.out = *out = tensor(s->t, no, mo, 0, 0);
-    a.probs = *probs = tensor(s->pt, np, mp, 0, 0);
+    a.out = *out = tensor(s->t, e.no, e.mo, 0, 0);
+    a.probs = *probs = tensor(s->pt, e.np, e.mp, 0, 0);
     if (dynamic) assert_int_equal(setenv("VITHOST_CPU_DEAL", "dynamic", 1), 0);
     const vh_status fwd = ops->attention_forward(ops->device, &a);
     const vh_status bwd = ops->attention_backward(ops->device, &a);
     unsetenv("VITHOST_CPU_DEAL");
     assert_int_equal(fwd, VH_STATUS_OK);
     assert_int_equal(bwd, VH_STATUS_OK);
-    free((void *)a.qkv), free((void *)a.dout), free(mq), free(mo), free(mp);
+    free((void *)a.qkv), free((void *)a.dout);
+    extents_free(&e);
 }
 
 /* Which thread runs a block never changes its numbers: the blocks dealt as
@@ -518,18 +528,18 @@ static void test_dealing(void **state) {
                 const shape s = {batches[bi], 50, 3, 16, types[ti], types[ti], second, 0};
                 void *out[2], *probs[2], *dqkv[2];
                 for (int k = 0; k < 2; k++) deal_run(&s, k, &out[k], &probs[k], &dqkv[k]);
-                vh_attention_args a = args_of(&s);
-                const int64_t rows = s.B * s.N, es = (int64_t)vh_dtype_size(s.t);
-                const size_t nq = (size_t)(rows * (s.second ? 3 * s.H * s.Dh : a.qkv_token_stride) * es);
-                const size_t no = (size_t)(rows * (s.second ? s.H * s.Dh : a.out_token_stride) * es);
-                const size_t np = (size_t)(s.B * s.H * s.N * s.N * es);
-                if (memcmp(out[0], out[1], no) || memcmp(probs[0], probs[1], np) ||
-                    memcmp(dqkv[0], dqkv[1], nq))
+                const vh_attention_args a = args_of(&s);
+                extents e = extents_of(&s, &a);
+                const size_t es = vh_dtype_size(s.t);
+                if (memcmp(out[0], out[1], (size_t)e.no * es) ||
+                    memcmp(probs[0], probs[1], (size_t)e.np * es) ||
+                    memcmp(dqkv[0], dqkv[1], (size_t)e.nq * es))
                     fail_msg("B %lld %s %s: blocks dealt by sample runs and one at a time "
                              "give other bits",
                              (long long)s.B, vh_dtype_name(s.t),
                              second ? "batch-second" : "batch-first");
                 for (int k = 0; k < 2; k++) free(out[k]), free(probs[k]), free(dqkv[k]);
+                extents_free(&e);
                 run_shape(&s);
             }
 }

@@ -55,9 +55,9 @@ VH_CPU_HIDDEN view4 vh_cpu_attention_square(const vh_attention_args *a, void *p,
 VH_CPU_HIDDEN void vh_cpu_attention_zero_dqkv(const vh_attention_args *a);
 
 /* Blocks a thread takes at a time in the fused kernels' (sample, head)
- * loops: a sample's H. A block's sums do not depend on its thread, and a
- * thread held up (a shared machine's vCPU) leaves the rest to the others.
- * Not one block at a time: a sample's heads write neighbouring parts of the
+ * loops: a sample's H (whole samples in each thread's share, deal.c; and
+ * the chunk when they are dealt one at a time). A block's sums do not
+ * depend on its thread. Not one block at a time: a sample's heads write neighbouring parts of the
  * same rows (16-wide bf16 heads share cache lines), which two threads taking
  * alternate heads bounce between their caches; the main job's AMP attention
  * ran 25-30% slower so. */

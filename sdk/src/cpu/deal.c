@@ -3,8 +3,8 @@
  * Each thread takes one contiguous run of them, the same rows from one op
  * to the next, where it used to take the next chunk as it came free. Why:
  * the guest this engine was last tuned on (Zen 5, 2 vCPUs) runs at times in
- * a slow mode, a cache line taking 370-440 ns between the two threads
- * instead of 80-175 (bench/probe_threads), most likely its two vCPUs on two
+ * a slow mode, a cache line taking 340-440 ns between the two threads
+ * instead of 73-175 (bench/probe_threads), most likely its two vCPUs on two
  * L3 domains; then every row one thread writes and the other reads next
  * crosses between them, and an op that deals its work one chunk at a time
  * hands about half its rows to the other thread's caches. The row-split
@@ -19,10 +19,13 @@
  *   T2 fp32  slow mode 351.2 / 341.7 (20 of 22)  fast 337.2 / 337.8 (8 of 13)
  *   T3 fp32  slow mode 521.6 / 522.7 (12 of 21)  fast 509.3 / 511.2 (8 of 14)
  * (an earlier 6-minute run of T1 AMP alone: slow 22.87 / 20.27, 78 of 80;
- * fast 18.64 / 18.58). T3's tensors go to memory either way. The bands split by
- * rows, not by count: T3's 13 bands of 128 rows and one of 40 as 7 and 6
- * gave one thread 896 rows and the other 680, where dealing one at a time
- * ran 67.0-68.1 ms a step against 75.7-77.6 (Zen 4, fc1 under AMP); at the
+ * fast 18.64 / 18.58). T3's tensors go to memory either way. What it
+ * gives up: a thread held up by a neighbour on its vCPU now holds up the
+ * op, where the other thread used to take over its chunks; in the pairs
+ * above that cost less than the rows' trips. The bands split by rows, not
+ * by count: T3's 13 bands (twelve of 128 rows, one of 40) as 7 and 6 gave
+ * one thread 896 rows and the other 680, where dealing one at a time ran
+ * 67.0-68.1 ms a step against 75.7-77.6 (Zen 4, fc1 under AMP); at the
  * nearest boundary it is 768 and 808. VITHOST_CPU_DEAL=dynamic deals one
  * chunk at a time again (read at each call), to compare. Which thread runs
  * an item never changes its sums. */

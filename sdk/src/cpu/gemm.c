@@ -292,11 +292,12 @@ static vh_status plain(const vh_gemm_args *g, int64_t batch, operand a, operand 
     return st;
 }
 
-/* c = r + beta c (the fused route's residual, added by the sum post-op). */
-static void preload(const vh_gemm_args *g, int64_t batch, const out_view *c,
-                    const out_view *r) {
+/* c = r + beta c, row by row: the fused route's residual, into C before the
+ * sum post-op adds it (beta: the call's), or added to C after the matmul
+ * (beta 1: c + r, the bits of oneDNN's binary-add post-op). */
+static void add_residual(const vh_gemm_args *g, int64_t batch, const out_view *c,
+                         const out_view *r, float beta) {
     const int64_t n = g->n;
-    const float beta = g->beta;
 #pragma omp parallel for schedule(static) if (batch * g->m * n > VH_CPU_PAR_ELEMS)
     for (int64_t i = 0; i < batch * g->m; i++) {
         const int64_t q = i / g->m, row = i % g->m;
@@ -308,18 +309,6 @@ static void preload(const vh_gemm_args *g, int64_t batch, const out_view *c,
         } else {
             memcpy(ci, ri, (size_t)n * sizeof(float));
         }
-    }
-}
-
-/* c += r, row by row (the fused route's residual, after its matmul). */
-static void add_residual(const vh_gemm_args *g, const out_view *c, const out_view *r) {
-    const int64_t n = g->n;
-#pragma omp parallel for schedule(static) if (g->m * n > VH_CPU_PAR_ELEMS)
-    for (int64_t i = 0; i < g->m; i++) {
-        float *ci = c->p + i * c->ld;
-        const float *ri = r->p + i * r->ld;
-#pragma omp simd
-        for (int64_t j = 0; j < n; j++) ci[j] += ri[j];
     }
 }
 
@@ -679,32 +668,20 @@ static vh_status run_fused(const vh_gemm_args *g, int64_t batch, gemm_views *v) 
      * oneDNN 2.6's binary post-op misreads a batched residual whose batch
      * stride is not m * ldc. */
     vh_dnnl_matmul mm;
-    const int res_alone = v->res.p && !v->res_is_c && batch == 1 && g->beta == 0.0f;
-    if (res_alone && !residual_postop()) {
+    if (v->res.p && !v->res_is_c && batch == 1 && g->beta == 0.0f) {
+        const int postop = residual_postop();
         describe(&mm, g, batch, &v->a, &v->b, &v->c);
         mm.has_bias = v->bias != NULL;
         mm.gelu = gelu;
         mm.mul_aux = mul;
-        st = matmul_run(&mm, v->a.p, v->b.p, v->bias, aux, NULL, v->c.p);
-        if (st == VH_STATUS_OK) {
-            add_residual(g, &v->c, &v->res);
-            if (!v->c32)
-                block_from_f32(g->c, g->c_dtype, v->c.p, batch, g->stride_c, g->m, g->ldc, g->n);
-        }
-        if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
-    }
-    if (res_alone && residual_postop()) {
-        describe(&mm, g, batch, &v->a, &v->b, &v->c);
-        mm.has_bias = v->bias != NULL;
-        mm.gelu = gelu;
-        mm.mul_aux = mul;
-        mm.residual = 1;
-        st = matmul_run(&mm, v->a.p, v->b.p, v->bias, aux, v->res.p, v->c.p);
+        mm.residual = postop;
+        st = matmul_run(&mm, v->a.p, v->b.p, v->bias, aux, postop ? v->res.p : NULL, v->c.p);
+        if (st == VH_STATUS_OK && !postop) add_residual(g, 1, &v->c, &v->res, 1.0f);
         if (st == VH_STATUS_OK && !v->c32)
             block_from_f32(g->c, g->c_dtype, v->c.p, batch, g->stride_c, g->m, g->ldc, g->n);
         if (st != VH_STATUS_ERR_UNSUPPORTED) return st;
     }
-    if (v->res.p && !v->res_is_c) preload(g, batch, &v->c, &v->res);
+    if (v->res.p && !v->res_is_c) add_residual(g, batch, &v->c, &v->res, g->beta);
     describe(&mm, g, batch, &v->a, &v->b, &v->c);
     mm.has_bias = v->bias != NULL;
     mm.gelu = gelu;

@@ -79,7 +79,7 @@ LNV_INLINE float fold16(__m512 a) {
  * row's sums: one row at a time, each waited on its own (T1's 6400 x 64
  * bf16, 2 threads: 72 against 56 us a call with the portable loops). */
 LNV_INLINE void forward_rows(void *y, float *mean, float *rstd, const void *x, const float *w,
-                              const float *b, int64_t rows, int64_t dim, float eps, int bf) {
+                            const float *b, int64_t rows, int64_t dim, float eps, int bf) {
     const int64_t vectors = dim / 16;
     for (int64_t r = 0; r < rows; r++) {
         const void *xr = row_at(x, r, dim, bf);
@@ -122,8 +122,8 @@ LNV_INLINE void forward_rows(void *y, float *mean, float *rstd, const void *x, c
  * dout; then dx += s (dout w - mg - xhat mgx) with mg, mgx the folded sums
  * over the width. */
 LNV_INLINE void backward_rows_v(int V, void *dx, float *pw, float *pb, const void *dout,
-                                 const void *x, const float *w, const float *mean,
-                                 const float *rstd, int64_t rows, int64_t dim, int bf) {
+                               const void *x, const float *w, const float *mean,
+                               const float *rstd, int64_t rows, int64_t dim, int bf) {
     __m512 vw[LNV_REG_VECTORS], vpw[LNV_REG_VECTORS], vpb[LNV_REG_VECTORS];
 #pragma GCC unroll 4
     for (int v = 0; v < V; v++) {
@@ -185,7 +185,7 @@ LNV_INLINE void backward_rows_v(int V, void *dx, float *pw, float *pb, const voi
 }
 
 /* Each storage's code built apart (bf a constant in each). */
-#define LNV_ROWS(bf_)                                                                   \
+#define LNV_ROWS(bf_)                                                                         \
     static void backward_rows_##bf_(void *dx, float *pw, float *pb, const void *dout,         \
                                     const void *x, const float *w, const float *mean,         \
                                     const float *rstd, int64_t rows, int64_t dim) {           \

@@ -486,12 +486,11 @@ static void test_streamed_probs(void **state) {
         assert_non_null(strstr(line, "f32 probabilities streamed past the caches"));
 }
 
-/* out, probs and dqkv of one forward and backward (dqkv added to), with the
- * blocks dealt as the engine does by default (dynamic 0: each thread a
- * contiguous run of samples, deal.c) or one sample at a time to whichever
- * thread is free (VITHOST_CPU_DEAL=dynamic); each freshly allocated, the
- * same values both times. */
-static void deal_run(const shape *s, int dynamic, void **out, void **probs, void **dqkv) {
+/* out, probs and dqkv of one forward and backward (dqkv added to), with
+ * the engine's switch `name` set to `value` for both calls (name NULL: its
+ * defaults); each freshly allocated, the same values every time. */
+static void switched_run(const shape *s, const char *name, const char *value, void **out,
+                         void **probs, void **dqkv) {
     vh_attention_args a = args_of(s);
     extents e = extents_of(s, &a);
     const uint64_t saved = rng_state;
@@ -502,10 +501,10 @@ static void deal_run(const shape *s, int dynamic, void **out, void **probs, void
     rng_state = saved;
     a.out = *out = tensor(s->t, e.no, e.mo, 0, 0);
     a.probs = *probs = tensor(s->pt, e.np, e.mp, 0, 0);
-    if (dynamic) assert_int_equal(setenv("VITHOST_CPU_DEAL", "dynamic", 1), 0);
+    if (name) assert_int_equal(setenv(name, value, 1), 0);
     const vh_status fwd = ops->attention_forward(ops->device, &a);
     const vh_status bwd = ops->attention_backward(ops->device, &a);
-    unsetenv("VITHOST_CPU_DEAL");
+    if (name) unsetenv(name);
     assert_int_equal(fwd, VH_STATUS_OK);
     assert_int_equal(bwd, VH_STATUS_OK);
     free((void *)a.qkv), free((void *)a.dout);
@@ -527,7 +526,10 @@ static void test_dealing(void **state) {
             for (int second = 0; second < 2; second++) {
                 const shape s = {batches[bi], 50, 3, 16, types[ti], types[ti], second, 0};
                 void *out[2], *probs[2], *dqkv[2];
-                for (int k = 0; k < 2; k++) deal_run(&s, k, &out[k], &probs[k], &dqkv[k]);
+                /* each thread a contiguous run of samples (deal.c), then one sample
+                 * at a time to whichever thread is free */
+                switched_run(&s, NULL, NULL, &out[0], &probs[0], &dqkv[0]);
+                switched_run(&s, "VITHOST_CPU_DEAL", "dynamic", &out[1], &probs[1], &dqkv[1]);
                 const vh_attention_args a = args_of(&s);
                 extents e = extents_of(&s, &a);
                 const size_t es = vh_dtype_size(s.t);
@@ -542,6 +544,106 @@ static void test_dealing(void **state) {
                 extents_free(&e);
                 run_shape(&s);
             }
+}
+
+/* Two runs' out, probs and dqkv (switched_run): the same bits, or a failure
+ * that names the shape and what differed. */
+static void expect_same_runs(const shape *s, void *out[2], void *probs[2], void *dqkv[2],
+                             const char *what) {
+    const vh_attention_args a = args_of(s);
+    extents e = extents_of(s, &a);
+    const size_t es = vh_dtype_size(s->t), ps = vh_dtype_size(s->pt);
+    if (memcmp(out[0], out[1], (size_t)e.no * es) || memcmp(probs[0], probs[1], (size_t)e.np * ps) ||
+        memcmp(dqkv[0], dqkv[1], (size_t)e.nq * es))
+        fail_msg("N %lld head_dim %lld %s probs %s %s: %s give other bits", (long long)s->N,
+                 (long long)s->Dh, vh_dtype_name(s->t), vh_dtype_name(s->pt),
+                 s->second ? "batch-second" : "batch-first", what);
+    for (int k = 0; k < 2; k++) free(out[k]), free(probs[k]), free(dqkv[k]);
+    extents_free(&e);
+}
+
+/* The dot-product blocks' softmax (forward) and dS (backward) in registers
+ * (by default for heads of 16; VITHOST_CPU_ATTENTION16_REGS=1 wherever a
+ * score row is at most 5 vectors) and in passes over scratch (=0): the
+ * same bits, for rows of 1 to 5 vectors, whole and not, heads of 16 to 64,
+ * f32 and bf16 probabilities, both layouts; and the registers forced
+ * against the reference. Where the CPU lacks AVX512-BF16 (or AMX takes
+ * bf16) both runs take another route, and say so. */
+static void test_register_softmax(void **state) {
+    (void)state;
+    static const int64_t tokens[] = {16, 17, 33, 50, 65, 80};
+    static const int64_t dims[] = {16, 32, 64};
+    if (!cpu_has_dot16()) print_message("no dot-product blocks on this CPU: one route twice\n");
+    const char *g16 = getenv("VITHOST_CPU_GEMM16");
+    char *saved = g16 ? strdup(g16) : NULL;
+    assert_int_equal(setenv("VITHOST_CPU_GEMM16", "native", 1), 0); /* the blocks' route */
+    int k = 0;
+    for (int ni = 0; ni < 6; ni++)
+        for (int di = 0; di < 3; di++)
+            for (int pi = 0; pi < 2; pi++, k++) {
+                const shape s = {3, tokens[ni], 2, dims[di], VH_DTYPE_BF16,
+                                 pi ? VH_DTYPE_BF16 : VH_DTYPE_F32, k % 2, 0};
+                void *out[2], *probs[2], *dqkv[2];
+                switched_run(&s, "VITHOST_CPU_ATTENTION16_REGS", "1", &out[0], &probs[0], &dqkv[0]);
+                switched_run(&s, "VITHOST_CPU_ATTENTION16_REGS", "0", &out[1], &probs[1], &dqkv[1]);
+                expect_same_runs(&s, out, probs, dqkv, "the registers' softmax and the passes");
+                if (ni % 2 == 0) {
+                    assert_int_equal(setenv("VITHOST_CPU_ATTENTION16_REGS", "1", 1), 0);
+                    run_shape(&s);
+                    unsetenv("VITHOST_CPU_ATTENTION16_REGS");
+                }
+            }
+    if (saved) setenv("VITHOST_CPU_GEMM16", saved, 1);
+    else unsetenv("VITHOST_CPU_GEMM16");
+    free(saved);
+}
+
+/* Probabilities below FLT_MIN, stored as bf16 subnormals on both of the
+ * dot-product blocks' softmax routes (vcvtneps2bf16, which they take for
+ * the rest, would read them as 0), and as f32 probabilities exactly. One
+ * head of 16, N 50: every score 0 but column X's, -86 (q_i = e_0, k_j =
+ * (0 or -86, 0, ...), scale 1), so the row sums to 49 and p_X = e^-86 / 49,
+ * about 9e-40. (Not out = P16 V: vdpbf16ps itself reads subnormal bf16
+ * inputs as zero, as oneDNN's bf16 matmuls do.) */
+static void test_subnormal_probabilities(void **state) {
+    (void)state;
+    enum { N = 50, X = 37 };
+    const float pf = expf_as_engine(-86.0f) * (1.0f / 49.0f);
+    const uint16_t p16 = vh_f32_to_bf16(pf);
+    assert_true(pf > 0 && pf < 0x1p-126f && p16 != 0);
+    const char *g16 = getenv("VITHOST_CPU_GEMM16");
+    char *saved = g16 ? strdup(g16) : NULL;
+    assert_int_equal(setenv("VITHOST_CPU_GEMM16", "native", 1), 0);
+    for (int regs = 0; regs < 2; regs++)
+        for (int pi = 0; pi < 2; pi++) {
+            const shape s = {1, N, 1, 16, VH_DTYPE_BF16, pi ? VH_DTYPE_BF16 : VH_DTYPE_F32, 0, 0};
+            vh_attention_args a = args_of(&s);
+            a.scale = 1.0f;
+            const int64_t ts = a.qkv_token_stride;
+            uint16_t *qkv = calloc((size_t)(N * ts), 2);
+            uint16_t *out = calloc((size_t)(N * a.out_token_stride), 2);
+            void *probs = calloc(N * N, vh_dtype_size(s.pt));
+            assert_true(qkv && out && probs);
+            for (int64_t j = 0; j < N; j++) {
+                put(qkv, s.t, j * ts, 1.0f);                        /* q_j = e_0 */
+                put(qkv, s.t, j * ts + 16, j == X ? -86.0f : 0.0f); /* k_j */
+            }
+            a.qkv = qkv, a.out = out, a.probs = probs;
+            assert_int_equal(setenv("VITHOST_CPU_ATTENTION16_REGS", regs ? "1" : "0", 1), 0);
+            assert_int_equal(ops->attention_forward(ops->device, &a), VH_STATUS_OK);
+            unsetenv("VITHOST_CPU_ATTENTION16_REGS");
+            for (int64_t i = 0; i < N; i++) {
+                const float got = (float)get(probs, s.pt, i * N + X);
+                const float want = pi ? vh_bf16_to_f32(p16) : pf;
+                if (memcmp(&got, &want, sizeof got) != 0)
+                    fail_msg("%s probs[%lld][%d] = %a, want %a (registers %d)",
+                             vh_dtype_name(s.pt), (long long)i, X, (double)got, (double)want, regs);
+            }
+            free(qkv), free(out), free(probs);
+        }
+    if (saved) setenv("VITHOST_CPU_GEMM16", saved, 1);
+    else unsetenv("VITHOST_CPU_GEMM16");
+    free(saved);
 }
 
 static int setup(void **state) {
@@ -559,6 +661,8 @@ int main(void) {
         cmocka_unit_test(test_overwrite_past_struct_size),
         cmocka_unit_test(test_streamed_probs),
         cmocka_unit_test(test_dealing),
+        cmocka_unit_test(test_register_softmax),
+        cmocka_unit_test(test_subnormal_probabilities),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

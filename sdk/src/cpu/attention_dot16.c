@@ -36,6 +36,7 @@
  * AVX512-BF16 but not AMX (see cpu_has_dot16).
  * VITHOST_CPU_ATTENTION16=onednn keeps attention16.c's oneDNN matmuls
  * (tests and A/B runs); "dot" or unset: these blocks where they apply. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,7 @@ typedef struct dgeom {
     vh_dtype pt;
     float scale;
     int overwrite; /* backward: dqkv written (2.6 overwrite), not added to */
+    int reg_softmax; /* reg_softmax(): scores_softmax, grad_rows */
 } dgeom;
 
 /* C's modes: f32 stored; bf16 stored, added to, or written as added to
@@ -92,9 +94,12 @@ ALWAYS_INLINE __m512i bcast_pair(const char *p) {
     return _mm512_set1_epi32(w);
 }
 
-/* To bf16, nearest even, NaN kept quiet (vcvtneps2bf16 would flush
- * subnormals); and back (vh_avx512_widen_bf16). */
+/* To bf16, nearest even, NaN kept quiet: one vcvtneps2bf16 where no lane
+ * is subnormal, else the integer steps (vh_avx512_round_bf16_cvt; the
+ * steps alone ran T3's B 8 N 197 H 6 head 64 backward 4.6% slower, medians
+ * of 100 calls, and T1's forward 9%); and back (vh_avx512_widen_bf16). */
 #include "bf16_round_avx512.h"
+#include "exp_avx512.h" /* vh_avx512_exp_nonpos */
 
 ALWAYS_INLINE __m512 widen16(const void *p) {
     return vh_avx512_widen_bf16(_mm256_loadu_si256((const __m256i *)p));
@@ -137,7 +142,7 @@ ALWAYS_INLINE void tile(int R, int V, int mode, int64_t K, const char *A, int64_
                 char *c = C + r * ldc + 32 * v;
                 if (mode == OUT_BF16_ADD) y = _mm512_add_ps(y, widen16(c));
                 if (mode == OUT_BF16_ADD0) y = _mm512_add_ps(y, _mm512_setzero_ps());
-                _mm256_storeu_si256((__m256i *)c, vh_avx512_round_bf16(y));
+                _mm256_storeu_si256((__m256i *)c, vh_avx512_round_bf16_cvt(y));
             }
         }
 }
@@ -295,7 +300,7 @@ ALWAYS_INLINE void store_probs_row(char *dst, vh_dtype pt, const float *s, float
     const __m512 iv = _mm512_set1_ps(inv);
     for (int64_t c = 0; c < np; c += 16) {
         const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + c), iv);
-        const __m256i h = vh_avx512_round_bf16(x);
+        const __m256i h = vh_avx512_round_bf16_cvt(x);
         _mm256_storeu_si256((__m256i *)(p16 + c), h);
         if (c >= n) continue;
         const __mmask16 m = n - c >= 16 ? 0xffff : (__mmask16)((1u << (n - c)) - 1);
@@ -306,6 +311,153 @@ ALWAYS_INLINE void store_probs_row(char *dst, vh_dtype pt, const float *s, float
     }
 }
 
+/* ---- the forward's scores and softmax in registers -------------------------
+ * Where a score row is at most 5 vectors (n <= 80: T1's 50, T2's 65), R rows
+ * of S = scale Q K^T stay in registers through their softmax, and each
+ * row's probabilities go from there to probs and P16: mm_scores stored S,
+ * the softmax read it twice and wrote it once, and store_probs_row read it
+ * again. The same operations in the same order as mm_scores (tile),
+ * vh_cpu_attention_softmax_v4 (attention_small_kern.h's softmax_rows:
+ * max, exponentials and their sum, 1 / sum) and store_probs_row: the same
+ * bits. */
+
+/* attention_small_kern.h's hmax and hsum: the halves folded, then the
+ * four lanes in its order. */
+ALWAYS_INLINE float hmax16(__m512 x) {
+    float a[8];
+    _mm256_storeu_ps(a, _mm256_max_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1)));
+    const float m0 = a[0] > a[4] ? a[0] : a[4], m1 = a[1] > a[5] ? a[1] : a[5];
+    const float m2 = a[2] > a[6] ? a[2] : a[6], m3 = a[3] > a[7] ? a[3] : a[7];
+    const float m01 = m0 > m1 ? m0 : m1, m23 = m2 > m3 ? m2 : m3;
+    return m01 > m23 ? m01 : m23;
+}
+
+ALWAYS_INLINE float hsum16(__m512 x) {
+    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
+    float c[4];
+    _mm_storeu_ps(c, _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+/* Rows i..i+R of the probabilities, NV vectors a row (np = 16 NV). */
+ALWAYS_INLINE void scores_softmax(int R, int NV, const dblock *b, const dgeom *g,
+                                  const uint32_t *kp, int64_t i, uint16_t *p16) {
+    const int64_t n = g->n, np = g->np, pes = vh_dtype_size(g->pt);
+    __m512 acc[8][5];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 5
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+    const char *q = b->q + i * b->ts;
+    for (int64_t k = 0; k < g->dh / 2; k++) {
+        __m512i kv[5];
+#pragma GCC unroll 5
+        for (int v = 0; v < NV; v++) kv[v] = _mm512_loadu_si512(kp + k * np + 16 * v);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const __m512i a = bcast_pair(q + r * b->ts + 4 * k);
+#pragma GCC unroll 5
+            for (int v = 0; v < NV; v++)
+                acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)a, (__m512bh)kv[v]);
+        }
+    }
+    /* the columns past n: -inf, so that e^ gives 0; the rows' steps
+     * interleaved, each a chain of dependent steps */
+    const int64_t last = n - 16 * (NV - 1);
+    const __mmask16 in = last >= 16 ? 0xffff : (__mmask16)((1u << last) - 1);
+    const __m512 al = _mm512_set1_ps(g->scale), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 red[8];
+    float m[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) red[r] = ninf;
+#pragma GCC unroll 5
+    for (int v = 0; v < NV; v++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 x = _mm512_mul_ps(acc[r][v], al);
+            if (v == NV - 1) x = _mm512_mask_blend_ps(in, ninf, x);
+            acc[r][v] = x;
+            red[r] = _mm512_max_ps(x, red[r]);
+        }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) m[r] = hmax16(red[r]), red[r] = _mm512_setzero_ps();
+#pragma GCC unroll 5
+    for (int v = 0; v < NV; v++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            acc[r][v] = vh_avx512_exp_nonpos(_mm512_sub_ps(acc[r][v], _mm512_set1_ps(m[r])));
+            red[r] = _mm512_add_ps(red[r], acc[r][v]);
+        }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) m[r] = 1.0f / hsum16(red[r]);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        if (i + r + 4 < n) { /* as store_probs_row: the row 4 on, for writing */
+            char *ahead = b->p + (i + r + 4) * n * pes;
+            for (int64_t c = 0; c < n * pes; c += 64) __builtin_prefetch(ahead + c, 1, 3);
+        }
+        char *prow = b->p + (i + r) * n * pes;
+        uint16_t *hrow = p16 + (i + r) * np;
+        const __m512 inv = _mm512_set1_ps(m[r]);
+#pragma GCC unroll 5
+        for (int v = 0; v < NV; v++) {
+            const __m512 x = _mm512_mul_ps(acc[r][v], inv);
+            const __m256i h = vh_avx512_round_bf16_cvt(x);
+            _mm256_storeu_si256((__m256i *)(hrow + 16 * v), h);
+            const __mmask16 mk = v == NV - 1 ? in : 0xffff;
+            if (g->pt == VH_DTYPE_F32)
+                _mm512_mask_storeu_ps((float *)prow + 16 * v, mk, x);
+            else
+                _mm256_mask_storeu_epi16((uint16_t *)prow + 16 * v, mk, h);
+        }
+    }
+}
+
+/* All n rows, as many at a time as 16 accumulators hold (5 for 3 vectors),
+ * then the rows left. */
+#define SOFTMAX_ROWS(NV, RM)                                                               \
+    do {                                                                                   \
+        int64_t i = 0;                                                                     \
+        for (; i + (RM) <= n; i += (RM)) scores_softmax((RM), (NV), b, g, kp, i, p16);    \
+        for (; i < n; i++) scores_softmax(1, (NV), b, g, kp, i, p16);                     \
+    } while (0)
+
+static void scores_softmax_all(const dblock *b, const dgeom *g, const uint32_t *kp,
+                               uint16_t *p16) {
+    const int64_t n = g->n;
+    switch (g->np / 16) {
+    case 1: SOFTMAX_ROWS(1, 8); break;
+    case 2: SOFTMAX_ROWS(2, 8); break;
+    case 3: SOFTMAX_ROWS(3, 5); break;
+    case 4: SOFTMAX_ROWS(4, 4); break;
+    default: SOFTMAX_ROWS(5, 3); break;
+    }
+}
+#undef SOFTMAX_ROWS
+
+/* Where the rows' softmax (forward) and dS (backward) run in registers:
+ * score rows of at most 5 vectors (n <= 80), and heads of 16, whose
+ * products are short (8 pairs) next to the softmax's steps. With longer
+ * heads the tiles of 5 rows or fewer read K or V^T more often than
+ * mm_scores' 6 x 4 and lost more than the passes cost. Zen 5, 2 threads,
+ * bench/ab_calls, medians of 200 calls, registers / passes: T1's B 128 N 50
+ * H 4 head 16 forward 0.94-0.96, backward 0.91-0.92 (3 runs); head 32 at
+ * N 50 forward 1.06-1.08, backward 0.96-0.99, and T2's N 65 head 64
+ * forward 1.13-1.24, backward 1.02-1.06 (2-3 runs, before the passes took
+ * the one-instruction rounding too). VITHOST_CPU_ATTENTION16_REGS=0 takes
+ * the passes, =1 the registers wherever a row fits (tests compare the two;
+ * read at each call). */
+#define REG_SOFTMAX_MAX_NP 80
+#define REG_SOFTMAX_HEAD_DIM 16
+
+static int reg_softmax(int64_t np, int64_t dh) {
+    if (np > REG_SOFTMAX_MAX_NP) return 0;
+    const char *e = getenv("VITHOST_CPU_ATTENTION16_REGS");
+    if (e && strcmp(e, "0") == 0) return 0;
+    if (e && strcmp(e, "1") == 0) return 1;
+    return dh == REG_SOFTMAX_HEAD_DIM;
+}
+
 __attribute__((noinline)) static void block_forward(const dblock *b, const dgeom *g, char *w) {
     const int64_t n = g->n, np = g->np, dh = g->dh;
     uint32_t *kp = carve(&w, dh / 2 * np * 4), *vr = carve(&w, g->n2 * dh * 4);
@@ -313,15 +465,19 @@ __attribute__((noinline)) static void block_forward(const dblock *b, const dgeom
     uint16_t *p16 = carve(&w, n * np * 2);
     const int64_t pes = vh_dtype_size(g->pt);
     pairs_transposed(kp, b->k, b->ts, g);
-    mm_scores(n, np / 16, dh / 2, b->q, b->ts, 4, (const char *)kp, np * 4, (char *)s, np * 4,
-              g->scale);
-    vh_cpu_attention_softmax_v4(s, n, np, n, inv);
-    for (int64_t i = 0; i < n; i++) {
-        if (i + 4 < n) {
-            char *ahead = b->p + (i + 4) * n * pes;
-            for (int64_t c = 0; c < n * pes; c += 64) __builtin_prefetch(ahead + c, 1, 3);
+    if (g->reg_softmax) {
+        scores_softmax_all(b, g, kp, p16);
+    } else {
+        mm_scores(n, np / 16, dh / 2, b->q, b->ts, 4, (const char *)kp, np * 4, (char *)s,
+                  np * 4, g->scale);
+        vh_cpu_attention_softmax_v4(s, n, np, n, inv);
+        for (int64_t i = 0; i < n; i++) {
+            if (i + 4 < n) {
+                char *ahead = b->p + (i + 4) * n * pes;
+                for (int64_t c = 0; c < n * pes; c += 64) __builtin_prefetch(ahead + c, 1, 3);
+            }
+            store_probs_row(b->p + i * n * pes, g->pt, s + i * np, inv[i], p16 + i * np, n, np);
         }
-        store_probs_row(b->p + i * n * pes, g->pt, s + i * np, inv[i], p16 + i * np, n, np);
     }
     pairs_of_rows(vr, b->v, b->ts, n, dh);
     mm_prod(OUT_BF16, g, (const char *)p16, np * 2, 4, (const char *)vr, b->o, b->ots, 1.0f);
@@ -345,16 +501,109 @@ ALWAYS_INLINE void grad_row(const float *dp, const char *prow, vh_dtype pt, uint
         __m512 p;
         if (pt == VH_DTYPE_F32) {
             p = _mm512_maskz_loadu_ps(m, (const float *)prow + c);
-            _mm256_storeu_si256((__m256i *)(p16 + c), vh_avx512_round_bf16(p));
+            _mm256_storeu_si256((__m256i *)(p16 + c), vh_avx512_round_bf16_cvt(p));
         } else {
             const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)prow + c);
             _mm256_storeu_si256((__m256i *)(p16 + c), h);
             p = vh_avx512_widen_bf16(h);
         }
         const __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + c), rs));
-        _mm256_storeu_si256((__m256i *)(ds16 + c), vh_avx512_round_bf16(ds));
+        _mm256_storeu_si256((__m256i *)(ds16 + c), vh_avx512_round_bf16_cvt(ds));
     }
 }
+
+/* The backward's dP = dO V^T and dS in registers, R rows at a time where a
+ * row is at most 5 vectors (as scores_softmax): grad_row's steps on the
+ * tile mm_scores would have stored, the same bits. */
+ALWAYS_INLINE void grad_rows(int R, int NV, const dblock *b, const dgeom *g, const uint32_t *vt,
+                             int64_t i, uint16_t *ds16, uint16_t *p16) {
+    const int64_t n = g->n, np = g->np, pes = vh_dtype_size(g->pt);
+    __m512 acc[8][5];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 5
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+    const char *go = b->go + i * b->ots;
+    for (int64_t k = 0; k < g->dh / 2; k++) {
+        __m512i vv[5];
+#pragma GCC unroll 5
+        for (int v = 0; v < NV; v++) vv[v] = _mm512_loadu_si512(vt + k * np + 16 * v);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const __m512i a = bcast_pair(go + r * b->ots + 4 * k);
+#pragma GCC unroll 5
+            for (int v = 0; v < NV; v++)
+                acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)a, (__m512bh)vv[v]);
+        }
+    }
+    const int64_t last = n - 16 * (NV - 1);
+    const __mmask16 in = last >= 16 ? 0xffff : (__mmask16)((1u << last) - 1);
+    const __m512 one = _mm512_set1_ps(1.0f); /* mm_scores' alpha */
+    __m512 red[8];
+    float rs[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) red[r] = _mm512_setzero_ps();
+#pragma GCC unroll 5
+    for (int v = 0; v < NV; v++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const char *prow = b->p + (i + r) * n * pes;
+            const __mmask16 mk = v == NV - 1 ? in : 0xffff;
+            const __m512 p = g->pt == VH_DTYPE_F32
+                ? _mm512_maskz_loadu_ps(mk, (const float *)prow + 16 * v)
+                : vh_avx512_widen_bf16(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)prow + 16 * v));
+            acc[r][v] = _mm512_mul_ps(acc[r][v], one);
+            red[r] = _mm512_fmadd_ps(acc[r][v], p, red[r]);
+        }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) rs[r] = _mm512_reduce_add_ps(red[r]);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        if (i + r + 4 < n) { /* as block_backward did: the row 4 on */
+            const char *ahead = b->p + (i + r + 4) * n * pes;
+            for (int64_t c = 0; c < n * pes; c += 64) _mm_prefetch(ahead + c, _MM_HINT_T0);
+        }
+        const char *prow = b->p + (i + r) * n * pes;
+        const __m512 sr = _mm512_set1_ps(rs[r]);
+#pragma GCC unroll 5
+        for (int v = 0; v < NV; v++) {
+            const __mmask16 mk = v == NV - 1 ? in : 0xffff;
+            __m512 p;
+            if (g->pt == VH_DTYPE_F32) {
+                p = _mm512_maskz_loadu_ps(mk, (const float *)prow + 16 * v);
+                _mm256_storeu_si256((__m256i *)(p16 + (i + r) * np + 16 * v),
+                                    vh_avx512_round_bf16_cvt(p));
+            } else {
+                const __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)prow + 16 * v);
+                _mm256_storeu_si256((__m256i *)(p16 + (i + r) * np + 16 * v), h);
+                p = vh_avx512_widen_bf16(h);
+            }
+            const __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(acc[r][v], sr));
+            _mm256_storeu_si256((__m256i *)(ds16 + (i + r) * np + 16 * v),
+                                vh_avx512_round_bf16_cvt(ds));
+        }
+    }
+}
+
+#define GRAD_ROWS(NV, RM)                                                                  \
+    do {                                                                                   \
+        int64_t i = 0;                                                                     \
+        for (; i + (RM) <= n; i += (RM)) grad_rows((RM), (NV), b, g, vt, i, ds16, p16);   \
+        for (; i < n; i++) grad_rows(1, (NV), b, g, vt, i, ds16, p16);                    \
+    } while (0)
+
+static void grad_rows_all(const dblock *b, const dgeom *g, const uint32_t *vt, uint16_t *ds16,
+                          uint16_t *p16) {
+    const int64_t n = g->n;
+    switch (g->np / 16) {
+    case 1: GRAD_ROWS(1, 8); break;
+    case 2: GRAD_ROWS(2, 8); break;
+    case 3: GRAD_ROWS(3, 5); break;
+    case 4: GRAD_ROWS(4, 4); break;
+    default: GRAD_ROWS(5, 3); break;
+    }
+}
+#undef GRAD_ROWS
 
 __attribute__((noinline)) static void block_backward(const dblock *b, const dgeom *g, char *w) {
     const int64_t n = g->n, np = g->np, dh = g->dh, n2 = g->n2;
@@ -366,14 +615,19 @@ __attribute__((noinline)) static void block_backward(const dblock *b, const dgeo
     uint16_t *ds16 = carve(&w, n * np * 2), *p16 = carve(&w, n * np * 2);
     const int64_t pes = vh_dtype_size(g->pt);
     pairs_transposed(vt, b->v, b->ts, g);
-    mm_scores(n, np / 16, dh / 2, b->go, b->ots, 4, (const char *)vt, np * 4, (char *)dp,
-              np * 4, 1.0f); /* dP = dO V^T */
-    for (int64_t i = 0; i < n; i++) {
-        if (i + 4 < n) {
-            const char *ahead = b->p + (i + 4) * n * pes;
-            for (int64_t c = 0; c < n * pes; c += 64) _mm_prefetch(ahead + c, _MM_HINT_T0);
+    if (g->reg_softmax) {
+        grad_rows_all(b, g, vt, ds16, p16);
+    } else {
+        mm_scores(n, np / 16, dh / 2, b->go, b->ots, 4, (const char *)vt, np * 4, (char *)dp,
+                  np * 4, 1.0f); /* dP = dO V^T */
+        for (int64_t i = 0; i < n; i++) {
+            if (i + 4 < n) {
+                const char *ahead = b->p + (i + 4) * n * pes;
+                for (int64_t c = 0; c < n * pes; c += 64) _mm_prefetch(ahead + c, _MM_HINT_T0);
+            }
+            grad_row(dp + i * np, b->p + i * n * pes, g->pt, ds16 + i * np, p16 + i * np, n,
+                     np);
         }
-        grad_row(dp + i * np, b->p + i * n * pes, g->pt, ds16 + i * np, p16 + i * np, n, np);
     }
     pairs_of_rows(dsw, (const char *)ds16, np * 2, n, np);
     pairs_of_rows(pw, (const char *)p16, np * 2, n, np);
@@ -434,7 +688,8 @@ static vh_status run(const vh_attention_args *a, int backward) {
     /* each block writes its head's rows of dq, dk and dv once: with
      * overwrite it stores them, and nothing zeroes dqkv first */
     const dgeom g = {N,        (N + 1) / 2, (N + 15) / 16 * 16, Dh, (vh_dtype)a->probs_dtype,
-                     a->scale, backward && a->overwrite};
+                     a->scale, backward && a->overwrite,
+                     reg_softmax((N + 15) / 16 * 16, Dh)};
     const int64_t ps = vh_dtype_size(g.pt), nblocks = B * H;
     const int head_chunk = vh_cpu_attention_head_chunk(H);
     const int dynamic = vh_cpu_deal_dynamic();

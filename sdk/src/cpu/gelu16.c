@@ -32,25 +32,7 @@
 
 #define GELU16_INLINE __attribute__((always_inline)) static inline
 
-/* vh_expf_nonpos, lane by lane: e^x for x <= 0 (and NaN). */
-GELU16_INLINE __m512 expf_nonpos16(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-86.5f);
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ); /* not x < lo: NaN too */
-    const __m512 xc = _mm512_max_ps(lo, x);                        /* x < lo ? lo : x */
-    const __m512 shifter = _mm512_set1_ps(12582912.0f);
-    const __m512 n =
-        _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), shifter), shifter);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 5040.0f), r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
-}
+#include "exp_avx512.h" /* vh_avx512_exp_nonpos: vh_expf_nonpos lane by lane */
 
 /* x Phi(x) with vh_gelu_cdf's steps. */
 GELU16_INLINE __m512 gelu16(__m512 x) {
@@ -65,7 +47,7 @@ GELU16_INLINE __m512 gelu16(__m512 x) {
     f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.20543289f));
     f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.21063319f));
     f = _mm512_fmadd_ps(f, t, _mm512_set1_ps(0.21161443f));
-    const __m512 g = expf_nonpos16(_mm512_mul_ps(_mm512_xor_ps(z, _mm512_set1_ps(-0.0f)), z));
+    const __m512 g = vh_avx512_exp_nonpos(_mm512_mul_ps(_mm512_xor_ps(z, _mm512_set1_ps(-0.0f)), z));
     const __m512 half = _mm512_mul_ps(_mm512_set1_ps(0.5f), _mm512_mul_ps(_mm512_mul_ps(f, t), g));
     const __mmask16 nonneg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NLT_UQ);
     const __m512 cdf = _mm512_mask_sub_ps(half, nonneg, one, half); /* x < 0 ? half : 1 - half */

@@ -312,7 +312,8 @@ ALWAYS_INLINE void store_probs_row(char *dst, vh_dtype pt, const float *s, float
 }
 
 /* ---- the forward's scores and softmax in registers -------------------------
- * Where a score row is at most 5 vectors (n <= 80: T1's 50, T2's 65), R rows
+ * Where a score row is at most 5 vectors (n <= 80) and the head is 16
+ * (T1; reg_softmax below says why only there), R rows
  * of S = scale Q K^T stay in registers through their softmax, and each
  * row's probabilities go from there to probs and P16: mm_scores stored S,
  * the softmax read it twice and wrote it once, and store_probs_row read it

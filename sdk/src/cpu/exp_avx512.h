@@ -4,8 +4,9 @@
  * attention_small_kern.h (VN(exp_nonpos)); p 2^n is one vscalefps, its
  * mask zeroing the lanes under e^-86.5 (p near 1, n >= -125: the result is
  * normal, the product exact). For kernels written with AVX-512 intrinsics
- * (gelu16.c, attention_dot16.c); include it after the `#pragma GCC target`
- * that builds the file's AVX-512 code. */
+ * (gelu16.c, attention_dot16.c), only in optimised builds: unoptimised GCC
+ * does not contract that loop, so its bits are not these there. Include it
+ * after the `#pragma GCC target` that builds the file's AVX-512 code. */
 #ifndef VH_CPU_EXP_AVX512_H
 #define VH_CPU_EXP_AVX512_H
 

@@ -511,6 +511,23 @@ static void switched_run(const shape *s, const char *name, const char *value, vo
     extents_free(&e);
 }
 
+/* Two runs' out, probs and dqkv (switched_run): the same bits, or a failure
+ * that names the shape and what differed. */
+static void expect_same_runs(const shape *s, void *out[2], void *probs[2], void *dqkv[2],
+                             const char *what) {
+    const vh_attention_args a = args_of(s);
+    extents e = extents_of(s, &a);
+    const size_t es = vh_dtype_size(s->t), ps = vh_dtype_size(s->pt);
+    if (memcmp(out[0], out[1], (size_t)e.no * es) || memcmp(probs[0], probs[1], (size_t)e.np * ps) ||
+        memcmp(dqkv[0], dqkv[1], (size_t)e.nq * es))
+        fail_msg("B %lld N %lld head_dim %lld %s probs %s %s: %s give other bits",
+                 (long long)s->B, (long long)s->N, (long long)s->Dh, vh_dtype_name(s->t),
+                 vh_dtype_name(s->pt),
+                 s->second ? "batch-second" : "batch-first", what);
+    for (int k = 0; k < 2; k++) free(out[k]), free(probs[k]), free(dqkv[k]);
+    extents_free(&e);
+}
+
 /* Which thread runs a block never changes its numbers: the blocks dealt as
  * contiguous runs of samples (the default) and one sample at a time give
  * the same bits, for batches that split evenly over two threads and not
@@ -530,36 +547,10 @@ static void test_dealing(void **state) {
                  * at a time to whichever thread is free */
                 switched_run(&s, NULL, NULL, &out[0], &probs[0], &dqkv[0]);
                 switched_run(&s, "VITHOST_CPU_DEAL", "dynamic", &out[1], &probs[1], &dqkv[1]);
-                const vh_attention_args a = args_of(&s);
-                extents e = extents_of(&s, &a);
-                const size_t es = vh_dtype_size(s.t);
-                if (memcmp(out[0], out[1], (size_t)e.no * es) ||
-                    memcmp(probs[0], probs[1], (size_t)e.np * es) ||
-                    memcmp(dqkv[0], dqkv[1], (size_t)e.nq * es))
-                    fail_msg("B %lld %s %s: blocks dealt by sample runs and one at a time "
-                             "give other bits",
-                             (long long)s.B, vh_dtype_name(s.t),
-                             second ? "batch-second" : "batch-first");
-                for (int k = 0; k < 2; k++) free(out[k]), free(probs[k]), free(dqkv[k]);
-                extents_free(&e);
+                expect_same_runs(&s, out, probs, dqkv,
+                                 "blocks dealt by sample runs and one at a time");
                 run_shape(&s);
             }
-}
-
-/* Two runs' out, probs and dqkv (switched_run): the same bits, or a failure
- * that names the shape and what differed. */
-static void expect_same_runs(const shape *s, void *out[2], void *probs[2], void *dqkv[2],
-                             const char *what) {
-    const vh_attention_args a = args_of(s);
-    extents e = extents_of(s, &a);
-    const size_t es = vh_dtype_size(s->t), ps = vh_dtype_size(s->pt);
-    if (memcmp(out[0], out[1], (size_t)e.no * es) || memcmp(probs[0], probs[1], (size_t)e.np * ps) ||
-        memcmp(dqkv[0], dqkv[1], (size_t)e.nq * es))
-        fail_msg("N %lld head_dim %lld %s probs %s %s: %s give other bits", (long long)s->N,
-                 (long long)s->Dh, vh_dtype_name(s->t), vh_dtype_name(s->pt),
-                 s->second ? "batch-second" : "batch-first", what);
-    for (int k = 0; k < 2; k++) free(out[k]), free(probs[k]), free(dqkv[k]);
-    extents_free(&e);
 }
 
 /* The dot-product blocks' softmax (forward) and dS (backward) in registers

@@ -525,7 +525,8 @@ ALWAYS_INLINE void grad_row(const float *dp, const char *prow, vh_dtype pt, uint
 
 /* The backward's dP = dO V^T and dS in registers, R rows at a time where a
  * row is at most 5 vectors (as scores_softmax): grad_row's steps on the
- * tile mm_scores would have stored, the same bits. */
+ * tile mm_scores would have stored, the same bits (its alpha, 1, leaves
+ * every sum as it is: vdpbf16ps gives no signalling NaN to quiet). */
 ALWAYS_INLINE void grad_rows(int R, int NV, const dblock *b, const dgeom *g, const uint32_t *vt,
                              int64_t i, uint16_t *ds16, uint16_t *p16) {
     const int64_t n = g->n, np = g->np, pes = vh_dtype_size(g->pt);
@@ -549,7 +550,6 @@ ALWAYS_INLINE void grad_rows(int R, int NV, const dblock *b, const dgeom *g, con
     }
     const int64_t last = n - 16 * (NV - 1);
     const __mmask16 in = last >= 16 ? 0xffff : (__mmask16)((1u << last) - 1);
-    const __m512 one = _mm512_set1_ps(1.0f); /* mm_scores' alpha */
     __m512 red[8];
     float rs[8];
 #pragma GCC unroll 8
@@ -563,7 +563,6 @@ ALWAYS_INLINE void grad_rows(int R, int NV, const dblock *b, const dgeom *g, con
             const __m512 p = g->pt == VH_DTYPE_F32
                 ? _mm512_maskz_loadu_ps(mk, (const float *)prow + 16 * v)
                 : vh_avx512_widen_bf16(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)prow + 16 * v));
-            acc[r][v] = _mm512_mul_ps(acc[r][v], one);
             red[r] = _mm512_fmadd_ps(acc[r][v], p, red[r]);
         }
 #pragma GCC unroll 8

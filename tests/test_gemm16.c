@@ -14,7 +14,8 @@
  * says and the test prints: not a failure.
  *
  * Also the race of the f32 GEMMs' two oneDNN kernels on real timings, its
- * operands at guard pages (test_f32_race_flushes_its_operands), and B
+ * operands at guard pages (test_f32_race_flushes_its_operands; the bf16
+ * races' B too, test_bf16_race_flushes_b), and B
  * packed once for a GEMM's bands of rows against B given plain to each
  * band: the same bits (test_bands_pack_b); fp32 fc1's aux streamed out of
  * the bands against stored, the same (test_bands_stream_aux), and streamed
@@ -558,35 +559,48 @@ static double dot_ref(const float *x, int64_t xs, const float *y, int64_t ys, in
     return sum;
 }
 
-/* An f32 weight gradient, m x n from k, A and B each right before a guard
- * page. */
-static void check_weight_gradient_guarded(void) {
+/* A weight gradient in t (f32 or bf16 operands, f32 C), m x n from k, A
+ * and B each right before a guard page. */
+static void check_weight_gradient_guarded(vh_dtype t) {
     /* dW = A^T B: A stored k x m with lda m + 3, B stored k x n with ldb
      * n + 5, each one's last row ending at its guard (no padding after it).
      * The race flushes B, the layer's input X of dW = dY^T X. */
     const int64_t m = 256, n = 256, k = 512, lda = m + 3, na = (k - 1) * lda + m;
     const int64_t ldb = n + 5, nb = (k - 1) * ldb + n;
+    const size_t es = vh_dtype_size(t);
     void *base, *base_b;
     size_t len, len_b;
-    float *a = guarded((size_t)na * sizeof(float), &base, &len);
-    float *b = guarded((size_t)nb * sizeof(float), &base_b, &len_b);
+    void *a = guarded((size_t)na * es, &base, &len);
+    void *b = guarded((size_t)nb * es, &base_b, &len_b);
+    /* the stored values in f32, for the reference */
+    float *av = malloc((size_t)na * sizeof(float)), *bv = malloc((size_t)nb * sizeof(float));
     float *c = malloc((size_t)(m * n) * sizeof(float));
-    assert_true(c);
-    for (int64_t i = 0; i < na; i++) a[i] = (float)rnd();
-    for (int64_t i = 0; i < nb; i++) b[i] = (float)rnd();
+    assert_true(av && bv && c);
+    for (int64_t i = 0; i < na + nb; i++) {
+        float *v = i < na ? av + i : bv + (i - na);
+        void *dst = i < na ? a : b;
+        const int64_t at = i < na ? i : i - na;
+        *v = (float)rnd();
+        if (t == VH_DTYPE_BF16) {
+            ((uint16_t *)dst)[at] = vh_f32_to_bf16(*v);
+            *v = vh_bf16_to_f32(((uint16_t *)dst)[at]);
+        } else {
+            ((float *)dst)[at] = *v;
+        }
+    }
     vh_gemm_args g = {.struct_size = sizeof g, .trans_a = 1, .m = m, .n = n, .k = k,
                       .alpha = 1.0f, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c, .ldc = n,
-                      .ab_dtype = VH_DTYPE_F32, .c_dtype = VH_DTYPE_F32};
+                      .ab_dtype = t, .c_dtype = VH_DTYPE_F32};
     assert_int_equal(ops->gemm(ops->device, &g), VH_STATUS_OK);
     for (int64_t i = 0; i < m; i += 17)
         for (int64_t j = 0; j < n; j += 13) {
-            double mag;
-            const double want = dot_ref(a + i, lda, b + j, ldb, k, &mag);
+            double mag; /* bf16 products are exact in f32: the same bound */
+            const double want = dot_ref(av + i, lda, bv + j, ldb, k, &mag);
             if (fabs(c[i * n + j] - want) > (double)k * 0x1p-24 * mag)
-                fail_msg("f32 A^T.B: C[%lld][%lld] %g, want %g", (long long)i, (long long)j,
-                         (double)c[i * n + j], want);
+                fail_msg("%s A^T.B: C[%lld][%lld] %g, want %g", vh_dtype_name(t), (long long)i,
+                         (long long)j, (double)c[i * n + j], want);
         }
-    free(c);
+    free(av), free(bv), free(c);
     munmap(base, len);
     munmap(base_b, len_b);
 }
@@ -656,7 +670,7 @@ static unsigned long long band_calls(void) {
 static void test_f32_race_flushes_its_operands(void **state) {
     (void)state;
     vh_cpu_gemm16_reset();
-    check_weight_gradient_guarded();
+    check_weight_gradient_guarded(VH_DTYPE_F32);
     check_mul_aux_guarded(1024, 256, 128, VH_DTYPE_BF16); /* the multiply a pass: not timed */
     check_mul_aux_guarded(4096, 256, 128, VH_DTYPE_F32);  /* a class of its own (4x the work) */
     /* bands of 128 rows of 67 MFLOP (gemm.c: BAND_MUL_MIN_FLOP), a class
@@ -672,6 +686,24 @@ static void test_f32_race_flushes_its_operands(void **state) {
     int timed = 0;
     for (const char *q = classes; (q = strstr(q, "kernels: default")); q++) timed++;
     assert_int_equal(timed, 4);
+}
+
+/* The bf16 races flush a weight gradient's B too (two bytes an element):
+ * native against widen, and oneDNN's two native kernels where the CPU has
+ * bf16 ones. B ends at an unreadable page, so a flush over an f32 extent
+ * faults; the result is the product whichever path won. The class (2^25
+ * MACs) is raced, timed, not left untimed. */
+static void test_bf16_race_flushes_b(void **state) {
+    (void)state;
+    vh_cpu_gemm16_reset();
+    check_weight_gradient_guarded(VH_DTYPE_BF16);
+    static char classes[8192];
+    vh_cpu_gemm16_classes(classes, sizeof classes);
+    printf("%s", classes);
+    if (hw_bf16) {
+        assert_non_null(strstr(classes, "bf16 A^T.B"));
+        assert_non_null(strstr(classes, "kernels: default"));
+    }
 }
 
 /* An invalid value: reported (stderr and the summary), auto used. */
@@ -714,6 +746,7 @@ int main(void) {
         cmocka_unit_test(test_single_pack_b),
         cmocka_unit_test(test_invalid_value),
         cmocka_unit_test(test_f32_race_flushes_its_operands),
+        cmocka_unit_test(test_bf16_race_flushes_b),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

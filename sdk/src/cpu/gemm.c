@@ -451,11 +451,11 @@ static int mul_in_matmul(const vh_gemm_args *g, int64_t batch) {
     return g->epilogue == VH_EPILOGUE_MUL_AUX && batch == 1 && g->c_dtype == VH_DTYPE_F32;
 }
 
-/* The f32 kernel race (gemm_choice.c) times the call's own operands, which
- * its warm-up run leaves in cache, while in the step the operand that
- * forward wrote long before comes from memory: a weight gradient's B (the
- * layer's input X of dW = dY^T X) and fc2's data gradient's aux (fc1's T).
- * Those two are flushed before each timed run. T1 fp32 on Zen 4, fc2's data
+/* The races (gemm_choice.c) time the call's own operands, which their
+ * warm-up run leaves in cache, while in the step the operand that forward
+ * wrote long before comes from memory: a weight gradient's B (the layer's
+ * input X of dW = dY^T X), f32 or bf16, and f32 fc2's data gradient's aux
+ * (fc1's T). Those are flushed before each timed run. T1 fp32 on Zen 4, fc2's data
  * gradient (6400x256x64 * aux), ms a call, default / gemm kernel: in cache
  * 1.16-1.19 / 1.11-1.12 (4-7%: each side of the 5% margin from one process
  * to the next), aux flushed 1.41-1.44 / 1.13-1.16, in the step 1.37 / 1.18.
@@ -463,7 +463,14 @@ static int mul_in_matmul(const vh_gemm_args *g, int64_t batch) {
  * cache) was flushed instead of B: on the Xeon with AMX T2's 192x768x4160
  * raced 1.02-1.06x for gemm, either side of the 2% margin from one process
  * to the next, while in the step gemm ran it 15% faster (bench/README.md,
- * "the weight gradients' race"). */
+ * "the weight gradients' race"). The bf16 races ran in cache until a
+ * later session the same day: on Zen 5 T3's 384x1536x1576 weight gradient
+ * raced default / gemm 1.02-1.16 in cache, either side of the 5% margin
+ * (4 of 9 processes kept the default), and 1.09-1.20 flushed (gemm in 10
+ * of 10), where gemm runs T3 AMP's two largest weight gradients 4-17%
+ * faster in the step; T2's 192x768x4160 raced 0.94-0.95 in cache (default
+ * in 3 of 3), 1.13-1.14 flushed (gemm in 3 of 3), its step 196-199 ms ->
+ * 187-192 (bench/README.md, "the bf16 weight gradients' race"). */
 static void flush_lines(const void *p, size_t bytes) {
 #if defined(__x86_64__) && defined(__GNUC__)
     const char *end = (const char *)p + bytes;
@@ -532,7 +539,7 @@ static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
                 return t;
             }
         }
-        if (p->dtype == VH_DTYPE_F32) flush_from_forward(g, mul);
+        flush_from_forward(g, p->dtype == VH_DTYPE_F32 && mul);
         const double t0 = vh_cpu_seconds();
         if (p->batch > 1 && g->batch <= 1) { /* halves of k (path16): as run_ksplit */
             a.sbatch = p->k * a.scol;

@@ -44,8 +44,13 @@
  * a step), so only an unbatched A^T.B class that goes native is timed once
  * more, default against gemm, on a larger proxy (KERNEL_PROXY_MACS: the full
  * T3 shapes; on the small proxy the two tie), and takes gemm only when it is
- * faster by more than KERNEL_MARGIN. The same results up to the order of
- * the f32 sums, as between native and widen. A GEMM that gemm.c runs as two
+ * faster by more than KERNEL_MARGIN, with B flushed from the caches before
+ * each timed run as in f32's race below (gemm.c's flush_from_forward: in
+ * cache this race split either way from one process to the next on T3's
+ * largest class, and put T2's on the default, where the step runs both
+ * faster on gemm; the native / widen race of a weight gradient flushes its
+ * B too). The same results up to the order of the f32 sums, as between
+ * native and widen. A GEMM that gemm.c runs as two
  * halves of k is asked for as those (batched: no kernel choice).
  *
  * VITHOST_CPU_GEMM16=native|native_gemm|widen|auto (default auto), read at

@@ -50,8 +50,8 @@
  * largest class, and put T2's on the default, where the step runs both
  * faster on gemm; the native / widen race of a weight gradient flushes its
  * B too). The same results up to the order of the f32 sums, as between
- * native and widen. A GEMM that gemm.c runs as two
- * halves of k is asked for as those (batched: no kernel choice).
+ * native and widen. A GEMM that gemm.c runs as two halves of k is asked
+ * for as those (batched: no kernel choice).
  *
  * VITHOST_CPU_GEMM16=native|native_gemm|widen|auto (default auto), read at
  * the first GEMM (gemm.c asks for every one; and by vh_cpu_gemm16_reset);

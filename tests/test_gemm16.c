@@ -559,6 +559,20 @@ static double dot_ref(const float *x, int64_t xs, const float *y, int64_t ys, in
     return sum;
 }
 
+/* count random values stored in t at dst (f32 or bf16), and as stored in
+ * f32 at v (the reference's operands) */
+static void fill_stored(void *dst, float *v, int64_t count, vh_dtype t) {
+    for (int64_t i = 0; i < count; i++) {
+        v[i] = (float)rnd();
+        if (t == VH_DTYPE_BF16) {
+            ((uint16_t *)dst)[i] = vh_f32_to_bf16(v[i]);
+            v[i] = vh_bf16_to_f32(((uint16_t *)dst)[i]);
+        } else {
+            ((float *)dst)[i] = v[i];
+        }
+    }
+}
+
 /* A weight gradient in t (f32 or bf16 operands, f32 C), m x n from k, A
  * and B each right before a guard page. */
 static void check_weight_gradient_guarded(vh_dtype t) {
@@ -576,18 +590,8 @@ static void check_weight_gradient_guarded(vh_dtype t) {
     float *av = malloc((size_t)na * sizeof(float)), *bv = malloc((size_t)nb * sizeof(float));
     float *c = malloc((size_t)(m * n) * sizeof(float));
     assert_true(av && bv && c);
-    for (int64_t i = 0; i < na + nb; i++) {
-        float *v = i < na ? av + i : bv + (i - na);
-        void *dst = i < na ? a : b;
-        const int64_t at = i < na ? i : i - na;
-        *v = (float)rnd();
-        if (t == VH_DTYPE_BF16) {
-            ((uint16_t *)dst)[at] = vh_f32_to_bf16(*v);
-            *v = vh_bf16_to_f32(((uint16_t *)dst)[at]);
-        } else {
-            ((float *)dst)[at] = *v;
-        }
-    }
+    fill_stored(a, av, na, t);
+    fill_stored(b, bv, nb, t);
     vh_gemm_args g = {.struct_size = sizeof g, .trans_a = 1, .m = m, .n = n, .k = k,
                       .alpha = 1.0f, .a = a, .lda = lda, .b = b, .ldb = ldb, .c = c, .ldc = n,
                       .ab_dtype = t, .c_dtype = VH_DTYPE_F32};

@@ -539,7 +539,7 @@ static double time_path(void *ctx, int path, const vh_gemm16_shape *p) {
                 return t;
             }
         }
-        flush_from_forward(g, p->dtype == VH_DTYPE_F32 && mul);
+        flush_from_forward(g, mul); /* mul: f32 only (path16 asks without it) */
         const double t0 = vh_cpu_seconds();
         if (p->batch > 1 && g->batch <= 1) { /* halves of k (path16): as run_ksplit */
             a.sbatch = p->k * a.scol;
